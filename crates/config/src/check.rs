@@ -1,0 +1,390 @@
+//! Validation: turns what the user typed into a [`Config`], or lists every problem with where it is.
+//!
+//! Checks stop at the edge of the process: an environment variable named for an upstream key is
+//! only checked for a valid name here, because `check-config` may run where the secrets are not.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use crate::raw::{RawBackend, RawConfig, RawKey, RawModel, RawServer, RawTenant, RawUpstream};
+use crate::{
+    BackendConfig, BackendKind, Config, KeySource, ModelConfig, ServerConfig, TenantConfig,
+    UpstreamConfig,
+};
+
+/// One thing wrong with a configuration and where it is (a TOML key path).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    pub location: String,
+    pub message: String,
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.location, self.message)
+    }
+}
+
+const MAX_BODY_CAP: u64 = 256 * 1024 * 1024;
+
+#[derive(Default)]
+struct Problems(Vec<Problem>);
+
+impl Problems {
+    fn add(&mut self, location: impl Into<String>, message: impl Into<String>) {
+        self.0.push(Problem {
+            location: location.into(),
+            message: message.into(),
+        });
+    }
+}
+
+pub(crate) fn check(raw: RawConfig) -> Result<Config, Vec<Problem>> {
+    let mut p = Problems::default();
+    let server = check_server(raw.server, &mut p);
+    let upstream = check_upstream(raw.upstream, &mut p);
+    let models = check_models(raw.models, &mut p);
+    let tenants = check_tenants(raw.tenants, &models, &mut p);
+    if let Some(home) = &server.home_region {
+        let known = models
+            .iter()
+            .flat_map(|m| &m.backends)
+            .any(|b| &b.region == home);
+        if !known {
+            p.add(
+                "server.home_region",
+                format!("no backend is in region {home:?}"),
+            );
+        }
+    }
+    if server.listen == server.admin_listen {
+        p.add(
+            "server.admin_listen",
+            "must differ from server.listen: the admin API has its own listener",
+        );
+    }
+    if p.0.is_empty() {
+        Ok(Config {
+            server,
+            upstream,
+            tenants,
+            models,
+        })
+    } else {
+        Err(p.0)
+    }
+}
+
+fn parse_addr(value: Option<String>, default: &str, at: &str, p: &mut Problems) -> SocketAddr {
+    let text = value.unwrap_or_else(|| default.to_owned());
+    text.parse().unwrap_or_else(|_| {
+        p.add(at, format!("{text:?} is not an IP:port address"));
+        default.parse().expect("defaults are valid addresses")
+    })
+}
+
+fn check_server(raw: RawServer, p: &mut Problems) -> ServerConfig {
+    let listen = parse_addr(raw.listen, "127.0.0.1:8080", "server.listen", p);
+    let admin_listen = parse_addr(raw.admin_listen, "127.0.0.1:9090", "server.admin_listen", p);
+    let header = raw
+        .region_header
+        .unwrap_or_else(|| "x-spillway-region".into());
+    let region_header = http::HeaderName::try_from(header.as_str()).unwrap_or_else(|_| {
+        p.add(
+            "server.region_header",
+            format!("{header:?} is not a header name"),
+        );
+        http::HeaderName::from_static("x-spillway-region")
+    });
+    let max_body = raw.max_body_bytes.unwrap_or(8 * 1024 * 1024);
+    if max_body == 0 || max_body > MAX_BODY_CAP {
+        p.add(
+            "server.max_body_bytes",
+            format!("must be between 1 and {MAX_BODY_CAP}, got {max_body}"),
+        );
+    }
+    ServerConfig {
+        listen,
+        admin_listen,
+        home_region: raw.home_region,
+        region_header,
+        max_body_bytes: max_body.min(MAX_BODY_CAP) as usize,
+        shutdown_grace: raw.shutdown_grace.unwrap_or(Duration::from_secs(30)),
+    }
+}
+
+fn positive(d: Option<Duration>, default: Duration, at: &str, p: &mut Problems) -> Duration {
+    let d = d.unwrap_or(default);
+    if d.is_zero() {
+        p.add(at, "must be greater than zero");
+    }
+    d
+}
+
+fn check_upstream(raw: RawUpstream, p: &mut Problems) -> UpstreamConfig {
+    let s = Duration::from_secs;
+    UpstreamConfig {
+        connect_timeout: positive(raw.connect_timeout, s(2), "upstream.connect_timeout", p),
+        response_timeout: positive(raw.response_timeout, s(300), "upstream.response_timeout", p),
+        stream_idle_timeout: positive(
+            raw.stream_idle_timeout,
+            s(60),
+            "upstream.stream_idle_timeout",
+            p,
+        ),
+        pool_idle_timeout: positive(
+            raw.pool_idle_timeout,
+            s(90),
+            "upstream.pool_idle_timeout",
+            p,
+        ),
+        pool_max_idle_per_host: raw.pool_max_idle_per_host.unwrap_or(256),
+        unreachable_cooldown: raw.unreachable_cooldown.unwrap_or(s(5)),
+    }
+}
+
+fn check_models(raw: Vec<RawModel>, p: &mut Problems) -> Vec<ModelConfig> {
+    if raw.is_empty() {
+        p.add("models", "no models: add at least one [[models]] table");
+    }
+    let mut seen = HashSet::new();
+    let mut models = Vec::with_capacity(raw.len());
+    for (i, m) in raw.into_iter().enumerate() {
+        let at = format!("models[{i}]");
+        if m.name.trim().is_empty() {
+            p.add(format!("{at}.name"), "must not be empty");
+        } else if !seen.insert(m.name.clone()) {
+            p.add(
+                format!("{at}.name"),
+                format!("model {:?} is declared twice", m.name),
+            );
+        }
+        let at = format!("models[{:?}]", m.name);
+        if m.backends.is_empty() {
+            p.add(format!("{at}.backends"), "no backends: add at least one");
+        }
+        let mut names = HashSet::new();
+        let backends = m
+            .backends
+            .into_iter()
+            .enumerate()
+            .filter_map(|(j, b)| {
+                if !names.insert(b.name.clone()) {
+                    p.add(
+                        format!("{at}.backends[{j}].name"),
+                        format!("backend {:?} is declared twice in this model", b.name),
+                    );
+                }
+                check_backend(b, &m.name, &format!("{at}.backends[{j}]"), p)
+            })
+            .collect();
+        models.push(ModelConfig {
+            name: m.name,
+            backends,
+        });
+    }
+    models
+}
+
+fn check_backend(b: RawBackend, model: &str, at: &str, p: &mut Problems) -> Option<BackendConfig> {
+    let at = format!("{at} ({:?})", b.name);
+    let errors_before = p.0.len();
+    if b.name.trim().is_empty() {
+        p.add(format!("{at}.name"), "must not be empty");
+    }
+    let upstream_model = b.upstream_model.clone().unwrap_or_else(|| model.to_owned());
+    let url = |p: &mut Problems| -> Option<http::Uri> {
+        let Some(text) = &b.url else {
+            p.add(format!("{at}.url"), "is required for this kind");
+            return None;
+        };
+        match text.parse::<http::Uri>() {
+            Ok(u) if matches!(u.scheme_str(), Some("http" | "https")) && u.host().is_some() => {
+                Some(u)
+            }
+            _ => {
+                p.add(
+                    format!("{at}.url"),
+                    format!("{text:?} is not an http(s) URL"),
+                );
+                None
+            }
+        }
+    };
+    let kind = match b.kind.as_deref().unwrap_or("openai") {
+        "openai" => url(p).map(|url| BackendKind::OpenAi { url }),
+        "azure" => {
+            let url = url(p);
+            if b.api_version.is_none() {
+                p.add(
+                    format!("{at}.api_version"),
+                    "is required for kind \"azure\"",
+                );
+            }
+            url.zip(b.api_version.clone())
+                .map(|(url, api_version)| BackendKind::Azure {
+                    url,
+                    api_version,
+                    deployment: b
+                        .deployment
+                        .clone()
+                        .unwrap_or_else(|| upstream_model.clone()),
+                })
+        }
+        "mock" => {
+            if b.url.is_some() {
+                p.add(
+                    format!("{at}.url"),
+                    "a mock backend runs in-process and takes no url",
+                );
+            }
+            let mut profile = b.mock.clone().unwrap_or_default();
+            if b.mock
+                .as_ref()
+                .is_none_or(|m| m.models == crate::MockProfile::default().models)
+            {
+                profile.models = vec![upstream_model.clone()];
+            }
+            for (field, message) in profile.problems() {
+                p.add(format!("{at}.mock.{field}"), message);
+            }
+            Some(BackendKind::Mock(profile))
+        }
+        other => {
+            p.add(
+                format!("{at}.kind"),
+                format!("unknown kind {other:?}: expected \"openai\", \"azure\" or \"mock\""),
+            );
+            None
+        }
+    };
+    if b.mock.is_some() && b.kind.as_deref() != Some("mock") {
+        p.add(
+            format!("{at}.mock"),
+            "only a backend of kind \"mock\" takes a mock profile",
+        );
+    }
+    if (b.api_version.is_some() || b.deployment.is_some()) && b.kind.as_deref() != Some("azure") {
+        p.add(
+            at.clone(),
+            "api_version and deployment apply only to kind \"azure\"",
+        );
+    }
+    if let Some(var) = &b.api_key_env {
+        check_env_name(var, &format!("{at}.api_key_env"), p);
+    }
+    let weight = b.weight.unwrap_or(1);
+    if !(1..=1000).contains(&weight) {
+        p.add(
+            format!("{at}.weight"),
+            format!("must be between 1 and 1000, got {weight}"),
+        );
+    }
+    let max_concurrency = b.max_concurrency.unwrap_or(256);
+    if max_concurrency == 0 {
+        p.add(format!("{at}.max_concurrency"), "must be at least 1");
+    }
+    let region = b.region.unwrap_or_else(|| "default".to_owned());
+    if region.trim().is_empty() {
+        p.add(format!("{at}.region"), "must not be empty");
+    }
+    if p.0.len() > errors_before {
+        return None;
+    }
+    Some(BackendConfig {
+        name: b.name,
+        kind: kind?,
+        region,
+        weight,
+        max_concurrency,
+        upstream_model,
+        api_key_env: b.api_key_env,
+    })
+}
+
+fn check_env_name(var: &str, at: &str, p: &mut Problems) {
+    let valid = !var.is_empty()
+        && !var.starts_with(|c: char| c.is_ascii_digit())
+        && var.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if !valid {
+        p.add(at, format!("{var:?} is not an environment variable name"));
+    }
+}
+
+fn check_tenants(
+    raw: Vec<RawTenant>,
+    models: &[ModelConfig],
+    p: &mut Problems,
+) -> Vec<TenantConfig> {
+    if raw.is_empty() {
+        p.add(
+            "tenants",
+            "no tenants: every request would be refused; add a [[tenants]] table",
+        );
+    }
+    let mut seen = HashSet::new();
+    raw.into_iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let at = format!("tenants[{i}] ({:?})", t.name);
+            if t.name.trim().is_empty() {
+                p.add(format!("{at}.name"), "must not be empty");
+            } else if !seen.insert(t.name.clone()) {
+                p.add(format!("{at}.name"), "tenant is declared twice");
+            }
+            if t.keys.is_empty() {
+                p.add(
+                    format!("{at}.keys"),
+                    "no keys: this tenant could never authenticate",
+                );
+            }
+            let keys = t
+                .keys
+                .into_iter()
+                .enumerate()
+                .filter_map(|(j, k)| check_key(k, &format!("{at}.keys[{j}]"), p))
+                .collect();
+            if let Some(allowed) = &t.models {
+                for (j, m) in allowed.iter().enumerate() {
+                    if m != "*" && !models.iter().any(|c| &c.name == m) {
+                        p.add(format!("{at}.models[{j}]"), format!("unknown model {m:?}"));
+                    }
+                }
+            }
+            let allowed_models = t.models.filter(|list| !list.iter().any(|m| m == "*"));
+            TenantConfig {
+                name: t.name,
+                keys,
+                allowed_models,
+            }
+        })
+        .collect()
+}
+
+fn check_key(k: RawKey, at: &str, p: &mut Problems) -> Option<KeySource> {
+    match (k.sha256, k.env) {
+        (Some(hex_digest), None) => {
+            let mut digest = [0u8; 32];
+            match hex::decode_to_slice(hex_digest.trim(), &mut digest) {
+                Ok(()) => Some(KeySource::Sha256(digest)),
+                Err(_) => {
+                    p.add(
+                        format!("{at}.sha256"),
+                        "must be 64 hex digits (the SHA-256 of the key)",
+                    );
+                    None
+                }
+            }
+        }
+        (None, Some(var)) => {
+            check_env_name(&var, &format!("{at}.env"), p);
+            Some(KeySource::Env(var))
+        }
+        _ => {
+            p.add(at, "give exactly one of sha256 or env");
+            None
+        }
+    }
+}

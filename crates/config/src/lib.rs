@@ -1,0 +1,171 @@
+//! spillway's configuration: parsed once from TOML, checked once, then handed out in slices.
+//!
+//! `raw` mirrors the file and denies unknown keys; `check` validates everything it can without
+//! touching the network and collects every problem with its location, so `spillway check-config`
+//! can print them all at once. The typed [`Config`] it produces holds only checked values:
+//! components receive the part they need and never re-validate.
+
+mod check;
+mod mock;
+mod raw;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+pub use check::Problem;
+pub use mock::{MockFault, MockProfile};
+
+/// The quickstart configuration `spillway serve` runs when no file is given: two in-process mock
+/// backends for `mock-small` in two regions and one demo tenant. Also shipped as
+/// `examples/quickstart.toml`.
+pub const QUICKSTART_TOML: &str = include_str!("../../../examples/quickstart.toml");
+
+/// The demo tenant's key in the quickstart. It is public by design; the quickstart listens on
+/// loopback only.
+pub const QUICKSTART_KEY: &str = "sk-spillway-quickstart";
+
+/// Why a configuration could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Parse(String),
+    #[error("{} problem(s) in the configuration", .0.len())]
+    Invalid(Vec<Problem>),
+}
+
+/// A checked configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub server: ServerConfig,
+    pub upstream: UpstreamConfig,
+    pub tenants: Vec<TenantConfig>,
+    pub models: Vec<ModelConfig>,
+}
+
+/// The listeners and the limits of the client-facing side.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub listen: SocketAddr,
+    pub admin_listen: SocketAddr,
+    /// Region whose backends are tried first when the caller names none.
+    pub home_region: Option<String>,
+    /// Request header through which a caller may name its preferred region.
+    pub region_header: http::HeaderName,
+    pub max_body_bytes: usize,
+    pub shutdown_grace: Duration,
+}
+
+/// How spillway talks to backends.
+#[derive(Debug, Clone)]
+pub struct UpstreamConfig {
+    pub connect_timeout: Duration,
+    /// Time allowed from sending a request to receiving the response head.
+    pub response_timeout: Duration,
+    /// Longest silence allowed between two chunks of a response body.
+    pub stream_idle_timeout: Duration,
+    pub pool_idle_timeout: Duration,
+    pub pool_max_idle_per_host: usize,
+    /// How long a backend that refused a connection or timed out is skipped.
+    pub unreachable_cooldown: Duration,
+}
+
+#[derive(Debug, Clone)]
+pub struct TenantConfig {
+    pub name: String,
+    pub keys: Vec<KeySource>,
+    /// `None`: every configured model.
+    pub allowed_models: Option<Vec<String>>,
+}
+
+/// Where a tenant's API key comes from. Keys are never written in the file in clear.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeySource {
+    Sha256([u8; 32]),
+    Env(String),
+}
+
+#[derive(Debug, Clone)]
+pub struct ModelConfig {
+    pub name: String,
+    pub backends: Vec<BackendConfig>,
+}
+
+#[derive(Debug, Clone)]
+pub struct BackendConfig {
+    pub name: String,
+    pub kind: BackendKind,
+    pub region: String,
+    pub weight: u32,
+    pub max_concurrency: u32,
+    /// The model name sent upstream; the client's model name when not set.
+    pub upstream_model: String,
+    /// Environment variable holding the upstream API key.
+    pub api_key_env: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum BackendKind {
+    /// Any OpenAI-compatible server; `url` is its base including `/v1`.
+    OpenAi { url: http::Uri },
+    /// Azure OpenAI: `url` is the resource endpoint, requests go to
+    /// `/openai/deployments/{deployment}/...?api-version=...` with an `api-key` header.
+    Azure {
+        url: http::Uri,
+        api_version: String,
+        deployment: String,
+    },
+    /// A simulated server started inside the gateway process.
+    Mock(MockProfile),
+}
+
+impl BackendKind {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            BackendKind::OpenAi { .. } => "openai",
+            BackendKind::Azure { .. } => "azure",
+            BackendKind::Mock(_) => "mock",
+        }
+    }
+}
+
+impl Config {
+    /// Reads and checks a configuration file.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Config::from_toml(&text)
+    }
+
+    /// Parses and checks a configuration held in memory.
+    pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
+        let raw: raw::RawConfig =
+            toml::from_str(text).map_err(|e| ConfigError::Parse(e.to_string()))?;
+        check::check(raw).map_err(ConfigError::Invalid)
+    }
+
+    /// The embedded quickstart configuration.
+    pub fn quickstart() -> Config {
+        Config::from_toml(QUICKSTART_TOML).expect("the embedded quickstart config is valid")
+    }
+
+    pub fn model(&self, name: &str) -> Option<&ModelConfig> {
+        self.models.iter().find(|m| m.name == name)
+    }
+}
+
+/// The SHA-256 of a key, as stored in configs and compared at authentication.
+pub fn key_digest(key: &str) -> [u8; 32] {
+    use sha2::Digest;
+    sha2::Sha256::digest(key.as_bytes()).into()
+}
+
+#[cfg(test)]
+mod tests;

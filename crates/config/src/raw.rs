@@ -1,0 +1,92 @@
+//! What the user typed: serde structs that mirror the TOML file one to one.
+//!
+//! Every struct denies unknown fields, so a misspelt key is an error with its location instead of
+//! a silently ignored setting. Nothing here is trusted: `check` turns it into the typed `Config`.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::mock::MockProfile;
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    #[serde(default)]
+    pub server: RawServer,
+    #[serde(default)]
+    pub upstream: RawUpstream,
+    #[serde(default)]
+    pub tenants: Vec<RawTenant>,
+    #[serde(default)]
+    pub models: Vec<RawModel>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawServer {
+    pub listen: Option<String>,
+    pub admin_listen: Option<String>,
+    pub home_region: Option<String>,
+    pub region_header: Option<String>,
+    pub max_body_bytes: Option<u64>,
+    #[serde(default, with = "humantime_serde")]
+    pub shutdown_grace: Option<Duration>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawUpstream {
+    #[serde(default, with = "humantime_serde")]
+    pub connect_timeout: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    pub response_timeout: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    pub stream_idle_timeout: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    pub pool_idle_timeout: Option<Duration>,
+    pub pool_max_idle_per_host: Option<usize>,
+    #[serde(default, with = "humantime_serde")]
+    pub unreachable_cooldown: Option<Duration>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTenant {
+    pub name: String,
+    #[serde(default)]
+    pub keys: Vec<RawKey>,
+    pub models: Option<Vec<String>>,
+}
+
+/// A tenant key: its SHA-256 (hex) or the name of an environment variable holding the key.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawKey {
+    pub sha256: Option<String>,
+    pub env: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawModel {
+    pub name: String,
+    #[serde(default)]
+    pub backends: Vec<RawBackend>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawBackend {
+    pub name: String,
+    pub kind: Option<String>,
+    pub url: Option<String>,
+    pub region: Option<String>,
+    pub weight: Option<u32>,
+    pub max_concurrency: Option<u32>,
+    pub upstream_model: Option<String>,
+    pub api_key_env: Option<String>,
+    pub api_version: Option<String>,
+    pub deployment: Option<String>,
+    pub mock: Option<MockProfile>,
+}

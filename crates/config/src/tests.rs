@@ -1,0 +1,163 @@
+use super::*;
+
+fn problems(toml: &str) -> Vec<Problem> {
+    match Config::from_toml(toml) {
+        Err(ConfigError::Invalid(p)) => p,
+        other => panic!("expected validation problems, got {other:?}"),
+    }
+}
+
+const MINIMAL: &str = r#"
+[[tenants]]
+name = "t"
+keys = [{ env = "T_KEY" }]
+[[models]]
+name = "m"
+[[models.backends]]
+name = "b"
+url = "http://127.0.0.1:8000/v1"
+"#;
+
+#[test]
+fn quickstart_is_valid_and_has_two_regions() {
+    let c = Config::quickstart();
+    let m = c.model("mock-small").unwrap();
+    let regions: Vec<_> = m.backends.iter().map(|b| b.region.as_str()).collect();
+    assert_eq!(regions, ["region-a", "region-b"]);
+    assert!(matches!(&m.backends[0].kind, BackendKind::Mock(p) if p.models == ["mock-small"]));
+    assert_eq!(
+        c.tenants[0].keys,
+        [KeySource::Sha256(key_digest(QUICKSTART_KEY))]
+    );
+}
+
+#[test]
+fn minimal_config_takes_documented_defaults() {
+    let c = Config::from_toml(MINIMAL).unwrap();
+    assert_eq!(c.server.listen, "127.0.0.1:8080".parse().unwrap());
+    assert_eq!(c.server.admin_listen, "127.0.0.1:9090".parse().unwrap());
+    assert_eq!(c.server.max_body_bytes, 8 * 1024 * 1024);
+    assert_eq!(c.upstream.connect_timeout, Duration::from_secs(2));
+    let b = &c.models[0].backends[0];
+    assert_eq!(
+        (b.weight, b.max_concurrency, b.region.as_str()),
+        (1, 256, "default")
+    );
+    assert_eq!(b.upstream_model, "m");
+    assert_eq!(b.kind.as_str(), "openai");
+    assert!(c.tenants[0].allowed_models.is_none());
+}
+
+#[test]
+fn unknown_key_is_a_parse_error_with_its_line() {
+    let err =
+        Config::from_toml("[server]\nlisten = \"127.0.0.1:1\"\nlisten_typo = 1\n").unwrap_err();
+    let ConfigError::Parse(msg) = err else {
+        panic!("{err:?}")
+    };
+    assert!(
+        msg.contains("listen_typo") && msg.contains("line 3"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn every_problem_is_reported_with_its_location() {
+    let p = problems(
+        r#"
+[server]
+listen = "nope"
+max_body_bytes = 0
+home_region = "mars"
+[[tenants]]
+name = "t"
+keys = [{ sha256 = "abc" }, { sha256 = "00", env = "X" }]
+models = ["m", "ghost"]
+[[models]]
+name = "m"
+[[models.backends]]
+name = "b"
+kind = "azure"
+url = "ftp://x"
+weight = 0
+[[models.backends]]
+name = "b"
+kind = "mock"
+url = "http://127.0.0.1:1"
+mock = { fault = { error_rate = 2.0 } }
+"#,
+    );
+    let text: Vec<String> = p.iter().map(|p| p.to_string()).collect();
+    let expect = [
+        "server.listen: \"nope\" is not an IP:port address",
+        "server.max_body_bytes: must be between 1",
+        "server.home_region: no backend is in region \"mars\"",
+        "models[\"m\"].backends[0] (\"b\").url: \"ftp://x\" is not an http(s) URL",
+        "models[\"m\"].backends[0] (\"b\").api_version: is required",
+        "models[\"m\"].backends[0] (\"b\").weight: must be between 1 and 1000",
+        "models[\"m\"].backends[1].name: backend \"b\" is declared twice",
+        "models[\"m\"].backends[1] (\"b\").url: a mock backend runs in-process",
+        "models[\"m\"].backends[1] (\"b\").mock.fault.error_rate: must be between 0 and 1",
+        "tenants[0] (\"t\").keys[0].sha256: must be 64 hex digits",
+        "tenants[0] (\"t\").keys[1]: give exactly one of sha256 or env",
+        "tenants[0] (\"t\").models[1]: unknown model \"ghost\"",
+    ];
+    for e in expect {
+        assert!(
+            text.iter().any(|t| t.starts_with(e)),
+            "missing {e:?} in {text:#?}"
+        );
+    }
+}
+
+#[test]
+fn empty_config_names_what_is_missing() {
+    let text: Vec<String> = problems("").iter().map(|p| p.to_string()).collect();
+    assert!(
+        text.iter().any(|t| t.starts_with("models: no models")),
+        "{text:?}"
+    );
+    assert!(
+        text.iter().any(|t| t.starts_with("tenants: no tenants")),
+        "{text:?}"
+    );
+}
+
+#[test]
+fn azure_deployment_defaults_to_upstream_model() {
+    let c = Config::from_toml(&MINIMAL.replace(
+        "url = \"http://127.0.0.1:8000/v1\"",
+        "kind = \"azure\"\nurl = \"https://r.openai.azure.com\"\napi_version = \"2024-10-21\"\nupstream_model = \"gpt-4o\"\napi_key_env = \"AZ_KEY\"",
+    ))
+    .unwrap();
+    match &c.models[0].backends[0].kind {
+        BackendKind::Azure {
+            deployment,
+            api_version,
+            ..
+        } => {
+            assert_eq!(
+                (deployment.as_str(), api_version.as_str()),
+                ("gpt-4o", "2024-10-21")
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn same_address_for_both_listeners_is_refused() {
+    let p = problems(&format!(
+        "[server]\nlisten = \"127.0.0.1:7000\"\nadmin_listen = \"127.0.0.1:7000\"\n{MINIMAL}"
+    ));
+    assert!(
+        p.iter().any(|p| p.location == "server.admin_listen"),
+        "{p:?}"
+    );
+}
+
+#[test]
+fn wildcard_model_list_allows_everything() {
+    let c = Config::from_toml(&MINIMAL.replace("keys = [", "models = [\"*\"]\nkeys = [")).unwrap();
+    assert!(c.tenants[0].allowed_models.is_none());
+}

@@ -1,1 +1,9 @@
-//! placeholder
+//! Pure decisions of the request path, with no I/O and no async runtime.
+//!
+//! Everything here takes the current time and a random source as arguments, so each decision can
+//! be unit- and property-tested deterministically with a manual clock and a seeded RNG. The crate
+//! does not depend on tokio: the compiler holds that invariant for us.
+
+pub mod balance;
+
+pub use balance::{pick, Candidate, Pick};

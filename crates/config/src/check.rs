@@ -59,7 +59,7 @@ pub(crate) fn check(raw: RawConfig) -> Result<Config, Vec<Problem>> {
             );
         }
     }
-    if server.listen == server.admin_listen {
+    if server.listen == server.admin_listen && server.listen.port() != 0 {
         p.add(
             "server.admin_listen",
             "must differ from server.listen: the admin API has its own listener",

@@ -1,1 +1,18 @@
-//! placeholder
+//! spillway's request path: the OpenAI-compatible server, authentication, routing across backend
+//! pools, the pooled upstream client, the streaming relay and the metrics they report.
+//!
+//! Decisions (which backend, what counts as capacity) are made by `spillway-policy`; this crate
+//! does the I/O around them. Errors on the path are one type, `ApiError`, mapped to HTTP in one
+//! place.
+
+pub mod auth;
+pub mod error;
+mod forward;
+pub mod metrics;
+pub mod pool;
+mod relay;
+pub mod request;
+mod server;
+mod upstream;
+
+pub use server::{BoundGateway, StartError};

@@ -1,1 +1,204 @@
-fn main() {}
+//! The `spillway` binary: parses the command line, sets up logging, and hands off to the crates.
+//!
+//! This is the only place that uses `anyhow`: libraries return typed errors, and here each one
+//! becomes a one-line message and a non-zero exit status.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use spillway_config::{Config, ConfigError, QUICKSTART_KEY};
+use spillway_proxy::BoundGateway;
+
+#[derive(Parser)]
+#[command(
+    name = "spillway",
+    version,
+    about = "An OpenAI-compatible inference gateway that sheds, queues fairly and retries within a budget."
+)]
+struct Cli {
+    /// Log format on stderr.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+    /// Log filter, in `RUST_LOG` syntax (e.g. `info`, `spillway_proxy=debug`).
+    #[arg(long, global = true, env = "SPILLWAY_LOG", default_value = "info")]
+    log: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the gateway. Without --config, runs the quickstart: 127.0.0.1:8080, two in-process
+    /// mock backends for model `mock-small` in regions `region-a` and `region-b`, and a demo key.
+    Serve {
+        /// TOML configuration file (see docs/config.md).
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+        /// Listen here instead of `server.listen` (e.g. 127.0.0.1:0 for any free port).
+        #[arg(long)]
+        listen: Option<std::net::SocketAddr>,
+        /// Serve the admin API and metrics here instead of `server.admin_listen`.
+        #[arg(long)]
+        admin_listen: Option<std::net::SocketAddr>,
+    },
+    /// Run the simulated OpenAI-compatible inference server on its own.
+    MockBackend(spillway_mock::MockArgs),
+    /// Check a configuration file and print every problem with its location.
+    CheckConfig {
+        /// TOML configuration file.
+        file: PathBuf,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.log_format, &cli.log);
+    match run(cli.command) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("spillway: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(command: Command) -> anyhow::Result<ExitCode> {
+    match command {
+        Command::CheckConfig { file } => Ok(check_config(&file)),
+        Command::Serve {
+            config,
+            listen,
+            admin_listen,
+        } => {
+            let (mut config, quickstart) = match config {
+                Some(path) => match Config::load(&path) {
+                    Ok(c) => (c, false),
+                    Err(e) => {
+                        print_config_error(&path.display().to_string(), &e);
+                        return Ok(ExitCode::FAILURE);
+                    }
+                },
+                None => (Config::quickstart(), true),
+            };
+            config.server.listen = listen.unwrap_or(config.server.listen);
+            config.server.admin_listen = admin_listen.unwrap_or(config.server.admin_listen);
+            runtime()?.block_on(serve(config, quickstart))?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::MockBackend(args) => {
+            runtime()?.block_on(spillway_mock::run(args, shutdown_signal()))?;
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?)
+}
+
+async fn serve(config: Config, quickstart: bool) -> anyhow::Result<()> {
+    let gateway = BoundGateway::bind(config).await?;
+    let addr = gateway.local_addr();
+    // One line on stdout that scripts and tests can read the bound addresses from.
+    println!(
+        "spillway listening on http://{addr} (admin on http://{})",
+        gateway.admin_addr()
+    );
+    if quickstart {
+        println!(
+            "quickstart: model mock-small on two in-process mock backends (region-a, region-b)\n\
+             API key: {QUICKSTART_KEY}\n\
+             Try:\n  curl -s http://{addr}/v1/chat/completions \\\n    \
+             -H 'Authorization: Bearer {QUICKSTART_KEY}' -H 'Content-Type: application/json' \\\n    \
+             -d '{{\"model\":\"mock-small\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hello\"}}]}}'\n\
+             Metrics: curl -s http://{admin}/metrics",
+            admin = gateway.admin_addr()
+        );
+    }
+    gateway.serve(shutdown_signal()).await?;
+    Ok(())
+}
+
+fn check_config(file: &std::path::Path) -> ExitCode {
+    match Config::load(file) {
+        Ok(c) => {
+            let backends: usize = c.models.iter().map(|m| m.backends.len()).sum();
+            println!(
+                "{}: ok ({} model(s), {backends} backend(s), {} tenant(s))",
+                file.display(),
+                c.models.len(),
+                c.tenants.len()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            print_config_error(&file.display().to_string(), &e);
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn print_config_error(file: &str, e: &ConfigError) {
+    match e {
+        ConfigError::Invalid(problems) => {
+            for p in problems {
+                eprintln!("{file}: {p}");
+            }
+            eprintln!("{file}: {} problem(s)", problems.len());
+        }
+        ConfigError::Parse(msg) => {
+            let one_line = msg
+                .lines()
+                .filter(|l| !l.trim().is_empty())
+                .collect::<Vec<_>>()
+                .join(" ");
+            eprintln!("{file}: {one_line}");
+        }
+        ConfigError::Read { .. } => eprintln!("spillway: {e}"),
+    }
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+}
+
+fn init_logging(format: LogFormat, filter: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_new(filter)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    use std::io::IsTerminal;
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}

@@ -1,0 +1,323 @@
+//! One inference request from arrival to answer.
+//!
+//! The order is the order a real, sometimes broken, backend would impose: the body is read and
+//! remembered (so `/stats` shows what reached the server even when a fault then hits it), the
+//! profile's faults strike before the server looks at the request, then the key, the request
+//! and the model are checked, a generation slot is taken (or 429), and only then is the reply
+//! generated at the profile's pace. Every exit records exactly one outcome.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::Request;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use http::header::{AUTHORIZATION, CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE};
+use http::request::Parts;
+use http::{HeaderMap, HeaderValue};
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use serde_json::Value;
+
+use crate::embeddings::Embedding;
+use crate::error::ApiError;
+use crate::faults::{self, Injected};
+use crate::generate::{Pace, Plan};
+use crate::request::{self, Endpoint, Generation};
+use crate::slots::SlotPermit;
+use crate::stats::{Event, Outcome, Remembered};
+use crate::stream::{self, StreamParts};
+use crate::{Live, MockServer};
+
+/// Larger request bodies get 413, as from a real server's front proxy.
+pub(crate) const MAX_BODY_BYTES: usize = 8 * 1024 * 1024;
+
+/// Marks a response the connection layer must replace with a TCP reset.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ResetConnection;
+
+/// Serves one inference request. `deployment` is set for Azure paths and names the model.
+pub(crate) async fn infer(
+    server: MockServer,
+    endpoint: Endpoint,
+    deployment: Option<String>,
+    req: Request,
+) -> Response {
+    let (parts, body) = req.into_parts();
+    let live = server.live();
+    let mut outcome = server.recorder().arrive(parts.uri.path());
+    match admit(&server, &live, endpoint, deployment, &parts, body, &outcome).await {
+        Ok(admitted) => reply(admitted, &live, outcome).await,
+        Err(Refusal::Reset) => {
+            outcome.settle(Some(Event::ResetInjected));
+            let mut r = Response::new(Body::empty());
+            r.extensions_mut().insert(ResetConnection);
+            r
+        }
+        Err(Refusal::Error(error, event)) => {
+            outcome.settle(Some(event));
+            error.into_response()
+        }
+    }
+}
+
+/// The key check shared by inference and `/v1/models`.
+pub(crate) fn authorize(live: &Live, headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(required) = live.required_key.as_deref() else {
+        return Ok(());
+    };
+    let bearer = headers
+        .get(AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            let (scheme, key) = v.split_once(' ')?;
+            scheme.eq_ignore_ascii_case("bearer").then(|| key.trim())
+        });
+    let api_key = headers.get("api-key").and_then(|v| v.to_str().ok());
+    match (bearer, api_key) {
+        (None, None) => Err(ApiError::unauthorized(
+            "missing_api_key",
+            "You didn't provide an API key: send `Authorization: Bearer KEY` or `api-key: KEY`.",
+        )),
+        (b, k) if b == Some(required) || k == Some(required) => Ok(()),
+        _ => Err(ApiError::unauthorized(
+            "invalid_api_key",
+            "Incorrect API key provided.",
+        )),
+    }
+}
+
+enum Refusal {
+    Reset,
+    Error(ApiError, Event),
+}
+
+fn invalid(error: ApiError) -> Refusal {
+    Refusal::Error(error, Event::RejectedInvalid)
+}
+
+/// What a checked request asks for.
+enum Work {
+    Generate(Generation),
+    Embed(Embedding),
+}
+
+/// A request that passed every check and holds a generation slot.
+struct Admitted {
+    endpoint: Endpoint,
+    model: String,
+    work: Work,
+    permit: SlotPermit,
+}
+
+async fn admit(
+    server: &MockServer,
+    live: &Live,
+    endpoint: Endpoint,
+    deployment: Option<String>,
+    parts: &Parts,
+    body: Body,
+    outcome: &Outcome,
+) -> Result<Admitted, Refusal> {
+    let bytes = read_body(&parts.headers, body).await.map_err(invalid)?;
+    let (body, json_error) = match serde_json::from_slice::<Value>(&bytes) {
+        Ok(v) => (Arc::new(v), None),
+        Err(e) => (Arc::new(Value::Null), Some(e)),
+    };
+    let model =
+        deployment.or_else(|| body.get("model").and_then(Value::as_str).map(str::to_owned));
+    server
+        .recorder()
+        .remember(remembered(parts, model.clone(), Arc::clone(&body)));
+
+    let draw = faults::draw(&live.profile.fault, &mut rand::rng());
+    if let Some(stall) = draw.stall {
+        outcome.note(Event::StallInjected);
+        tokio::time::sleep(stall).await;
+    }
+    match draw.outcome {
+        Injected::Reset => return Err(Refusal::Reset),
+        Injected::Error => {
+            let f = &live.profile.fault;
+            let error = ApiError::injected(f.error_status, f.retry_after);
+            return Err(Refusal::Error(error, Event::ErrorInjected));
+        }
+        Injected::None => {}
+    }
+
+    authorize(live, &parts.headers).map_err(invalid)?;
+    if parts.uri.path().starts_with("/openai/") && !has_api_version(parts.uri.query()) {
+        return Err(invalid(ApiError::invalid(
+            "missing_api_version",
+            "the api-version query parameter is required (e.g. ?api-version=2024-10-21)",
+        )));
+    }
+    let Some(fields) = body.as_object() else {
+        let message = match json_error {
+            Some(e) => format!("the request body is not valid JSON: {e}"),
+            None => "the request body must be a JSON object".to_owned(),
+        };
+        return Err(invalid(ApiError::invalid("invalid_json", message)));
+    };
+    let model =
+        model.ok_or_else(|| invalid(ApiError::invalid_param("model", "`model` is required")))?;
+    if !live.profile.models.contains(&model) {
+        return Err(invalid(ApiError::model_not_found(&model)));
+    }
+    // Read before taking a slot, so a malformed request never holds one.
+    let work = match endpoint {
+        Endpoint::Embeddings => Work::Embed(
+            Embedding::parse(fields, live.profile.embedding_dim).map_err(invalid)?,
+        ),
+        Endpoint::Chat | Endpoint::Completions => {
+            Work::Generate(request::generation(endpoint, fields).map_err(invalid)?)
+        }
+    };
+
+    let permit = server.slots().acquire().await.map_err(|full| {
+        let error = ApiError::queue_full(full.capacity, full.queue);
+        Refusal::Error(error, Event::RejectedQueueFull)
+    })?;
+    Ok(Admitted {
+        endpoint,
+        model,
+        work,
+        permit,
+    })
+}
+
+async fn reply(a: Admitted, live: &Live, mut outcome: Outcome) -> Response {
+    let profile = &live.profile;
+    let pace = Pace::start(profile);
+    let response = match a.work {
+        Work::Embed(embedding) => {
+            tokio::time::sleep_until(pace.due(0)).await;
+            Json(embedding.response(&a.model)).into_response()
+        }
+        Work::Generate(g) => {
+            let plan = Plan::new(a.endpoint, &a.model, &g, profile);
+            if g.stream {
+                return event_stream(StreamParts {
+                    plan,
+                    pace,
+                    include_usage: g.include_usage,
+                    break_after: profile.fault.break_stream_after,
+                    permit: a.permit,
+                    outcome,
+                });
+            }
+            tokio::time::sleep_until(pace.done(plan.tokens)).await;
+            Json(plan.completion()).into_response()
+        }
+    };
+    // The slot is free before the outcome is counted, so a client that sees `served` rise
+    // never sees the request still in flight.
+    drop(a.permit);
+    outcome.settle(Some(Event::Served));
+    response
+}
+
+fn event_stream(parts: StreamParts) -> Response {
+    let mut response = Response::new(stream::body(parts));
+    let h = response.headers_mut();
+    h.insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream; charset=utf-8"),
+    );
+    h.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    response
+}
+
+async fn read_body(headers: &HeaderMap, body: Body) -> Result<bytes::Bytes, ApiError> {
+    let declared = headers
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
+        return Err(ApiError::too_large(MAX_BODY_BYTES));
+    }
+    match Limited::new(body, MAX_BODY_BYTES).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => {
+            Err(ApiError::too_large(MAX_BODY_BYTES))
+        }
+        Err(e) => Err(ApiError::invalid(
+            "invalid_body",
+            format!("could not read the request body: {e}"),
+        )),
+    }
+}
+
+fn remembered(parts: &Parts, model: Option<String>, body: Arc<Value>) -> Remembered {
+    let h = &parts.headers;
+    let auth = if h.contains_key(AUTHORIZATION) {
+        "bearer"
+    } else if h.contains_key("api-key") {
+        "api-key"
+    } else {
+        "none"
+    };
+    Remembered {
+        path: parts.uri.path().to_owned(),
+        query: parts.uri.query().map(str::to_owned),
+        model,
+        request_id: h
+            .get("x-request-id")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned),
+        auth,
+        body,
+    }
+}
+
+fn has_api_version(query: Option<&str>) -> bool {
+    query.into_iter().flat_map(|q| q.split('&')).any(|pair| {
+        pair.strip_prefix("api-version=")
+            .is_some_and(|v| !v.is_empty())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn api_version_must_be_present_and_non_empty() {
+        assert!(has_api_version(Some("api-version=2024-10-21")));
+        assert!(has_api_version(Some("x=1&api-version=2024-10-21")));
+        assert!(!has_api_version(Some("api-version=")));
+        assert!(!has_api_version(Some("apiversion=1")));
+        assert!(!has_api_version(None));
+    }
+
+    #[tokio::test]
+    async fn declared_oversize_body_is_refused_before_reading() {
+        let mut headers = HeaderMap::new();
+        headers.insert(CONTENT_LENGTH, HeaderValue::from(MAX_BODY_BYTES + 1));
+        let e = read_body(&headers, Body::empty()).await.unwrap_err();
+        assert_eq!(e.into_response().status(), 413);
+        headers.insert(CONTENT_LENGTH, HeaderValue::from(2));
+        let ok = read_body(&headers, Body::from("{}")).await.unwrap();
+        assert_eq!(&ok[..], b"{}");
+    }
+
+    #[test]
+    fn either_header_may_carry_the_required_key() {
+        let live = Live {
+            profile: Default::default(),
+            required_key: Some("k1".to_owned()),
+        };
+        let headers = |pairs: &[(&'static str, &str)]| {
+            let mut h = HeaderMap::new();
+            for (k, v) in pairs {
+                h.insert(*k, v.parse().unwrap());
+            }
+            h
+        };
+        assert!(authorize(&live, &headers(&[("authorization", "Bearer k1")])).is_ok());
+        assert!(authorize(&live, &headers(&[("authorization", "bearer  k1")])).is_ok());
+        assert!(authorize(&live, &headers(&[("api-key", "k1")])).is_ok());
+        assert!(authorize(&live, &headers(&[("api-key", "k2")])).is_err());
+        assert!(authorize(&live, &headers(&[("authorization", "k1")])).is_err());
+        assert!(authorize(&live, &headers(&[])).is_err());
+    }
+}

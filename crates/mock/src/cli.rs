@@ -1,0 +1,190 @@
+//! `spillway mock-backend`: the flags and the process around a [`MockServer`].
+//!
+//! The flags are defined here, beside the profile they fill, so the binary only forwards them
+//! and a new knob is one edit. Defaults come from [`MockProfile::default`], never restated, and
+//! the flags are checked with the same [`MockProfile::problems`] as a config file's mock backend.
+
+use std::future::Future;
+use std::io::{self, Write};
+use std::net::SocketAddr;
+
+use spillway_config::MockProfile;
+
+use crate::MockServer;
+
+/// Flags of `spillway mock-backend`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct MockArgs {
+    /// Address to listen on (port 0 picks a free port; the chosen address is printed).
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8000")]
+    pub listen: SocketAddr,
+    /// Model name to serve; repeat for several [default: mock-small].
+    #[arg(long = "model", value_name = "NAME")]
+    pub models: Vec<String>,
+    /// Requests generated at once.
+    #[arg(long, default_value_t = MockProfile::default().capacity)]
+    pub capacity: u32,
+    /// Requests that may wait for a generation slot; beyond it the server answers 429.
+    #[arg(long, default_value_t = MockProfile::default().queue)]
+    pub queue: u32,
+    /// Time to first token, e.g. 50ms.
+    #[arg(long, value_name = "DURATION", default_value_t = MockProfile::default().ttft.into())]
+    pub ttft: humantime::Duration,
+    /// Output tokens per second after the first (0: no delay between tokens).
+    #[arg(long, value_name = "RATE", default_value_t = MockProfile::default().tokens_per_sec)]
+    pub tokens_per_sec: f64,
+    /// Output tokens when a request asks for none or for more.
+    #[arg(long, value_name = "N", default_value_t = MockProfile::default().max_output_tokens)]
+    pub max_output_tokens: u32,
+    /// Length of embedding vectors.
+    #[arg(long, value_name = "N", default_value_t = MockProfile::default().embedding_dim)]
+    pub embedding_dim: u32,
+    /// Share of requests answered with --error-status, from 0 to 1.
+    #[arg(long, value_name = "RATE", default_value_t = 0.0)]
+    pub error_rate: f64,
+    /// Status of injected errors.
+    #[arg(long, value_name = "STATUS", default_value_t = MockProfile::default().fault.error_status)]
+    pub error_status: u16,
+    /// `Retry-After` sent with injected errors, e.g. 2s.
+    #[arg(long, value_name = "DURATION")]
+    pub retry_after: Option<humantime::Duration>,
+    /// Share of requests that hang for --stall before being served, from 0 to 1.
+    #[arg(long, value_name = "RATE", default_value_t = 0.0)]
+    pub stall_rate: f64,
+    /// How long a stalled request hangs.
+    #[arg(long, value_name = "DURATION", default_value_t = MockProfile::default().fault.stall.into())]
+    pub stall: humantime::Duration,
+    /// Share of connections reset before any response byte, from 0 to 1.
+    #[arg(long, value_name = "RATE", default_value_t = 0.0)]
+    pub reset_rate: f64,
+    /// Break every stream off after N events (no `[DONE]`).
+    #[arg(long, value_name = "N")]
+    pub break_stream_after: Option<u32>,
+    /// Require `Authorization: Bearer KEY` or `api-key: KEY`, with KEY read from this
+    /// environment variable (the key itself never appears on the command line).
+    #[arg(long, value_name = "VAR")]
+    pub require_api_key_env: Option<String>,
+}
+
+impl MockArgs {
+    /// The profile these flags describe, or every problem with it on one line.
+    pub fn profile(&self) -> Result<MockProfile, String> {
+        let defaults = MockProfile::default();
+        let profile = MockProfile {
+            models: if self.models.is_empty() {
+                defaults.models
+            } else {
+                self.models.clone()
+            },
+            capacity: self.capacity,
+            queue: self.queue,
+            ttft: self.ttft.into(),
+            tokens_per_sec: self.tokens_per_sec,
+            max_output_tokens: self.max_output_tokens,
+            embedding_dim: self.embedding_dim,
+            fault: spillway_config::MockFault {
+                error_rate: self.error_rate,
+                error_status: self.error_status,
+                retry_after: self.retry_after.map(Into::into),
+                stall_rate: self.stall_rate,
+                stall: self.stall.into(),
+                reset_rate: self.reset_rate,
+                break_stream_after: self.break_stream_after,
+            },
+        };
+        let problems = profile.problems();
+        if problems.is_empty() {
+            return Ok(profile);
+        }
+        let listed: Vec<String> = problems
+            .iter()
+            .map(|(field, message)| format!("{field} {message}"))
+            .collect();
+        Err(format!("invalid mock profile: {}", listed.join("; ")))
+    }
+
+    /// The key named by `--require-api-key-env`, which must be set and non-empty.
+    pub fn required_key(&self) -> Result<Option<String>, String> {
+        let Some(var) = &self.require_api_key_env else {
+            return Ok(None);
+        };
+        match std::env::var(var) {
+            Ok(key) if !key.is_empty() => Ok(Some(key)),
+            _ => Err(format!(
+                "--require-api-key-env {var}: the environment variable is not set or empty"
+            )),
+        }
+    }
+}
+
+/// Runs `spillway mock-backend`: checks the flags, binds, prints
+/// `mock-backend listening on http://ADDR` as the first stdout line, and serves until `shutdown`.
+pub async fn run(
+    args: MockArgs,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> io::Result<()> {
+    let invalid = |e: String| io::Error::new(io::ErrorKind::InvalidInput, e);
+    let profile = args.profile().map_err(invalid)?;
+    let key = args.required_key().map_err(invalid)?;
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .map_err(|e| io::Error::new(e.kind(), format!("cannot listen on {}: {e}", args.listen)))?;
+    let addr = listener.local_addr()?;
+    {
+        // A closed stdout must not stop the server; the line is for whoever is reading.
+        let mut out = io::stdout().lock();
+        let _ = writeln!(out, "mock-backend listening on http://{addr}");
+        let _ = out.flush();
+    }
+    MockServer::new(profile)
+        .with_required_key(key)
+        .serve(listener, shutdown)
+        .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+    use std::time::Duration;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        mock: MockArgs,
+    }
+
+    fn parse(args: &[&str]) -> MockArgs {
+        Cli::try_parse_from(std::iter::once("mock").chain(args.iter().copied()))
+            .unwrap()
+            .mock
+    }
+
+    #[test]
+    fn no_flags_give_the_default_profile() {
+        assert_eq!(parse(&[]).profile().unwrap(), MockProfile::default());
+    }
+
+    #[test]
+    fn flags_fill_the_profile() {
+        let p = parse(&[
+            "--model", "a", "--model", "b", "--ttft", "50ms", "--tokens-per-sec", "0",
+            "--error-rate", "0.5", "--error-status", "503", "--retry-after", "1500ms",
+            "--break-stream-after", "3",
+        ])
+        .profile()
+        .unwrap();
+        assert_eq!(p.models, ["a", "b"]);
+        assert_eq!(p.ttft, Duration::from_millis(50));
+        assert_eq!(p.tokens_per_sec, 0.0);
+        assert_eq!(p.fault.error_status, 503);
+        assert_eq!(p.fault.retry_after, Some(Duration::from_millis(1500)));
+        assert_eq!(p.fault.break_stream_after, Some(3));
+    }
+
+    #[test]
+    fn invalid_flags_are_reported_together() {
+        let e = parse(&["--capacity", "0", "--reset-rate", "2"]).profile().unwrap_err();
+        assert!(e.contains("capacity") && e.contains("fault.reset_rate"), "{e}");
+    }
+}

@@ -1,0 +1,102 @@
+//! A mock server on 127.0.0.1:0 per test, real HTTP clients, and polling with a deadline.
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use spillway_mock::{MockProfile, MockServer};
+
+/// A running mock server and its address.
+pub struct Mock {
+    pub addr: SocketAddr,
+    pub server: MockServer,
+}
+
+impl Mock {
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    pub async fn stats(&self) -> Value {
+        get_json(&self.url("/stats")).await
+    }
+}
+
+/// A fast, healthy profile for model `m`, changed by `edit`.
+pub fn profile(edit: impl FnOnce(&mut MockProfile)) -> MockProfile {
+    let mut p = MockProfile {
+        models: vec!["m".to_owned()],
+        ttft: Duration::ZERO,
+        tokens_per_sec: 0.0,
+        ..MockProfile::default()
+    };
+    edit(&mut p);
+    assert!(p.problems().is_empty(), "{:?}", p.problems());
+    p
+}
+
+pub async fn start(profile: MockProfile) -> Mock {
+    let (addr, server) = spillway_mock::spawn(profile, ([127, 0, 0, 1], 0).into())
+        .await
+        .expect("mock server binds");
+    Mock { addr, server }
+}
+
+/// A new client (and so new connections) per call, with a generous overall timeout.
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder().timeout(Duration::from_secs(30)).build().unwrap()
+}
+
+pub async fn get_json(url: &str) -> Value {
+    client().get(url).send().await.unwrap().json().await.unwrap()
+}
+
+pub fn chat_body(stream: bool, max_tokens: u32) -> Value {
+    json!({
+        "model": "m",
+        "messages": [{"role": "user", "content": "Hello there, mock"}],
+        "stream": stream,
+        "max_tokens": max_tokens,
+    })
+}
+
+/// Polls `check` every 10 ms until it holds or `deadline` passes.
+pub async fn eventually<F, Fut>(deadline: Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let end = Instant::now() + deadline;
+    while Instant::now() < end {
+        if check().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("timed out waiting for: {what}");
+}
+
+/// The `data:` payloads of a server-sent event stream.
+pub fn events(text: &str) -> Vec<&str> {
+    text.lines().filter_map(|l| l.strip_prefix("data: ")).collect()
+}
+
+/// Standard base64 with padding, as the OpenAI SDKs decode embeddings.
+pub fn base64_decode(s: &str) -> Vec<u8> {
+    let value = |c: u8| match c {
+        b'A'..=b'Z' => c - b'A',
+        b'a'..=b'z' => c - b'a' + 26,
+        b'0'..=b'9' => c - b'0' + 52,
+        b'+' => 62,
+        b'/' => 63,
+        _ => panic!("not base64: {c}"),
+    };
+    let mut out = Vec::new();
+    for group in s.as_bytes().chunks(4) {
+        let data: Vec<u8> = group.iter().copied().filter(|&c| c != b'=').map(value).collect();
+        let n = data.iter().enumerate().fold(0u32, |n, (i, &v)| n | u32::from(v) << (18 - 6 * i));
+        out.extend_from_slice(&n.to_be_bytes()[1..data.len()]);
+    }
+    out
+}

@@ -1,0 +1,173 @@
+//! Who is calling: API key extraction and the tenant directory behind a trait.
+//!
+//! A key is hashed (SHA-256) as soon as it is read and only the digest travels further, so no
+//! layer after this one can log or leak it. The directory is a trait because the config-declared
+//! tenants are only the first source; a database-backed store with caches plugs in the same way.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use http::HeaderMap;
+use spillway_config::{key_digest, KeySource, TenantConfig};
+
+use crate::error::{ApiError, ErrorKind};
+
+/// A caller as the request path needs it.
+#[derive(Debug)]
+pub struct Tenant {
+    pub name: String,
+    /// `None`: every configured model.
+    pub allowed_models: Option<Vec<String>>,
+}
+
+impl Tenant {
+    pub fn may_use(&self, model: &str) -> bool {
+        self.allowed_models
+            .as_ref()
+            .is_none_or(|list| list.iter().any(|m| m == model))
+    }
+}
+
+/// The SHA-256 of a presented API key.
+pub type KeyDigest = [u8; 32];
+
+/// Why a lookup could not answer (as opposed to answering "no such key").
+#[derive(Debug, thiserror::Error)]
+#[error("tenant directory unavailable: {0}")]
+pub struct LookupError(pub String);
+
+pub type LookupFuture<'a> =
+    Pin<Box<dyn Future<Output = Result<Option<Arc<Tenant>>, LookupError>> + Send + 'a>>;
+
+/// Resolves a key digest to its tenant.
+pub trait TenantDirectory: Send + Sync + 'static {
+    fn lookup<'a>(&'a self, digest: &'a KeyDigest) -> LookupFuture<'a>;
+}
+
+/// Tenants declared in the configuration file.
+pub struct StaticDirectory {
+    by_digest: HashMap<KeyDigest, Arc<Tenant>>,
+}
+
+impl StaticDirectory {
+    /// Builds the directory, reading keys given by environment variable.
+    pub fn from_config(tenants: &[TenantConfig]) -> Result<Self, String> {
+        let mut by_digest = HashMap::new();
+        for t in tenants {
+            let tenant = Arc::new(Tenant {
+                name: t.name.clone(),
+                allowed_models: t.allowed_models.clone(),
+            });
+            for key in &t.keys {
+                let digest = match key {
+                    KeySource::Sha256(d) => *d,
+                    KeySource::Env(var) => match std::env::var(var) {
+                        Ok(v) if !v.is_empty() => key_digest(&v),
+                        _ => {
+                            return Err(format!(
+                                "tenant {:?}: environment variable {var} is not set",
+                                t.name
+                            ))
+                        }
+                    },
+                };
+                if let Some(other) = by_digest.insert(digest, tenant.clone()) {
+                    return Err(format!(
+                        "tenants {:?} and {:?} share a key",
+                        other.name, t.name
+                    ));
+                }
+            }
+        }
+        Ok(Self { by_digest })
+    }
+}
+
+impl TenantDirectory for StaticDirectory {
+    fn lookup<'a>(&'a self, digest: &'a KeyDigest) -> LookupFuture<'a> {
+        let found = self.by_digest.get(digest).cloned();
+        Box::pin(std::future::ready(Ok(found)))
+    }
+}
+
+/// Longest key accepted; anything longer is refused before hashing.
+const MAX_KEY_LEN: usize = 512;
+
+/// Reads the caller's key from `Authorization: Bearer KEY` or Azure-style `api-key: KEY` and
+/// returns its digest.
+pub fn presented_key(headers: &HeaderMap) -> Result<KeyDigest, ApiError> {
+    let bearer = headers
+        .get(http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        });
+    let key = bearer
+        .or_else(|| headers.get("api-key").and_then(|v| v.to_str().ok()))
+        .map(str::trim)
+        .filter(|k| !k.is_empty())
+        .ok_or_else(|| {
+            ApiError::new(
+                ErrorKind::MissingApiKey,
+                "no API key: send `Authorization: Bearer KEY` or `api-key: KEY`",
+            )
+        })?;
+    if key.len() > MAX_KEY_LEN {
+        return Err(ApiError::new(ErrorKind::InvalidApiKey, "invalid API key"));
+    }
+    Ok(key_digest(key))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        pairs
+            .iter()
+            .map(|(k, v)| (http::HeaderName::from_static(k), v.parse().unwrap()))
+            .collect()
+    }
+
+    #[test]
+    fn bearer_and_azure_style_keys_are_both_read() {
+        let d = key_digest("sk-1");
+        assert_eq!(
+            presented_key(&headers(&[("authorization", "Bearer sk-1")])).unwrap(),
+            d
+        );
+        assert_eq!(presented_key(&headers(&[("api-key", "sk-1")])).unwrap(), d);
+    }
+
+    #[test]
+    fn missing_and_oversized_keys_are_refused() {
+        let missing = presented_key(&headers(&[("authorization", "Basic abc")])).unwrap_err();
+        assert_eq!(missing.kind, ErrorKind::MissingApiKey);
+        let long = "k".repeat(MAX_KEY_LEN + 1);
+        let e = presented_key(&headers(&[("api-key", &long)])).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::InvalidApiKey);
+    }
+
+    #[test]
+    fn env_keys_must_be_set_and_keys_unique() {
+        let t = |name: &str, keys| TenantConfig {
+            name: name.into(),
+            keys,
+            allowed_models: None,
+        };
+        let unset = StaticDirectory::from_config(&[t(
+            "a",
+            vec![KeySource::Env("SPILLWAY_TEST_UNSET_KEY".into())],
+        )]);
+        assert!(unset
+            .err()
+            .unwrap()
+            .contains("SPILLWAY_TEST_UNSET_KEY is not set"));
+        let d = KeySource::Sha256(key_digest("x"));
+        let dup = StaticDirectory::from_config(&[t("a", vec![d.clone()]), t("b", vec![d])]);
+        assert!(dup.err().unwrap().contains("share a key"));
+    }
+}

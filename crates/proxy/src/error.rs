@@ -1,0 +1,203 @@
+//! The one error type of the request path, and its one mapping to HTTP.
+//!
+//! Each error records what went wrong (`ErrorKind`) and who is to blame: the caller (a 4xx, never
+//! worth retrying unchanged), the gateway, or an upstream. The mapping to a status, an
+//! OpenAI-style body and the retry headers lives in a single `match`, so callers and SDKs always
+//! get the same honest answer for the same cause.
+
+use std::time::Duration;
+
+use axum::response::{IntoResponse, Response};
+use http::{header, HeaderValue, StatusCode};
+
+/// What went wrong.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    MalformedRequest,
+    BodyTooLarge,
+    MissingApiKey,
+    InvalidApiKey,
+    ModelNotFound,
+    ModelNotAllowed,
+    RouteNotFound,
+    MethodNotAllowed,
+    /// Every backend of the model is full or unreachable.
+    NoCapacity,
+    /// A backend did not answer in time.
+    UpstreamTimeout,
+    /// A backend could not be reached or broke the connection.
+    UpstreamUnavailable,
+    /// The gateway is shutting down.
+    ShuttingDown,
+    Internal,
+}
+
+/// Who caused an error: decides whether anyone should retry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Blame {
+    Client,
+    Gateway,
+    Upstream,
+}
+
+/// An error on the request path, ready to become an OpenAI-style response.
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    pub kind: ErrorKind,
+    pub message: String,
+    pub retry_after: Option<Duration>,
+}
+
+impl ApiError {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+            retry_after: None,
+        }
+    }
+
+    pub fn retry_after(mut self, after: Duration) -> Self {
+        self.retry_after = Some(after);
+        self
+    }
+
+    pub fn blame(&self) -> Blame {
+        use ErrorKind::*;
+        match self.kind {
+            MalformedRequest | BodyTooLarge | MissingApiKey | InvalidApiKey | ModelNotFound
+            | ModelNotAllowed | RouteNotFound | MethodNotAllowed => Blame::Client,
+            NoCapacity | ShuttingDown | Internal => Blame::Gateway,
+            UpstreamTimeout | UpstreamUnavailable => Blame::Upstream,
+        }
+    }
+
+    /// Status, OpenAI error `type` and `code`.
+    pub fn parts(&self) -> (StatusCode, &'static str, &'static str) {
+        use ErrorKind::*;
+        match self.kind {
+            MalformedRequest => (
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                "invalid_request",
+            ),
+            BodyTooLarge => (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "invalid_request_error",
+                "body_too_large",
+            ),
+            MissingApiKey => (
+                StatusCode::UNAUTHORIZED,
+                "invalid_request_error",
+                "missing_api_key",
+            ),
+            InvalidApiKey => (
+                StatusCode::UNAUTHORIZED,
+                "invalid_request_error",
+                "invalid_api_key",
+            ),
+            ModelNotFound => (
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                "model_not_found",
+            ),
+            ModelNotAllowed => (
+                StatusCode::FORBIDDEN,
+                "permission_error",
+                "model_not_allowed",
+            ),
+            RouteNotFound => (
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                "unknown_url",
+            ),
+            MethodNotAllowed => (
+                StatusCode::METHOD_NOT_ALLOWED,
+                "invalid_request_error",
+                "method_not_allowed",
+            ),
+            NoCapacity => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                "capacity_exhausted",
+            ),
+            UpstreamTimeout => (
+                StatusCode::GATEWAY_TIMEOUT,
+                "server_error",
+                "upstream_timeout",
+            ),
+            UpstreamUnavailable => (
+                StatusCode::BAD_GATEWAY,
+                "server_error",
+                "upstream_unavailable",
+            ),
+            ShuttingDown => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                "shutting_down",
+            ),
+            Internal => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "server_error",
+                "internal_error",
+            ),
+        }
+    }
+
+    pub fn status(&self) -> StatusCode {
+        self.parts().0
+    }
+
+    /// The body of an OpenAI-style error.
+    pub fn body(&self) -> serde_json::Value {
+        let (_, kind, code) = self.parts();
+        serde_json::json!({
+            "error": { "message": self.message, "type": kind, "param": null, "code": code }
+        })
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut response = (self.status(), axum::Json(self.body())).into_response();
+        let headers = response.headers_mut();
+        if self.blame() == Blame::Client {
+            // The same request will fail the same way: tell SDKs not to retry it.
+            headers.insert("x-should-retry", HeaderValue::from_static("false"));
+        }
+        if let Some(after) = self.retry_after {
+            let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(secs.max(1)));
+            headers.insert(
+                "retry-after-ms",
+                HeaderValue::from(after.as_millis() as u64),
+            );
+        }
+        response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_capacity_is_503_with_retry_headers() {
+        let r = ApiError::new(ErrorKind::NoCapacity, "all full")
+            .retry_after(Duration::from_millis(1500))
+            .into_response();
+        assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(r.headers()[header::RETRY_AFTER], "2");
+        assert_eq!(r.headers()["retry-after-ms"], "1500");
+    }
+
+    #[test]
+    fn client_errors_say_do_not_retry_and_carry_openai_shape() {
+        let e = ApiError::new(ErrorKind::InvalidApiKey, "bad key");
+        assert_eq!(e.body()["error"]["code"], "invalid_api_key");
+        assert_eq!(e.body()["error"]["type"], "invalid_request_error");
+        let r = e.into_response();
+        assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+        assert_eq!(r.headers()["x-should-retry"], "false");
+    }
+}

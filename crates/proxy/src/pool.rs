@@ -1,0 +1,255 @@
+//! Models and their backend pools: the live state the balancer reads.
+//!
+//! A `Backend` holds what the request path needs at run time: where to send each kind of request,
+//! the upstream key header, how many requests it has outstanding, and until when it is skipped
+//! after refusing a connection. Outstanding counts are taken with a compare-and-swap against the
+//! backend's `max_concurrency`, so the cap holds under any number of concurrent pickers.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use http::{HeaderName, HeaderValue, Uri};
+use spillway_config::{BackendConfig, BackendKind, ModelConfig};
+use spillway_policy::{pick, Candidate};
+
+/// The OpenAI endpoints the gateway routes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Endpoint {
+    ChatCompletions,
+    Completions,
+    Embeddings,
+}
+
+impl Endpoint {
+    pub const ALL: [Endpoint; 3] = [
+        Endpoint::ChatCompletions,
+        Endpoint::Completions,
+        Endpoint::Embeddings,
+    ];
+
+    pub fn path(self) -> &'static str {
+        match self {
+            Endpoint::ChatCompletions => "/chat/completions",
+            Endpoint::Completions => "/completions",
+            Endpoint::Embeddings => "/embeddings",
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// One upstream server for one model.
+#[derive(Debug)]
+pub struct Backend {
+    pub name: String,
+    pub kind: &'static str,
+    pub region: String,
+    pub weight: u32,
+    pub max_concurrency: u32,
+    /// The model name to put in the body, when it differs from the client's.
+    pub rename_to: Option<String>,
+    /// The header carrying the upstream key (`authorization` or Azure's `api-key`).
+    pub auth_header: Option<(HeaderName, HeaderValue)>,
+    uris: [Uri; 3],
+    outstanding: AtomicU32,
+    /// Milliseconds since `epoch` before which this backend is skipped; 0 when it is not.
+    skip_until_ms: AtomicU64,
+    epoch: Instant,
+}
+
+impl Backend {
+    /// Builds a backend; `base` is the resolved base URL (a mock's is known only once it listens).
+    pub fn new(
+        model: &str,
+        cfg: &BackendConfig,
+        base: &Uri,
+        epoch: Instant,
+    ) -> Result<Self, String> {
+        let uris = Endpoint::ALL.map(|e| upstream_uri(&cfg.kind, base, e));
+        let uris = match uris {
+            [Ok(a), Ok(b), Ok(c)] => [a, b, c],
+            [a, b, c] => return Err(a.and(b).and(c).unwrap_err()),
+        };
+        let auth_header = match &cfg.api_key_env {
+            None => None,
+            Some(var) => {
+                let key = std::env::var(var)
+                    .ok()
+                    .filter(|k| !k.is_empty())
+                    .ok_or_else(|| {
+                        format!(
+                            "backend {:?}: environment variable {var} is not set",
+                            cfg.name
+                        )
+                    })?;
+                let (name, value) = match cfg.kind {
+                    BackendKind::Azure { .. } => (HeaderName::from_static("api-key"), key),
+                    _ => (http::header::AUTHORIZATION, format!("Bearer {key}")),
+                };
+                let mut value = HeaderValue::try_from(value).map_err(|_| {
+                    format!(
+                        "backend {:?}: the key in {var} is not a valid header value",
+                        cfg.name
+                    )
+                })?;
+                value.set_sensitive(true);
+                Some((name, value))
+            }
+        };
+        Ok(Self {
+            name: cfg.name.clone(),
+            kind: cfg.kind.as_str(),
+            region: cfg.region.clone(),
+            weight: cfg.weight,
+            max_concurrency: cfg.max_concurrency,
+            rename_to: (cfg.upstream_model != model).then(|| cfg.upstream_model.clone()),
+            auth_header,
+            uris,
+            outstanding: AtomicU32::new(0),
+            skip_until_ms: AtomicU64::new(0),
+            epoch,
+        })
+    }
+
+    pub fn uri(&self, endpoint: Endpoint) -> &Uri {
+        &self.uris[endpoint.index()]
+    }
+
+    pub fn outstanding(&self) -> u32 {
+        self.outstanding.load(Ordering::Relaxed)
+    }
+
+    /// Takes one unit of this backend's concurrency, or returns `None` when it is full.
+    pub fn try_acquire(self: &Arc<Self>) -> Option<InFlight> {
+        self.outstanding
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| {
+                (n < self.max_concurrency).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| InFlight(self.clone()))
+    }
+
+    /// Skips this backend for `cooldown` (it refused a connection or timed out).
+    pub fn skip_for(&self, cooldown: Duration) {
+        let until = self.epoch.elapsed() + cooldown;
+        self.skip_until_ms
+            .store(until.as_millis().max(1) as u64, Ordering::Relaxed);
+    }
+
+    fn skipped(&self, now: Instant) -> bool {
+        let until = self.skip_until_ms.load(Ordering::Relaxed);
+        until != 0 && (now.duration_since(self.epoch).as_millis() as u64) < until
+    }
+}
+
+/// One request's hold on a backend; releases it when dropped (response finished or abandoned).
+#[derive(Debug)]
+pub struct InFlight(Arc<Backend>);
+
+impl InFlight {
+    pub fn backend(&self) -> &Arc<Backend> {
+        &self.0
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.outstanding.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+fn upstream_uri(kind: &BackendKind, base: &Uri, endpoint: Endpoint) -> Result<Uri, String> {
+    let root = base.to_string();
+    let root = root.trim_end_matches('/');
+    let text = match kind {
+        BackendKind::Azure {
+            api_version,
+            deployment,
+            ..
+        } => format!(
+            "{root}/openai/deployments/{deployment}{}?api-version={api_version}",
+            endpoint.path()
+        ),
+        BackendKind::OpenAi { .. } | BackendKind::Mock(_) => format!("{root}{}", endpoint.path()),
+    };
+    text.parse()
+        .map_err(|e| format!("cannot build upstream URL {text:?}: {e}"))
+}
+
+/// A model's backends.
+#[derive(Debug)]
+pub struct ModelPool {
+    pub backends: Vec<Arc<Backend>>,
+}
+
+impl ModelPool {
+    /// Picks a backend with room, preferring `region`, skipping those in `exclude` or cooling
+    /// down, and takes a unit of its concurrency.
+    pub fn acquire(
+        &self,
+        region: Option<&str>,
+        exclude: &[usize],
+    ) -> Option<(usize, InFlight, bool)> {
+        let now = Instant::now();
+        let mut rng = rand::rng();
+        let mut tried = exclude.to_vec();
+        // A backend may fill up between the snapshot and the CAS: re-pick without it.
+        for _ in 0..self.backends.len() {
+            let candidates: Vec<Candidate<'_>> = self
+                .backends
+                .iter()
+                .enumerate()
+                .map(|(i, b)| Candidate {
+                    region: &b.region,
+                    weight: b.weight,
+                    outstanding: b.outstanding(),
+                    max_concurrency: b.max_concurrency,
+                    available: !tried.contains(&i) && !b.skipped(now),
+                })
+                .collect();
+            let choice = pick(&candidates, region, &mut rng)?;
+            if let Some(guard) = self.backends[choice.index].try_acquire() {
+                return Some((choice.index, guard, choice.spilled_over));
+            }
+            tried.push(choice.index);
+        }
+        None
+    }
+}
+
+/// Every configured model's pool, by client-facing model name.
+#[derive(Debug, Default)]
+pub struct Models {
+    pools: HashMap<String, ModelPool>,
+    /// Model names in configuration order, for `GET /v1/models`.
+    pub names: Vec<String>,
+}
+
+impl Models {
+    /// Builds the pools; `base_of` resolves each backend's base URL.
+    pub fn new(
+        models: &[ModelConfig],
+        mut base_of: impl FnMut(&ModelConfig, &BackendConfig) -> Result<Uri, String>,
+    ) -> Result<Self, String> {
+        let epoch = Instant::now();
+        let mut out = Models::default();
+        for m in models {
+            let backends = m
+                .backends
+                .iter()
+                .map(|b| Backend::new(&m.name, b, &base_of(m, b)?, epoch).map(Arc::new))
+                .collect::<Result<Vec<_>, _>>()?;
+            out.pools.insert(m.name.clone(), ModelPool { backends });
+            out.names.push(m.name.clone());
+        }
+        Ok(out)
+    }
+
+    pub fn get(&self, model: &str) -> Option<&ModelPool> {
+        self.pools.get(model)
+    }
+}

@@ -1,0 +1,157 @@
+//! Relaying a response body to the client frame by frame, as it arrives.
+//!
+//! Nothing is buffered: each upstream frame is handed to the client connection when it arrives,
+//! so a streamed completion's first token reaches the caller when the backend sends it. The relay
+//! also owns the request's hold on its backend (released when the body ends or the client goes
+//! away, which also drops the upstream connection and so cancels the generation) and reports how
+//! the body ended. A stream that breaks off upstream, or stalls past the idle timeout, is never
+//! passed on as a clean end: an SSE client gets a final error event and no `[DONE]`; any other
+//! body is aborted so the client sees a truncated response, not a short valid one.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+use tokio::time::{Instant, Sleep};
+
+use crate::error::{ApiError, ErrorKind};
+use crate::pool::InFlight;
+
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// How a relayed body ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyEnd {
+    Complete,
+    /// The upstream connection failed mid-body.
+    UpstreamBroke,
+    /// The upstream sent nothing for longer than the idle timeout.
+    UpstreamStalled,
+    /// The client went away first.
+    ClientGone,
+}
+
+/// Told once how the body ended, with the time since the request started.
+pub trait EndObserver: Send + Sync + Unpin + 'static {
+    fn ended(&mut self, end: BodyEnd);
+}
+
+pub struct RelayBody<O: EndObserver> {
+    inner: Incoming,
+    sse: bool,
+    idle_timeout: Duration,
+    last_frame: Instant,
+    idle: Pin<Box<Sleep>>,
+    state: Option<(InFlight, O)>,
+}
+
+impl<O: EndObserver> RelayBody<O> {
+    pub fn new(
+        inner: Incoming,
+        sse: bool,
+        idle_timeout: Duration,
+        hold: InFlight,
+        observer: O,
+    ) -> Self {
+        let now = Instant::now();
+        Self {
+            inner,
+            sse,
+            idle_timeout,
+            last_frame: now,
+            idle: Box::pin(tokio::time::sleep_until(now + idle_timeout)),
+            state: Some((hold, observer)),
+        }
+    }
+
+    fn finish(&mut self, end: BodyEnd) {
+        if let Some((hold, mut observer)) = self.state.take() {
+            observer.ended(end);
+            drop(hold);
+        }
+    }
+
+    /// Ends a broken body: a final error event for SSE clients, an aborted body otherwise.
+    fn broken(
+        &mut self,
+        end: BodyEnd,
+        why: String,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        self.finish(end);
+        if self.sse {
+            let kind = if end == BodyEnd::UpstreamStalled {
+                ErrorKind::UpstreamTimeout
+            } else {
+                ErrorKind::UpstreamUnavailable
+            };
+            let body = ApiError::new(kind, format!("the upstream stream broke off: {why}")).body();
+            let event = format!("event: error\ndata: {body}\n\n");
+            Poll::Ready(Some(Ok(Frame::data(Bytes::from(event)))))
+        } else {
+            Poll::Ready(Some(Err(why.into())))
+        }
+    }
+}
+
+impl<O: EndObserver> Body for RelayBody<O> {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = &mut *self;
+        if this.state.is_none() {
+            return Poll::Ready(None);
+        }
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                this.last_frame = Instant::now();
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(e))) => this.broken(BodyEnd::UpstreamBroke, e.to_string()),
+            Poll::Ready(None) => {
+                this.finish(BodyEnd::Complete);
+                Poll::Ready(None)
+            }
+            Poll::Pending => {
+                // The timer is moved only when it fires, not on every frame.
+                loop {
+                    let deadline = this.last_frame + this.idle_timeout;
+                    if this.idle.deadline() < deadline {
+                        this.idle.as_mut().reset(deadline);
+                    }
+                    ready!(this.idle.as_mut().poll(cx));
+                    if Instant::now() >= this.last_frame + this.idle_timeout {
+                        let why = format!("no data for {:?}", this.idle_timeout);
+                        return this.broken(BodyEnd::UpstreamStalled, why);
+                    }
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        // Not the inner body's answer: the relay must be polled to its end to report it.
+        self.state.is_none()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        if self.sse {
+            SizeHint::default()
+        } else {
+            self.inner.size_hint()
+        }
+    }
+}
+
+impl<O: EndObserver> Drop for RelayBody<O> {
+    fn drop(&mut self) {
+        self.finish(BodyEnd::ClientGone);
+    }
+}

@@ -1,0 +1,291 @@
+//! The gateway process: listeners, routes, in-process mock backends, readiness and shutdown.
+//!
+//! Two listeners, never one: the main listener serves the OpenAI API and the probes; the admin
+//! listener serves metrics (and later the admin API), so operators can firewall it apart and a
+//! flood on the API cannot hide the gateway's own view of itself.
+//!
+//! Probes are local by construction: `/livez` answers from the process alone and `/readyz` from
+//! an in-memory flag, so no remote dependency can make an orchestrator restart healthy gateways.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{Request, State};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::serve::ListenerExt;
+use axum::{Json, Router};
+use http::{HeaderValue, StatusCode, Uri};
+use metrics_exporter_prometheus::PrometheusHandle;
+use spillway_config::{BackendKind, Config, ServerConfig, UpstreamConfig};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tracing::{info, warn};
+
+use crate::auth::{StaticDirectory, TenantDirectory};
+use crate::error::{ApiError, ErrorKind};
+use crate::forward;
+use crate::pool::Models;
+use crate::upstream::{self, HttpClient};
+
+/// Why the gateway could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Setup(String),
+}
+
+/// Shared state of the request path.
+pub struct Gateway {
+    pub(crate) server: ServerConfig,
+    pub(crate) upstream: UpstreamConfig,
+    pub(crate) directory: Arc<dyn TenantDirectory>,
+    pub(crate) models: Models,
+    pub(crate) client: HttpClient,
+    ready: AtomicBool,
+}
+
+impl Gateway {
+    /// How long a caller refused for lack of capacity is told to wait.
+    pub(crate) fn no_capacity_retry_after(&self) -> Duration {
+        Duration::from_secs(1)
+    }
+}
+
+/// A gateway whose listeners are bound and whose mock backends run, ready to serve.
+pub struct BoundGateway {
+    gateway: Arc<Gateway>,
+    metrics: PrometheusHandle,
+    listener: TcpListener,
+    admin_listener: TcpListener,
+    mocks: watch::Sender<bool>,
+}
+
+impl BoundGateway {
+    /// Binds both listeners, starts in-process mock backends and builds the request path.
+    pub async fn bind(config: Config) -> Result<Self, StartError> {
+        let listener = bind(config.server.listen).await?;
+        let admin_listener = bind(config.server.admin_listen).await?;
+        let directory = StaticDirectory::from_config(&config.tenants).map_err(StartError::Setup)?;
+        let (mocks, mocks_stop) = watch::channel(false);
+        let mut mock_bases = Vec::new();
+        for m in &config.models {
+            for b in &m.backends {
+                if let BackendKind::Mock(profile) = &b.kind {
+                    let addr = start_mock(profile.clone(), mocks_stop.clone()).await?;
+                    info!(model = %m.name, backend = %b.name, region = %b.region, "mock backend listening on http://{addr}");
+                    mock_bases.push(format!("http://{addr}/v1"));
+                }
+            }
+        }
+        let mut mock_bases = mock_bases.into_iter();
+        let models = Models::new(&config.models, |_, b| match &b.kind {
+            BackendKind::OpenAi { url } | BackendKind::Azure { url, .. } => Ok(url.clone()),
+            BackendKind::Mock(_) => mock_bases
+                .next()
+                .ok_or("mock backend count changed")?
+                .parse::<Uri>()
+                .map_err(|e| e.to_string()),
+        })
+        .map_err(StartError::Setup)?;
+        let gateway = Arc::new(Gateway {
+            client: upstream::client(&config.upstream),
+            server: config.server,
+            upstream: config.upstream,
+            directory: Arc::new(directory),
+            models,
+            ready: AtomicBool::new(false),
+        });
+        Ok(Self {
+            gateway,
+            metrics: crate::metrics::recorder(),
+            listener,
+            admin_listener,
+            mocks,
+        })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener
+            .local_addr()
+            .expect("bound listener has an address")
+    }
+
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.admin_listener
+            .local_addr()
+            .expect("bound listener has an address")
+    }
+
+    /// Serves until `shutdown` resolves, then stops accepting, turns readiness off, and lets
+    /// in-flight requests and streams finish for up to the configured grace period.
+    pub async fn serve(
+        self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> std::io::Result<()> {
+        let gw = self.gateway;
+        let grace = gw.server.shutdown_grace;
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let main = api_router(gw.clone());
+        let admin = admin_router(AdminState {
+            gateway: gw.clone(),
+            metrics: self.metrics,
+        });
+        let stopped = |mut rx: watch::Receiver<bool>| async move {
+            let _ = rx.wait_for(|s| *s).await;
+        };
+        // Without TCP_NODELAY, small SSE chunks wait on Nagle's algorithm and delayed ACKs.
+        let listener = self.listener.tap_io(|tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
+        let main_server =
+            axum::serve(listener, main).with_graceful_shutdown(stopped(stop_rx.clone()));
+        let admin_server = axum::serve(self.admin_listener, admin)
+            .with_graceful_shutdown(stopped(stop_rx.clone()));
+        let main_task = tokio::spawn(async move { main_server.await });
+        let admin_task = tokio::spawn(async move { admin_server.await });
+        gw.ready.store(true, Ordering::Release);
+
+        shutdown.await;
+        info!(grace = ?grace, "shutting down: readiness off, no new connections, draining in-flight requests");
+        gw.ready.store(false, Ordering::Release);
+        let _ = stop_tx.send(true);
+        let drained = tokio::time::timeout(grace, async {
+            let main = main_task.await;
+            let admin = admin_task.await;
+            (main, admin)
+        })
+        .await;
+        let _ = self.mocks.send(true);
+        match drained {
+            Ok((main, _)) => main.map_err(std::io::Error::other)?,
+            Err(_) => {
+                warn!("shutdown grace of {grace:?} ran out; dropping the requests still in flight");
+                Ok(())
+            }
+        }
+    }
+}
+
+async fn bind(addr: SocketAddr) -> Result<TcpListener, StartError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| StartError::Bind { addr, source })
+}
+
+async fn start_mock(
+    profile: spillway_config::MockProfile,
+    mut stop: watch::Receiver<bool>,
+) -> Result<SocketAddr, StartError> {
+    let listener = bind(SocketAddr::from(([127, 0, 0, 1], 0))).await?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| StartError::Setup(e.to_string()))?;
+    let server = spillway_mock::MockServer::new(profile);
+    tokio::spawn(async move {
+        let stopped = async move {
+            let _ = stop.wait_for(|s| *s).await;
+        };
+        if let Err(e) = server.serve(listener, stopped).await {
+            warn!("mock backend on {addr} stopped: {e}");
+        }
+    });
+    Ok(addr)
+}
+
+fn api_router(gw: Arc<Gateway>) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(forward::chat_completions))
+        .route("/v1/completions", post(forward::completions))
+        .route("/v1/embeddings", post(forward::embeddings))
+        .route("/v1/models", get(list_models))
+        .route("/livez", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .fallback(|| async { ApiError::new(ErrorKind::RouteNotFound, "no such endpoint") })
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(
+                ErrorKind::MethodNotAllowed,
+                "method not allowed on this endpoint",
+            )
+        })
+        .layer(middleware::from_fn(request_id))
+        .with_state(gw)
+}
+
+async fn readyz(State(gw): State<Arc<Gateway>>) -> Response {
+    if gw.ready.load(Ordering::Acquire) {
+        "ready".into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "not ready").into_response()
+    }
+}
+
+async fn list_models(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
+    let tenant = match forward::authenticate(&gw, req.headers()).await {
+        Ok(t) => t,
+        Err(e) => return e.into_response(),
+    };
+    let data: Vec<_> = gw
+        .models
+        .names
+        .iter()
+        .filter(|m| tenant.may_use(m))
+        .map(|m| serde_json::json!({ "id": m, "object": "model", "created": 0, "owned_by": "spillway" }))
+        .collect();
+    Json(serde_json::json!({ "object": "list", "data": data })).into_response()
+}
+
+const MAX_REQUEST_ID_LEN: usize = 128;
+
+/// Accepts the caller's `x-request-id` when it is short and printable, makes one otherwise, and
+/// puts it on the request (so it travels upstream) and on the response.
+async fn request_id(mut req: Request, next: Next) -> Response {
+    let valid = req.headers().get("x-request-id").filter(|v| {
+        !v.is_empty()
+            && v.len() <= MAX_REQUEST_ID_LEN
+            && v.as_bytes().iter().all(|b| b.is_ascii_graphic())
+    });
+    let id = match valid {
+        Some(v) => v.clone(),
+        None => {
+            let id = HeaderValue::try_from(format!("{:032x}", rand::random::<u128>()))
+                .expect("hex is a valid header value");
+            req.headers_mut().insert("x-request-id", id.clone());
+            id
+        }
+    };
+    let mut response = next.run(req).await;
+    response.headers_mut().insert("x-request-id", id);
+    response
+}
+
+#[derive(Clone)]
+struct AdminState {
+    gateway: Arc<Gateway>,
+    metrics: PrometheusHandle,
+}
+
+fn admin_router(state: AdminState) -> Router {
+    Router::new()
+        .route(
+            "/metrics",
+            get(|State(s): State<AdminState>| async move {
+                (
+                    [(http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+                    crate::metrics::render(&s.metrics, &s.gateway.models),
+                )
+            }),
+        )
+        .route("/livez", get(|| async { "ok" }))
+        .fallback(|| async { ApiError::new(ErrorKind::RouteNotFound, "no such endpoint") })
+        .with_state(state)
+}

@@ -1,0 +1,105 @@
+//! The upstream side: one pooled HTTP client for every backend, and how a client request becomes
+//! an upstream request.
+//!
+//! Connections are kept alive and reused (an LLM gateway that opens a connection per request
+//! spends its CPU on handshakes and can run out of ephemeral ports under load). The connect
+//! timeout is short and separate from the response timeout, so an unreachable backend is told
+//! apart from a slow one: the first is skipped and the request goes elsewhere, the second is a 504.
+
+use bytes::Bytes;
+use http::{header, HeaderMap, HeaderValue, Method, Request};
+use http_body_util::Full;
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use spillway_config::UpstreamConfig;
+
+use crate::pool::{Backend, Endpoint};
+
+pub type HttpClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
+
+/// Builds the shared upstream client from the `[upstream]` settings.
+pub fn client(cfg: &UpstreamConfig) -> HttpClient {
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    http.set_nodelay(true);
+    http.set_connect_timeout(Some(cfg.connect_timeout));
+    http.set_keepalive(Some(std::time::Duration::from_secs(60)));
+    let connector = HttpsConnectorBuilder::new()
+        .with_webpki_roots()
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(http);
+    Client::builder(TokioExecutor::new())
+        .pool_timer(TokioTimer::new())
+        .pool_idle_timeout(cfg.pool_idle_timeout)
+        .pool_max_idle_per_host(cfg.pool_max_idle_per_host)
+        .build(connector)
+}
+
+/// Request headers that never travel upstream: hop-by-hop headers, the caller's own credentials
+/// (the upstream gets the backend's key instead), and framing the client recomputes.
+fn is_stripped_request_header(name: &header::HeaderName) -> bool {
+    matches!(
+        name.as_str(),
+        "authorization"
+            | "api-key"
+            | "host"
+            | "content-length"
+            | "connection"
+            | "keep-alive"
+            | "proxy-authorization"
+            | "proxy-connection"
+            | "te"
+            | "trailer"
+            | "transfer-encoding"
+            | "upgrade"
+            | "cookie"
+    )
+}
+
+/// Removes the hop-by-hop headers of an upstream response before it is relayed.
+pub fn strip_response_headers(headers: &mut HeaderMap) {
+    for name in [
+        header::CONNECTION,
+        header::TE,
+        header::TRAILER,
+        header::TRANSFER_ENCODING,
+        header::UPGRADE,
+    ] {
+        headers.remove(name);
+    }
+    headers.remove("keep-alive");
+    headers.remove("proxy-connection");
+}
+
+/// The upstream request for `endpoint` on `backend`, carrying `body` and the client's headers
+/// minus those that must not cross.
+pub fn request(
+    backend: &Backend,
+    endpoint: Endpoint,
+    client_headers: &HeaderMap,
+    skip_header: &header::HeaderName,
+    body: Bytes,
+) -> Request<Full<Bytes>> {
+    let mut req = Request::new(Full::new(body.clone()));
+    *req.method_mut() = Method::POST;
+    *req.uri_mut() = backend.uri(endpoint).clone();
+    let headers = req.headers_mut();
+    headers.reserve(client_headers.len() + 2);
+    for (name, value) in client_headers {
+        if !is_stripped_request_header(name) && name != skip_header {
+            headers.append(name.clone(), value.clone());
+        }
+    }
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    headers.insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
+    if let Some((name, value)) = &backend.auth_header {
+        headers.insert(name.clone(), value.clone());
+    }
+    req
+}

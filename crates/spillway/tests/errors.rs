@@ -1,0 +1,255 @@
+//! Every error the gateway produces is an OpenAI-style JSON body with the right status.
+
+mod support;
+
+use std::time::Duration;
+
+use support::*;
+
+async fn expect_error(r: reqwest::Response, status: u16, code: &str) -> reqwest::header::HeaderMap {
+    let headers = r.headers().clone();
+    assert_eq!(r.status().as_u16(), status);
+    let v: serde_json::Value = r.json().await.expect("error body is JSON");
+    assert_eq!(v["error"]["code"], code, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .is_some_and(|m| !m.is_empty()),
+        "{v}"
+    );
+    assert!(v["error"]["type"].is_string(), "{v}");
+    headers
+}
+
+#[tokio::test]
+async fn client_errors_have_their_status_and_code() {
+    let mock = mock(&["--model", "m", "--ttft", "0ms", "--tokens-per-sec", "0"]);
+    // Keys before the first table land in the harness's [server] table.
+    let gw = gateway(&format!(
+        "max_body_bytes = 1024\n{}",
+        model("m", &[("b", "r", mock.url("/v1"))])
+    ));
+    let c = client();
+    let chat = gw.url("/v1/chat/completions");
+
+    let r = c
+        .post(&chat)
+        .bearer_auth(KEY)
+        .body("{not json")
+        .send()
+        .await
+        .unwrap();
+    expect_error(r, 400, "invalid_request").await;
+    let r = c
+        .post(&chat)
+        .bearer_auth(KEY)
+        .body(r#"{"messages":[]}"#)
+        .send()
+        .await
+        .unwrap();
+    expect_error(r, 400, "invalid_request").await;
+    let big = serde_json::json!({"model": "m", "messages": [{"role": "user", "content": "x".repeat(4096)}]});
+    let r = c
+        .post(&chat)
+        .bearer_auth(KEY)
+        .json(&big)
+        .send()
+        .await
+        .unwrap();
+    expect_error(r, 413, "body_too_large").await;
+    let r = c
+        .post(&chat)
+        .bearer_auth(KEY)
+        .json(&chat_body("nope", false))
+        .send()
+        .await
+        .unwrap();
+    expect_error(r, 404, "model_not_found").await;
+    let r = c
+        .post(&chat)
+        .json(&chat_body("m", false))
+        .send()
+        .await
+        .unwrap();
+    let h = expect_error(r, 401, "missing_api_key").await;
+    assert_eq!(h["x-should-retry"], "false");
+    let r = c
+        .post(&chat)
+        .bearer_auth("sk-wrong")
+        .json(&chat_body("m", false))
+        .send()
+        .await
+        .unwrap();
+    expect_error(r, 401, "invalid_api_key").await;
+    let r = c
+        .post(&chat)
+        .bearer_auth(OTHER_KEY)
+        .json(&chat_body("m", false))
+        .send()
+        .await
+        .unwrap();
+    expect_error(r, 403, "model_not_allowed").await;
+    let r = c
+        .get(gw.url("/v1/nothing"))
+        .bearer_auth(KEY)
+        .send()
+        .await
+        .unwrap();
+    expect_error(r, 404, "unknown_url").await;
+    let r = c.get(&chat).bearer_auth(KEY).send().await.unwrap();
+    expect_error(r, 405, "method_not_allowed").await;
+    // None of that reached the backend.
+    assert_eq!(get_json(&mock.url("/stats")).await["received"], 0);
+    // Arbitrary bytes are refused, never crash the gateway.
+    for body in [
+        &b"\xff\xfe\x00"[..],
+        b"{\"model\":",
+        b"[[[[[[[[[[",
+        b"{\"model\":\"m\",\"stream\":1}",
+    ] {
+        let r = c
+            .post(&chat)
+            .bearer_auth(KEY)
+            .body(body.to_vec())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 400);
+    }
+    assert_eq!(c.get(gw.url("/livez")).send().await.unwrap().status(), 200);
+}
+
+#[tokio::test]
+async fn no_reachable_backend_is_503_with_retry_after() {
+    let gw = gateway(&model(
+        "m",
+        &[
+            ("a", "r1", closed_port_url()),
+            ("b", "r2", closed_port_url()),
+        ],
+    ));
+    let r = client()
+        .post(gw.url("/v1/chat/completions"))
+        .bearer_auth(KEY)
+        .json(&chat_body("m", false))
+        .send()
+        .await
+        .unwrap();
+    let h = expect_error(r, 503, "capacity_exhausted").await;
+    assert!(h["retry-after"].to_str().unwrap().parse::<u64>().unwrap() >= 1);
+    assert!(h.contains_key("retry-after-ms"));
+}
+
+#[tokio::test]
+async fn backends_at_their_concurrency_limit_give_503() {
+    let mock = mock(&[
+        "--model",
+        "m",
+        "--ttft",
+        "0ms",
+        "--tokens-per-sec",
+        "2",
+        "--max-output-tokens",
+        "100",
+    ]);
+    let cfg = format!(
+        "[[models]]\nname = \"m\"\n[[models.backends]]\nname = \"b\"\nurl = \"{}\"\nmax_concurrency = 1\n",
+        mock.url("/v1")
+    );
+    let gw = gateway(&cfg);
+    let mut body = chat_body("m", true);
+    body["max_tokens"] = 100.into();
+    let held = client()
+        .post(gw.url("/v1/chat/completions"))
+        .bearer_auth(KEY)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(held.status(), 200);
+    let r = client()
+        .post(gw.url("/v1/chat/completions"))
+        .bearer_auth(KEY)
+        .json(&chat_body("m", false))
+        .send()
+        .await
+        .unwrap();
+    expect_error(r, 503, "capacity_exhausted").await;
+    drop(held);
+    // Once the held stream is gone, its slot is free again.
+    let c = client();
+    eventually(Duration::from_secs(10), "the slot is released", || async {
+        let r = c
+            .post(gw.url("/v1/chat/completions"))
+            .bearer_auth(KEY)
+            .json(&chat_body("m", false))
+            .send()
+            .await
+            .unwrap();
+        r.status() == 200
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn upstream_that_does_not_answer_in_time_is_504() {
+    let mock = mock(&["--model", "m", "--stall-rate", "1", "--stall", "20s"]);
+    let gw = gateway(&format!(
+        "[upstream]\nresponse_timeout = \"300ms\"\n{}",
+        model("m", &[("b", "r", mock.url("/v1"))])
+    ));
+    let r = client()
+        .post(gw.url("/v1/chat/completions"))
+        .bearer_auth(KEY)
+        .json(&chat_body("m", false))
+        .send()
+        .await
+        .unwrap();
+    expect_error(r, 504, "upstream_timeout").await;
+}
+
+#[tokio::test]
+async fn broken_stream_ends_with_an_error_event_and_no_done() {
+    let mock = mock(&[
+        "--model",
+        "m",
+        "--ttft",
+        "0ms",
+        "--tokens-per-sec",
+        "0",
+        "--break-stream-after",
+        "3",
+    ]);
+    let gw = gateway(&model("m", &[("b", "r", mock.url("/v1"))]));
+    let r = client()
+        .post(gw.url("/v1/chat/completions"))
+        .bearer_auth(KEY)
+        .json(&chat_body("m", true))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let text = r.text().await.unwrap();
+    assert!(!text.contains("[DONE]"), "{text}");
+    assert!(text.contains("event: error"), "{text}");
+    let error_line = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .next_back()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_str(error_line).unwrap();
+    assert_eq!(v["error"]["code"], "upstream_unavailable");
+    let metrics = client()
+        .get(gw.admin_url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let line = metrics
+        .lines()
+        .find(|l| l.starts_with("spillway_streams_broken_total{"))
+        .unwrap_or_else(|| panic!("{metrics}"));
+    assert!(line.ends_with(" 1"), "{line}");
+}

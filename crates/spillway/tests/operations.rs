@@ -1,0 +1,227 @@
+//! Operating the gateway: probes, metrics, graceful shutdown, the quickstart and check-config.
+
+mod support;
+
+use std::process::Command;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use support::*;
+
+#[tokio::test]
+async fn probes_and_metrics_are_on_their_listeners() {
+    let mock = mock(&["--model", "m", "--ttft", "0ms", "--tokens-per-sec", "0"]);
+    let gw = gateway(&model("m", &[("b", "r", mock.url("/v1"))]));
+    let c = client();
+    assert_eq!(c.get(gw.url("/livez")).send().await.unwrap().status(), 200);
+    assert_eq!(c.get(gw.url("/readyz")).send().await.unwrap().status(), 200);
+    for _ in 0..3 {
+        c.post(gw.url("/v1/chat/completions"))
+            .bearer_auth(KEY)
+            .json(&chat_body("m", false))
+            .send()
+            .await
+            .unwrap();
+    }
+    c.post(gw.url("/v1/chat/completions"))
+        .bearer_auth("sk-nope")
+        .json(&chat_body("m", false))
+        .send()
+        .await
+        .unwrap();
+    // Metrics are not on the API listener.
+    assert_eq!(
+        c.get(gw.url("/metrics")).send().await.unwrap().status(),
+        404
+    );
+    let text = c
+        .get(gw.admin_url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let ok = r#"spillway_requests_total{tenant="tenant-a",model="m",backend="b",status="200"} 3"#;
+    assert!(text.contains(ok), "{text}");
+    let refused = r#"spillway_requests_total{tenant="unknown",model="unknown",backend="none",status="401"} 1"#;
+    assert!(text.contains(refused), "{text}");
+    assert!(
+        text.contains("spillway_request_duration_seconds_bucket{model=\"m\",backend=\"b\""),
+        "{text}"
+    );
+    assert!(
+        text.contains("spillway_backend_outstanding{model=\"m\",backend=\"b\"} 0"),
+        "{text}"
+    );
+    // The caller's key never shows up in metrics.
+    assert!(!text.contains("sk-nope") && !text.contains(KEY));
+}
+
+#[tokio::test]
+async fn sigterm_lets_inflight_streams_finish_then_exits() {
+    let mock = mock(&[
+        "--model",
+        "m",
+        "--ttft",
+        "0ms",
+        "--tokens-per-sec",
+        "20",
+        "--max-output-tokens",
+        "20",
+    ]);
+    let mut gw = gateway(&model("m", &[("b", "r", mock.url("/v1"))]));
+    let mut body = chat_body("m", true);
+    body["max_tokens"] = 20.into();
+    let r = client()
+        .post(gw.url("/v1/chat/completions"))
+        .bearer_auth(KEY)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let mut stream = r.bytes_stream();
+    stream.next().await.unwrap().unwrap();
+    gw.signal("TERM");
+    // New connections are refused soon after the signal...
+    let c = reqwest::Client::builder()
+        .timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    eventually(Duration::from_secs(10), "the listener closes", || async {
+        c.get(gw.url("/livez")).send().await.is_err()
+    })
+    .await;
+    // ...while the stream in flight runs to its end.
+    let mut rest = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        rest.extend_from_slice(&chunk.expect("stream completes during shutdown"));
+    }
+    assert!(String::from_utf8_lossy(&rest).contains("[DONE]"));
+    let status = gw
+        .wait_exit(Duration::from_secs(20))
+        .expect("gateway exits after draining");
+    assert!(status.success(), "{status:?}");
+}
+
+#[test]
+fn check_config_reports_each_problem_with_its_location() {
+    let path = std::env::temp_dir().join(format!("spillway-check-{}.toml", std::process::id()));
+    std::fs::write(
+        &path,
+        "[[models]]\nname = \"m\"\n[[models.backends]]\nname = \"b\"\nurl = \"nope\"\nweight = 0\n",
+    )
+    .unwrap();
+    let out = Command::new(bin())
+        .args(["check-config", path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("models[\"m\"].backends[0] (\"b\").url: \"nope\" is not an http(s) URL"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(".weight: must be between 1 and 1000"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("tenants: no tenants"), "{stderr}");
+
+    std::fs::write(&path, "[server]\nlisten = 1\n").unwrap();
+    let out = Command::new(bin())
+        .args(["check-config", path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
+    assert!(stderr.contains("line 2"), "{stderr}");
+
+    let ok = Command::new(bin())
+        .args(["check-config", "../../examples/quickstart.toml"])
+        .output()
+        .unwrap();
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    let missing = Command::new(bin())
+        .args(["check-config", "/nonexistent.toml"])
+        .output()
+        .unwrap();
+    assert_eq!(missing.status.code(), Some(1));
+    std::fs::remove_file(&path).unwrap();
+}
+
+#[test]
+fn every_example_config_is_valid() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples");
+    let mut seen = 0;
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "toml") {
+            let out = Command::new(bin())
+                .arg("check-config")
+                .arg(&path)
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{}: {}",
+                path.display(),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            seen += 1;
+        }
+    }
+    assert!(
+        seen >= 3,
+        "examples: quickstart, vLLM in two regions, Azure"
+    );
+}
+
+#[tokio::test]
+async fn quickstart_serves_mock_small_with_the_printed_key() {
+    use std::io::{BufRead, BufReader};
+    let mut child = Command::new(bin())
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+        ])
+        .env("SPILLWAY_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut url = None;
+    let mut key = None;
+    for line in lines.by_ref().take(10) {
+        let line = line.unwrap();
+        if let Some(rest) = line.strip_prefix("spillway listening on ") {
+            url = rest.split_whitespace().next().map(str::to_owned);
+        }
+        if let Some(k) = line.strip_prefix("API key: ") {
+            key = Some(k.trim().to_owned());
+            break;
+        }
+    }
+    let (url, key) = (url.expect("URL printed"), key.expect("key printed"));
+    let v: serde_json::Value = client()
+        .post(format!("{url}/v1/chat/completions"))
+        .bearer_auth(&key)
+        .json(&chat_body("mock-small", false))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v["object"], "chat.completion", "{v}");
+    let _ = child.kill();
+    let _ = child.wait();
+}

@@ -1,0 +1,247 @@
+//! Real processes on 127.0.0.1 for black-box tests: `spillway mock-backend` and `spillway serve`.
+//!
+//! Every process binds port 0 and reports its address on its first stdout line, so tests never
+//! race for ports. Processes are killed when their handle drops. Waiting is always polling with
+//! a deadline, never a fixed sleep.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+pub const KEY: &str = "sk-test-tenant-a";
+pub const OTHER_KEY: &str = "sk-test-tenant-b";
+
+pub fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_spillway")
+}
+
+/// A child process killed on drop.
+pub struct Proc {
+    child: Child,
+    pub addr: SocketAddr,
+    pub admin: Option<SocketAddr>,
+    config: Option<PathBuf>,
+}
+
+impl Proc {
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    pub fn admin_url(&self, path: &str) -> String {
+        format!(
+            "http://{}{path}",
+            self.admin.expect("gateway has an admin listener")
+        )
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn signal(&self, sig: &str) {
+        let ok = Command::new("kill")
+            .args(["-s", sig, &self.pid().to_string()])
+            .status()
+            .unwrap();
+        assert!(ok.success());
+    }
+
+    /// Waits up to `deadline` for the process to exit and returns its status.
+    pub fn wait_exit(&mut self, deadline: Duration) -> Option<std::process::ExitStatus> {
+        let end = Instant::now() + deadline;
+        while Instant::now() < end {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if let Some(path) = &self.config {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+/// Starts `spillway ARGS`, waits for the first stdout line containing `http://`, and returns the
+/// process with the address(es) read from it.
+fn start(args: &[&str], envs: &[(&str, &str)], config: Option<PathBuf>) -> Proc {
+    let mut child = Command::new(bin())
+        .args(args)
+        .envs(envs.iter().copied())
+        .env("SPILLWAY_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn spillway");
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut sent = false;
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if !sent && line.contains("http://") {
+                let _ = tx.send(line);
+                sent = true;
+            }
+        }
+    });
+    let line = match rx.recv_timeout(Duration::from_secs(30)) {
+        Ok(line) => line,
+        Err(_) => {
+            let _ = child.kill();
+            panic!("spillway {args:?} did not report a listening address");
+        }
+    };
+    let addrs: Vec<SocketAddr> = line
+        .split("http://")
+        .skip(1)
+        .map(|s| {
+            let end = s
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '.' || c == ':'))
+                .unwrap_or(s.len());
+            s[..end].parse().unwrap()
+        })
+        .collect();
+    Proc {
+        child,
+        addr: addrs[0],
+        admin: addrs.get(1).copied(),
+        config,
+    }
+}
+
+/// Starts a standalone mock backend with extra flags.
+pub fn mock(flags: &[&str]) -> Proc {
+    let mut args = vec!["mock-backend", "--listen", "127.0.0.1:0"];
+    args.extend_from_slice(flags);
+    start(&args, &[], None)
+}
+
+pub fn mock_with_env(flags: &[&str], envs: &[(&str, &str)]) -> Proc {
+    let mut args = vec!["mock-backend", "--listen", "127.0.0.1:0"];
+    args.extend_from_slice(flags);
+    start(&args, envs, None)
+}
+
+static CONFIGS: AtomicUsize = AtomicUsize::new(0);
+
+/// The tenants every test config starts with: tenant-a may use everything, tenant-b none
+/// no model at all.
+pub fn tenants() -> String {
+    format!(
+        r#"
+[[tenants]]
+name = "tenant-a"
+keys = [{{ sha256 = "{}" }}]
+
+[[tenants]]
+name = "tenant-b"
+keys = [{{ env = "TEST_TENANT_B_KEY" }}]
+models = []
+"#,
+        sha256_hex(KEY)
+    )
+}
+
+pub fn sha256_hex(key: &str) -> String {
+    spillway_config::key_digest(key)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// Starts `spillway serve` with `body` appended to a server section on port 0.
+pub fn gateway(body: &str) -> Proc {
+    gateway_with_env(body, &[])
+}
+
+pub fn gateway_with_env(body: &str, envs: &[(&str, &str)]) -> Proc {
+    let toml = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n{body}\n{}",
+        tenants()
+    );
+    let path = std::env::temp_dir().join(format!(
+        "spillway-test-{}-{}.toml",
+        std::process::id(),
+        CONFIGS.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::write(&path, toml).unwrap();
+    let mut env = vec![("TEST_TENANT_B_KEY", OTHER_KEY)];
+    env.extend_from_slice(envs);
+    let arg = path.to_str().unwrap().to_owned();
+    start(&["serve", "--config", &arg], &env, Some(path))
+}
+
+/// A `[[models]]` block with one openai backend per (name, region, url).
+pub fn model(name: &str, backends: &[(&str, &str, String)]) -> String {
+    let mut s = format!("[[models]]\nname = \"{name}\"\n");
+    for (b, region, url) in backends {
+        s += &format!(
+            "[[models.backends]]\nname = \"{b}\"\nregion = \"{region}\"\nurl = \"{url}\"\n"
+        );
+    }
+    s
+}
+
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap()
+}
+
+pub async fn get_json(url: &str) -> serde_json::Value {
+    client()
+        .get(url)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+/// Polls `check` every 20 ms until it returns true or `deadline` passes.
+pub async fn eventually<F, Fut>(deadline: Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let end = Instant::now() + deadline;
+    while Instant::now() < end {
+        if check().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("timed out waiting for: {what}");
+}
+
+pub fn chat_body(model: &str, stream: bool) -> serde_json::Value {
+    serde_json::json!({
+        "model": model,
+        "messages": [{"role": "user", "content": "Hello there"}],
+        "stream": stream,
+        "max_tokens": 8,
+    })
+}
+
+/// A port on 127.0.0.1 with nothing listening (bound then released).
+pub fn closed_port_url() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    drop(l);
+    format!("http://{addr}/v1")
+}

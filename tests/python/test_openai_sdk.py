@@ -1,0 +1,67 @@
+"""The official `openai` Python SDK, unmodified, talking to spillway."""
+
+import json
+import urllib.request
+
+import openai
+
+from conftest import KEY
+
+
+def client(gateway, **kw):
+    return openai.OpenAI(base_url=gateway.url + "/v1", api_key=KEY, **kw)
+
+
+def backend_stats(mock_backend):
+    with urllib.request.urlopen(mock_backend.url + "/stats", timeout=10) as r:
+        return json.load(r)
+
+
+def test_chat_completion(gateway):
+    r = client(gateway).chat.completions.create(
+        model="sdk-model", messages=[{"role": "user", "content": "Say hi"}], max_tokens=5
+    )
+    assert r.object == "chat.completion"
+    assert r.choices[0].message.role == "assistant"
+    assert r.choices[0].message.content
+    assert r.usage.completion_tokens == 5
+
+
+def test_streamed_chat_completion(gateway):
+    stream = client(gateway).chat.completions.create(
+        model="sdk-model",
+        messages=[{"role": "user", "content": "Count"}],
+        max_tokens=6,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert len(text.split()) == 6
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 6
+
+
+def test_embeddings_with_the_sdk_default_base64_encoding(gateway, mock_backend):
+    r = client(gateway).embeddings.create(model="sdk-model", input=["alpha", "beta"])
+    assert len(r.data) == 2
+    assert all(isinstance(x, float) for x in r.data[0].embedding)
+    assert len(r.data[0].embedding) == len(r.data[1].embedding) > 0
+    # The SDK asked for base64 and the field reached the backend untouched.
+    assert backend_stats(mock_backend)["last_request"]["body"]["encoding_format"] == "base64"
+
+
+def test_errors_surface_as_typed_sdk_exceptions(gateway):
+    bad_key = openai.OpenAI(base_url=gateway.url + "/v1", api_key="sk-wrong", max_retries=0)
+    try:
+        bad_key.chat.completions.create(model="sdk-model", messages=[{"role": "user", "content": "x"}])
+        raise AssertionError("expected an authentication error")
+    except openai.AuthenticationError as e:
+        assert e.status_code == 401
+        assert e.code == "invalid_api_key"
+    try:
+        client(gateway, max_retries=0).chat.completions.create(
+            model="no-such-model", messages=[{"role": "user", "content": "x"}]
+        )
+        raise AssertionError("expected a not-found error")
+    except openai.NotFoundError as e:
+        assert e.code == "model_not_found"

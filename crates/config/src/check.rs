@@ -111,6 +111,7 @@ fn check_server(raw: RawServer, p: &mut Problems) -> ServerConfig {
         home_region: raw.home_region,
         region_header,
         max_body_bytes: max_body.min(MAX_BODY_CAP) as usize,
+        shutdown_delay: raw.shutdown_delay.unwrap_or(Duration::ZERO),
         shutdown_grace: raw.shutdown_grace.unwrap_or(Duration::from_secs(30)),
     }
 }

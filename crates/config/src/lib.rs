@@ -58,6 +58,10 @@ pub struct ServerConfig {
     /// Request header through which a caller may name its preferred region.
     pub region_header: http::HeaderName,
     pub max_body_bytes: usize,
+    /// After SIGTERM: how long `/readyz` answers 503 while the listener still accepts, so load
+    /// balancers stop sending before connections are refused.
+    pub shutdown_delay: Duration,
+    /// After the listener closes: how long in-flight requests may run.
     pub shutdown_grace: Duration,
 }
 

@@ -31,6 +31,8 @@ pub struct RawServer {
     pub region_header: Option<String>,
     pub max_body_bytes: Option<u64>,
     #[serde(default, with = "humantime_serde")]
+    pub shutdown_delay: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
     pub shutdown_grace: Option<Duration>,
 }
 

@@ -160,8 +160,7 @@ async fn route(
                 ));
             }
         };
-        metrics::histogram!(crate::metrics::UPSTREAM_HEADERS, "model" => labels.model.clone(), "backend" => labels.backend.clone())
-            .record(sent.elapsed().as_secs_f64());
+        labels.upstream_responded(sent.elapsed());
         if spilled {
             labels.spilled_over();
         }

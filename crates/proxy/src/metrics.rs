@@ -121,6 +121,11 @@ impl RequestLabels {
         .increment(1);
     }
 
+    pub fn upstream_responded(&self, after: std::time::Duration) {
+        histogram!(UPSTREAM_HEADERS, "model" => self.model.clone(), "backend" => self.backend.clone())
+            .record(after.as_secs_f64());
+    }
+
     pub fn spilled_over(&self) {
         counter!(SPILLOVERS, "model" => self.model.clone(), "backend" => self.backend.clone())
             .increment(1);

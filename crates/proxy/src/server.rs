@@ -126,8 +126,9 @@ impl BoundGateway {
             .expect("bound listener has an address")
     }
 
-    /// Serves until `shutdown` resolves, then stops accepting, turns readiness off, and lets
-    /// in-flight requests and streams finish for up to the configured grace period.
+    /// Serves until `shutdown` resolves; then turns readiness off, keeps accepting for
+    /// `shutdown_delay` (so load balancers see `/readyz` fail before connections are refused),
+    /// stops accepting, and lets in-flight requests and streams finish for up to `shutdown_grace`.
     pub async fn serve(
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
@@ -156,8 +157,13 @@ impl BoundGateway {
         gw.ready.store(true, Ordering::Release);
 
         shutdown.await;
-        info!(grace = ?grace, "shutting down: readiness off, no new connections, draining in-flight requests");
         gw.ready.store(false, Ordering::Release);
+        let delay = gw.server.shutdown_delay;
+        if !delay.is_zero() {
+            info!(delay = ?delay, "shutting down: readiness off, still accepting for the delay");
+            tokio::time::sleep(delay).await;
+        }
+        info!(grace = ?grace, "shutting down: no new connections, draining in-flight requests");
         let _ = stop_tx.send(true);
         let drained = tokio::time::timeout(grace, async {
             let main = main_task.await;

@@ -14,7 +14,12 @@ async fn probes_and_metrics_are_on_their_listeners() {
     let gw = gateway(&model("m", &[("b", "r", mock.url("/v1"))]));
     let c = client();
     assert_eq!(c.get(gw.url("/livez")).send().await.unwrap().status(), 200);
-    assert_eq!(c.get(gw.url("/readyz")).send().await.unwrap().status(), 200);
+    eventually(
+        Duration::from_secs(5),
+        "the gateway becomes ready",
+        || async { matches!(c.get(gw.url("/readyz")).send().await, Ok(r) if r.status() == 200) },
+    )
+    .await;
     for _ in 0..3 {
         c.post(gw.url("/v1/chat/completions"))
             .bearer_auth(KEY)
@@ -101,6 +106,35 @@ async fn sigterm_lets_inflight_streams_finish_then_exits() {
     let status = gw
         .wait_exit(Duration::from_secs(20))
         .expect("gateway exits after draining");
+    assert!(status.success(), "{status:?}");
+}
+
+#[tokio::test]
+async fn sigterm_turns_readiness_off_before_the_listener_closes() {
+    let mock = mock(&["--model", "m"]);
+    let mut gw = gateway(&format!(
+        "shutdown_delay = \"2s\"\n{}",
+        model("m", &[("b", "r", mock.url("/v1"))])
+    ));
+    let c = client();
+    eventually(
+        Duration::from_secs(5),
+        "the gateway becomes ready",
+        || async { matches!(c.get(gw.url("/readyz")).send().await, Ok(r) if r.status() == 200) },
+    )
+    .await;
+    gw.signal("TERM");
+    eventually(
+        Duration::from_secs(5),
+        "readiness turns off while still listening",
+        || async { matches!(c.get(gw.url("/readyz")).send().await, Ok(r) if r.status() == 503) },
+    )
+    .await;
+    // Liveness stays fine: the process is healthy, only leaving.
+    assert_eq!(c.get(gw.url("/livez")).send().await.unwrap().status(), 200);
+    let status = gw
+        .wait_exit(Duration::from_secs(20))
+        .expect("gateway exits after the delay");
     assert!(status.success(), "{status:?}");
 }
 

@@ -118,16 +118,17 @@ async fn admit(
     body: Body,
     outcome: &Outcome,
 ) -> Result<Admitted, Refusal> {
-    let bytes = read_body(&parts.headers, body).await.map_err(invalid)?;
-    let (body, json_error) = match serde_json::from_slice::<Value>(&bytes) {
-        Ok(v) => (Arc::new(v), None),
-        Err(e) => (Arc::new(Value::Null), Some(e)),
+    let read = read_body(&parts.headers, body).await;
+    let (body, json_error) = match read.as_ref().map(|b| serde_json::from_slice::<Value>(b)) {
+        Ok(Ok(v)) => (Arc::new(v), None),
+        Ok(Err(e)) => (Arc::new(Value::Null), Some(e)),
+        Err(_) => (Arc::new(Value::Null), None),
     };
-    let model =
-        deployment.or_else(|| body.get("model").and_then(Value::as_str).map(str::to_owned));
+    let model = deployment.or_else(|| body.get("model").and_then(Value::as_str).map(str::to_owned));
     server
         .recorder()
         .remember(remembered(parts, model.clone(), Arc::clone(&body)));
+    read.map_err(invalid)?;
 
     let draw = faults::draw(&live.profile.fault, &mut rand::rng());
     if let Some(stall) = draw.stall {
@@ -165,9 +166,9 @@ async fn admit(
     }
     // Read before taking a slot, so a malformed request never holds one.
     let work = match endpoint {
-        Endpoint::Embeddings => Work::Embed(
-            Embedding::parse(fields, live.profile.embedding_dim).map_err(invalid)?,
-        ),
+        Endpoint::Embeddings => {
+            Work::Embed(Embedding::parse(fields, live.profile.embedding_dim).map_err(invalid)?)
+        }
         Endpoint::Chat | Endpoint::Completions => {
             Work::Generate(request::generation(endpoint, fields).map_err(invalid)?)
         }

@@ -18,8 +18,8 @@ pub struct MockArgs {
     /// Address to listen on (port 0 picks a free port; the chosen address is printed).
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8000")]
     pub listen: SocketAddr,
-    /// Model name to serve; repeat for several [default: mock-small].
-    #[arg(long = "model", value_name = "NAME")]
+    /// Model name to serve; repeat for several.
+    #[arg(long = "model", value_name = "NAME", default_values_t = MockProfile::default().models)]
     pub models: Vec<String>,
     /// Requests generated at once.
     #[arg(long, default_value_t = MockProfile::default().capacity)]
@@ -40,7 +40,7 @@ pub struct MockArgs {
     #[arg(long, value_name = "N", default_value_t = MockProfile::default().embedding_dim)]
     pub embedding_dim: u32,
     /// Share of requests answered with --error-status, from 0 to 1.
-    #[arg(long, value_name = "RATE", default_value_t = 0.0)]
+    #[arg(long, value_name = "RATE", default_value_t = MockProfile::default().fault.error_rate)]
     pub error_rate: f64,
     /// Status of injected errors.
     #[arg(long, value_name = "STATUS", default_value_t = MockProfile::default().fault.error_status)]
@@ -49,13 +49,13 @@ pub struct MockArgs {
     #[arg(long, value_name = "DURATION")]
     pub retry_after: Option<humantime::Duration>,
     /// Share of requests that hang for --stall before being served, from 0 to 1.
-    #[arg(long, value_name = "RATE", default_value_t = 0.0)]
+    #[arg(long, value_name = "RATE", default_value_t = MockProfile::default().fault.stall_rate)]
     pub stall_rate: f64,
     /// How long a stalled request hangs.
     #[arg(long, value_name = "DURATION", default_value_t = MockProfile::default().fault.stall.into())]
     pub stall: humantime::Duration,
     /// Share of connections reset before any response byte, from 0 to 1.
-    #[arg(long, value_name = "RATE", default_value_t = 0.0)]
+    #[arg(long, value_name = "RATE", default_value_t = MockProfile::default().fault.reset_rate)]
     pub reset_rate: f64,
     /// Break every stream off after N events (no `[DONE]`).
     #[arg(long, value_name = "N")]
@@ -69,13 +69,8 @@ pub struct MockArgs {
 impl MockArgs {
     /// The profile these flags describe, or every problem with it on one line.
     pub fn profile(&self) -> Result<MockProfile, String> {
-        let defaults = MockProfile::default();
         let profile = MockProfile {
-            models: if self.models.is_empty() {
-                defaults.models
-            } else {
-                self.models.clone()
-            },
+            models: self.models.clone(),
             capacity: self.capacity,
             queue: self.queue,
             ttft: self.ttft.into(),
@@ -168,9 +163,22 @@ mod tests {
     #[test]
     fn flags_fill_the_profile() {
         let p = parse(&[
-            "--model", "a", "--model", "b", "--ttft", "50ms", "--tokens-per-sec", "0",
-            "--error-rate", "0.5", "--error-status", "503", "--retry-after", "1500ms",
-            "--break-stream-after", "3",
+            "--model",
+            "a",
+            "--model",
+            "b",
+            "--ttft",
+            "50ms",
+            "--tokens-per-sec",
+            "0",
+            "--error-rate",
+            "0.5",
+            "--error-status",
+            "503",
+            "--retry-after",
+            "1500ms",
+            "--break-stream-after",
+            "3",
         ])
         .profile()
         .unwrap();
@@ -184,7 +192,12 @@ mod tests {
 
     #[test]
     fn invalid_flags_are_reported_together() {
-        let e = parse(&["--capacity", "0", "--reset-rate", "2"]).profile().unwrap_err();
-        assert!(e.contains("capacity") && e.contains("fault.reset_rate"), "{e}");
+        let e = parse(&["--capacity", "0", "--reset-rate", "2"])
+            .profile()
+            .unwrap_err();
+        assert!(
+            e.contains("capacity") && e.contains("fault.reset_rate"),
+            "{e}"
+        );
     }
 }

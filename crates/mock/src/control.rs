@@ -21,8 +21,8 @@ pub(crate) async fn get_profile(State(server): State<MockServer>) -> Json<MockPr
 }
 
 pub(crate) async fn put_profile(State(server): State<MockServer>, body: Bytes) -> Response {
-    let replaced = parse_json(&body)
-        .and_then(|profile| server.try_update_profile(|_| checked(profile)));
+    let replaced =
+        parse_json(&body).and_then(|profile| server.try_update_profile(|_| checked(profile)));
     answer(replaced)
 }
 
@@ -41,7 +41,10 @@ pub(crate) fn patched(profile: &MockProfile, patch: &Value) -> Result<MockProfil
         ));
     }
     let mut current = serde_json::to_value(profile).map_err(|e| {
-        ApiError::invalid("invalid_profile", format!("cannot represent the profile: {e}"))
+        ApiError::invalid(
+            "invalid_profile",
+            format!("cannot represent the profile: {e}"),
+        )
     })?;
     merge(&mut current, patch);
     checked(current)
@@ -55,9 +58,8 @@ fn answer(result: Result<MockProfile, ApiError>) -> Response {
 }
 
 fn parse_json(body: &[u8]) -> Result<Value, ApiError> {
-    serde_json::from_slice(body).map_err(|e| {
-        ApiError::invalid("invalid_json", format!("the body is not valid JSON: {e}"))
-    })
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::invalid("invalid_json", format!("the body is not valid JSON: {e}")))
 }
 
 /// A profile from JSON (missing fields take their defaults) that passes its own checks.

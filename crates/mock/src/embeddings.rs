@@ -43,7 +43,9 @@ impl Embedding {
             Some(Value::Array(items)) if !items.is_empty() => {
                 for item in items {
                     match item {
-                        Value::String(s) => add(fnv1a(s.as_bytes()), tokens_for_chars(s.chars().count())),
+                        Value::String(s) => {
+                            add(fnv1a(s.as_bytes()), tokens_for_chars(s.chars().count()))
+                        }
                         Value::Array(ids) if !ids.is_empty() && ids.iter().all(Value::is_u64) => {
                             add(token_seed(ids), len_u32(ids.len()));
                         }
@@ -71,7 +73,10 @@ impl Embedding {
                 .filter(|d| (1..=u64::from(max_dim)).contains(d))
                 .and_then(|d| u32::try_from(d).ok())
                 .ok_or_else(|| {
-                    ApiError::invalid_param("dimensions", format!("`dimensions` must be between 1 and {max_dim}"))
+                    ApiError::invalid_param(
+                        "dimensions",
+                        format!("`dimensions` must be between 1 and {max_dim}"),
+                    )
                 })?,
         };
         Ok(Self {
@@ -134,7 +139,11 @@ fn fnv1a(bytes: &[u8]) -> u64 {
 /// Token arrays hash their ids' little-endian bytes, after a tag so `[104, 105]` and `"hi"` differ.
 fn token_seed(ids: &[Value]) -> u64 {
     let bytes: Vec<u8> = std::iter::once(0xffu8)
-        .chain(ids.iter().filter_map(Value::as_u64).flat_map(u64::to_le_bytes))
+        .chain(
+            ids.iter()
+                .filter_map(Value::as_u64)
+                .flat_map(u64::to_le_bytes),
+        )
         .collect();
     fnv1a(&bytes)
 }
@@ -204,18 +213,30 @@ mod tests {
         assert_eq!(count(json!(["a", "b", "c"])), 3);
         assert_eq!(count(json!([1, 2, 3])), 1);
         assert_eq!(count(json!([[1, 2], [3]])), 2);
-        for bad in [json!([]), json!([[]]), json!(null), json!([1, "a"]), json!({"a": 1})] {
+        for bad in [
+            json!([]),
+            json!([[]]),
+            json!(null),
+            json!([1, "a"]),
+            json!({"a": 1}),
+        ] {
             assert!(parse(json!({"input": bad}), 8).is_err(), "{bad}");
         }
     }
 
     #[test]
     fn encodings_and_dimensions() {
-        let e = parse(json!({"input": "x", "encoding_format": "base64", "dimensions": 4}), 8).unwrap();
+        let e = parse(
+            json!({"input": "x", "encoding_format": "base64", "dimensions": 4}),
+            8,
+        )
+        .unwrap();
         let v = e.response("m");
         let b64 = v["data"][0]["embedding"].as_str().unwrap();
         assert_eq!(b64.len(), 24); // 16 bytes -> 24 base64 characters
-        let f = parse(json!({"input": "x", "dimensions": 4}), 8).unwrap().response("m");
+        let f = parse(json!({"input": "x", "dimensions": 4}), 8)
+            .unwrap()
+            .response("m");
         assert_eq!(f["data"][0]["embedding"].as_array().unwrap().len(), 4);
         assert!(parse(json!({"input": "x", "dimensions": 9}), 8).is_err());
         assert!(parse(json!({"input": "x", "encoding_format": "hex"}), 8).is_err());

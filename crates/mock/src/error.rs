@@ -142,9 +142,10 @@ impl IntoResponse for ApiError {
         }});
         let mut response = (self.status, Json(body)).into_response();
         if let Some(wait) = self.retry_after {
-            response
-                .headers_mut()
-                .insert(http::header::RETRY_AFTER, HeaderValue::from(whole_seconds(wait)));
+            response.headers_mut().insert(
+                http::header::RETRY_AFTER,
+                HeaderValue::from(whole_seconds(wait)),
+            );
         }
         response
     }

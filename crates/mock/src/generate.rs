@@ -39,7 +39,12 @@ pub(crate) struct Plan {
 impl Plan {
     /// The request's limit caps the profile's; stopping at the request's own limit is
     /// `"length"`, stopping where the server would anyway is `"stop"`.
-    pub(crate) fn new(endpoint: Endpoint, model: &str, g: &Generation, profile: &MockProfile) -> Self {
+    pub(crate) fn new(
+        endpoint: Endpoint,
+        model: &str,
+        g: &Generation,
+        profile: &MockProfile,
+    ) -> Self {
         let (tokens, finish_reason) = match g.max_tokens {
             Some(limit) if limit <= profile.max_output_tokens => (limit, "length"),
             _ => (profile.max_output_tokens, "stop"),
@@ -155,7 +160,10 @@ impl Pace {
 
     /// Token `i` (from 0) is due `ttft + i / tokens_per_sec` after the start.
     pub(crate) fn due(&self, i: u32) -> Instant {
-        let offset = self.ttft.saturating_add(self.interval.saturating_mul(i)).min(LONGEST_WAIT);
+        let offset = self
+            .ttft
+            .saturating_add(self.interval.saturating_mul(i))
+            .min(LONGEST_WAIT);
         self.start + offset
     }
 
@@ -222,7 +230,10 @@ mod tests {
         let plan = Plan::new(Endpoint::Chat, "m", &gen(None), &MockProfile::default());
         let c = plan.token_chunk(1);
         let text = std::str::from_utf8(&c).unwrap();
-        assert!(text.starts_with("data: {") && text.ends_with("}\n\n"), "{text}");
+        assert!(
+            text.starts_with("data: {") && text.ends_with("}\n\n"),
+            "{text}"
+        );
         let v: Value = serde_json::from_str(&text[6..]).unwrap();
         assert_eq!(v["object"], "chat.completion.chunk");
         assert_eq!(v["choices"][0]["delta"]["content"], " quick");

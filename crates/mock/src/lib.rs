@@ -80,6 +80,7 @@ impl MockServer {
 
     /// Requires inference and model requests to carry `Authorization: Bearer KEY` or
     /// `api-key: KEY`, as a real upstream does; others get 401. `None` accepts any request.
+    /// Like the profile, the key is shared by every clone of this server.
     pub fn with_required_key(self, key: Option<String>) -> MockServer {
         self.replace_live(|live| Live {
             profile: live.profile.clone(),
@@ -125,7 +126,11 @@ impl MockServer {
         next: impl FnOnce(&MockProfile) -> Result<MockProfile, E>,
     ) -> Result<MockProfile, E> {
         let profile = {
-            let mut live = self.shared.live.write().unwrap_or_else(PoisonError::into_inner);
+            let mut live = self
+                .shared
+                .live
+                .write()
+                .unwrap_or_else(PoisonError::into_inner);
             let profile = next(&live.profile)?;
             *live = Arc::new(Live {
                 profile: profile.clone(),
@@ -138,7 +143,11 @@ impl MockServer {
     }
 
     pub(crate) fn live(&self) -> Arc<Live> {
-        let live = self.shared.live.read().unwrap_or_else(PoisonError::into_inner);
+        let live = self
+            .shared
+            .live
+            .read()
+            .unwrap_or_else(PoisonError::into_inner);
         Arc::clone(&live)
     }
 
@@ -151,7 +160,11 @@ impl MockServer {
     }
 
     fn replace_live(&self, next: impl FnOnce(&Live) -> Live) {
-        let mut live = self.shared.live.write().unwrap_or_else(PoisonError::into_inner);
+        let mut live = self
+            .shared
+            .live
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
         *live = Arc::new(next(&live));
     }
 }

@@ -29,21 +29,37 @@ pub(crate) struct Generation {
 }
 
 /// Reads a chat (`messages`) or text completion (`prompt`) request.
-pub(crate) fn generation(endpoint: Endpoint, body: &Map<String, Value>) -> Result<Generation, ApiError> {
+pub(crate) fn generation(
+    endpoint: Endpoint,
+    body: &Map<String, Value>,
+) -> Result<Generation, ApiError> {
     let prompt_tokens = match endpoint {
         Endpoint::Chat => chat_prompt_tokens(body.get("messages"))?,
-        Endpoint::Completions | Endpoint::Embeddings => text_prompt_tokens(body.get("prompt"), "prompt")?,
+        Endpoint::Completions | Endpoint::Embeddings => {
+            text_prompt_tokens(body.get("prompt"), "prompt")?
+        }
     };
     let stream = match body.get("stream") {
         None | Some(Value::Null) => false,
         Some(Value::Bool(b)) => *b,
-        Some(_) => return Err(ApiError::invalid_param("stream", "`stream` must be a boolean")),
+        Some(_) => {
+            return Err(ApiError::invalid_param(
+                "stream",
+                "`stream` must be a boolean",
+            ))
+        }
     };
     let include_usage = match body.get("stream_options") {
         None | Some(Value::Null) => false,
-        Some(Value::Object(o)) => o.get("include_usage").and_then(Value::as_bool).unwrap_or(false),
+        Some(Value::Object(o)) => o
+            .get("include_usage")
+            .and_then(Value::as_bool)
+            .unwrap_or(false),
         Some(_) => {
-            return Err(ApiError::invalid_param("stream_options", "`stream_options` must be an object"))
+            return Err(ApiError::invalid_param(
+                "stream_options",
+                "`stream_options` must be an object",
+            ))
         }
     };
     let max_tokens = match token_limit(body, "max_completion_tokens")? {
@@ -90,7 +106,12 @@ pub(crate) fn text_prompt_tokens(v: Option<&Value>, param: &'static str) -> Resu
 }
 
 fn chat_prompt_tokens(messages: Option<&Value>) -> Result<u32, ApiError> {
-    let invalid = || ApiError::invalid_param("messages", "`messages` must be a non-empty array of message objects");
+    let invalid = || {
+        ApiError::invalid_param(
+            "messages",
+            "`messages` must be a non-empty array of message objects",
+        )
+    };
     let messages = match messages {
         Some(Value::Array(m)) if !m.is_empty() => m,
         _ => return Err(invalid()),
@@ -101,7 +122,10 @@ fn chat_prompt_tokens(messages: Option<&Value>) -> Result<u32, ApiError> {
         match message.get("content") {
             Some(Value::String(s)) => chars = chars.saturating_add(s.chars().count()),
             Some(Value::Array(parts)) => {
-                for text in parts.iter().filter_map(|p| p.get("text").and_then(Value::as_str)) {
+                for text in parts
+                    .iter()
+                    .filter_map(|p| p.get("text").and_then(Value::as_str))
+                {
                     chars = chars.saturating_add(text.chars().count());
                 }
             }
@@ -117,7 +141,9 @@ fn token_limit(body: &Map<String, Value>, field: &'static str) -> Result<Option<
         Some(v) => v
             .as_u64()
             .map(|n| Some(u32::try_from(n).unwrap_or(u32::MAX)))
-            .ok_or_else(|| ApiError::invalid_param(field, format!("`{field}` must be a non-negative integer"))),
+            .ok_or_else(|| {
+                ApiError::invalid_param(field, format!("`{field}` must be a non-negative integer"))
+            }),
     }
 }
 
@@ -183,7 +209,11 @@ mod tests {
 
     #[test]
     fn completion_prompts_in_every_shape() {
-        let tokens = |p: Value| parse(Endpoint::Completions, json!({"prompt": p})).unwrap().prompt_tokens;
+        let tokens = |p: Value| {
+            parse(Endpoint::Completions, json!({"prompt": p}))
+                .unwrap()
+                .prompt_tokens
+        };
         assert_eq!(tokens(json!("")), 1);
         assert_eq!(tokens(json!(["abcdefgh", "abcd"])), 3);
         assert_eq!(tokens(json!([1, 2, 3])), 3);

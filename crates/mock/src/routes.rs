@@ -24,9 +24,18 @@ pub(crate) fn router(server: MockServer) -> Router {
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .route("/v1/embeddings", post(embeddings))
-        .route("/openai/deployments/{deployment}/chat/completions", post(azure_chat))
-        .route("/openai/deployments/{deployment}/completions", post(azure_completions))
-        .route("/openai/deployments/{deployment}/embeddings", post(azure_embeddings))
+        .route(
+            "/openai/deployments/{deployment}/chat/completions",
+            post(azure_chat),
+        )
+        .route(
+            "/openai/deployments/{deployment}/completions",
+            post(azure_completions),
+        )
+        .route(
+            "/openai/deployments/{deployment}/embeddings",
+            post(azure_embeddings),
+        )
         .route("/v1/models", get(models))
         .route("/health", get(health))
         .route("/stats", get(stats))

@@ -8,7 +8,12 @@ use support::*;
 #[tokio::test]
 async fn chat_completion_has_the_openai_shape_and_usage() {
     let mock = start(profile(|_| {})).await;
-    let r = client().post(mock.url("/v1/chat/completions")).json(&chat_body(false, 5)).send().await.unwrap();
+    let r = client()
+        .post(mock.url("/v1/chat/completions"))
+        .json(&chat_body(false, 5))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 200);
     assert_eq!(r.headers()["content-type"], "application/json");
     let v: Value = r.json().await.unwrap();
@@ -19,15 +24,33 @@ async fn chat_completion_has_the_openai_shape_and_usage() {
     let choice = &v["choices"][0];
     assert_eq!(choice["index"], 0);
     assert_eq!(choice["message"]["role"], "assistant");
-    assert_eq!(choice["message"]["content"].as_str().unwrap().split(' ').count(), 5);
+    assert_eq!(
+        choice["message"]["content"]
+            .as_str()
+            .unwrap()
+            .split(' ')
+            .count(),
+        5
+    );
     assert_eq!(choice["finish_reason"], "length");
     // "Hello there, mock" is 17 characters: 4 prompt tokens.
-    assert_eq!(v["usage"], json!({"prompt_tokens": 4, "completion_tokens": 5, "total_tokens": 9}));
+    assert_eq!(
+        v["usage"],
+        json!({"prompt_tokens": 4, "completion_tokens": 5, "total_tokens": 9})
+    );
 
     // Without a limit the profile's max_output_tokens applies and the model "stops".
     let mut body = chat_body(false, 0);
     body.as_object_mut().unwrap().remove("max_tokens");
-    let v: Value = client().post(mock.url("/v1/chat/completions")).json(&body).send().await.unwrap().json().await.unwrap();
+    let v: Value = client()
+        .post(mock.url("/v1/chat/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(v["usage"]["completion_tokens"], 16);
     assert_eq!(v["choices"][0]["finish_reason"], "stop");
 }
@@ -37,14 +60,30 @@ async fn text_completions_plain_and_streamed() {
     let mock = start(profile(|_| {})).await;
     let c = client();
     let body = json!({"model": "m", "prompt": "Once upon a time", "max_tokens": 3});
-    let v: Value = c.post(mock.url("/v1/completions")).json(&body).send().await.unwrap().json().await.unwrap();
+    let v: Value = c
+        .post(mock.url("/v1/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(v["object"], "text_completion");
     assert_eq!(v["choices"][0]["text"], "the quick mock");
     assert_eq!(v["usage"]["total_tokens"], 7);
 
     let body = json!({"model": "m", "prompt": ["a", "b"], "max_tokens": 3, "stream": true,
                       "stream_options": {"include_usage": true}});
-    let text = c.post(mock.url("/v1/completions")).json(&body).send().await.unwrap().text().await.unwrap();
+    let text = c
+        .post(mock.url("/v1/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     let events = events(&text);
     assert_eq!(events.len(), 3 + 1 + 1 + 1, "{text}");
     let first: Value = serde_json::from_str(events[0]).unwrap();
@@ -87,8 +126,14 @@ async fn embeddings_in_float_and_base64_agree() {
     let b64 = ask("base64", json!("alpha")).await;
     let bytes = base64_decode(b64["data"][0]["embedding"].as_str().unwrap());
     assert_eq!(bytes.len(), 32 * 4);
-    let decoded: Vec<f32> = bytes.chunks(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
-    assert_eq!(decoded, alpha, "the same input gives the same vector in either encoding");
+    let decoded: Vec<f32> = bytes
+        .chunks(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    assert_eq!(
+        decoded, alpha,
+        "the same input gives the same vector in either encoding"
+    );
     assert_eq!(b64["usage"]["prompt_tokens"], 1);
 
     let tokens = ask("float", json!([[1, 2, 3], [4]])).await;
@@ -101,7 +146,12 @@ async fn models_lists_the_profile_models() {
     let mock = start(profile(|p| p.models = vec!["a".into(), "b".into()])).await;
     let v = get_json(&mock.url("/v1/models")).await;
     assert_eq!(v["object"], "list");
-    let ids: Vec<&str> = v["data"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap()).collect();
+    let ids: Vec<&str> = v["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
     assert_eq!(ids, ["a", "b"]);
     assert_eq!(v["data"][0]["object"], "model");
     assert_eq!(get_json(&mock.url("/health")).await["status"], "ok");
@@ -111,7 +161,12 @@ async fn expect_error(r: reqwest::Response, status: u16, code: &str) {
     assert_eq!(r.status().as_u16(), status);
     let v: Value = r.json().await.expect("error body is JSON");
     assert_eq!(v["error"]["code"], code, "{v}");
-    assert!(v["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .is_some_and(|m| !m.is_empty()),
+        "{v}"
+    );
     assert!(v["error"]["type"].is_string(), "{v}");
 }
 
@@ -122,24 +177,69 @@ async fn refusals_are_openai_style_errors() {
     let chat = mock.url("/v1/chat/completions");
     let mut unknown = chat_body(false, 1);
     unknown["model"] = "nope".into();
-    expect_error(c.post(&chat).json(&unknown).send().await.unwrap(), 404, "model_not_found").await;
-    expect_error(c.post(&chat).body("{not json").send().await.unwrap(), 400, "invalid_json").await;
-    expect_error(c.post(&chat).body("[1]").send().await.unwrap(), 400, "invalid_json").await;
+    expect_error(
+        c.post(&chat).json(&unknown).send().await.unwrap(),
+        404,
+        "model_not_found",
+    )
+    .await;
+    expect_error(
+        c.post(&chat).body("{not json").send().await.unwrap(),
+        400,
+        "invalid_json",
+    )
+    .await;
+    expect_error(
+        c.post(&chat).body("[1]").send().await.unwrap(),
+        400,
+        "invalid_json",
+    )
+    .await;
     let no_model = json!({"messages": [{"role": "user", "content": "x"}]});
-    expect_error(c.post(&chat).json(&no_model).send().await.unwrap(), 400, "invalid_value").await;
-    let bad_stream = json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": 1});
-    expect_error(c.post(&chat).json(&bad_stream).send().await.unwrap(), 400, "invalid_value").await;
+    expect_error(
+        c.post(&chat).json(&no_model).send().await.unwrap(),
+        400,
+        "invalid_value",
+    )
+    .await;
+    let bad_stream =
+        json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": 1});
+    expect_error(
+        c.post(&chat).json(&bad_stream).send().await.unwrap(),
+        400,
+        "invalid_value",
+    )
+    .await;
     // Sent without a length, so the server finds out by reading: one byte over the 8 MiB cap.
     let chunk = bytes::Bytes::from(vec![b' '; 1024 * 1024]);
-    let parts = (0..8).map(move |_| Ok::<_, std::io::Error>(chunk.clone())).chain([Ok(bytes::Bytes::from_static(b" "))]);
+    let parts = (0..8)
+        .map(move |_| Ok::<_, std::io::Error>(chunk.clone()))
+        .chain([Ok(bytes::Bytes::from_static(b" "))]);
     let big = reqwest::Body::wrap_stream(futures_util::stream::iter(parts));
-    expect_error(c.post(&chat).body(big).send().await.unwrap(), 413, "body_too_large").await;
-    expect_error(c.get(&chat).send().await.unwrap(), 405, "method_not_allowed").await;
-    expect_error(c.get(mock.url("/v1/nothing")).send().await.unwrap(), 404, "unknown_url").await;
+    expect_error(
+        c.post(&chat).body(big).send().await.unwrap(),
+        413,
+        "body_too_large",
+    )
+    .await;
+    expect_error(
+        c.get(&chat).send().await.unwrap(),
+        405,
+        "method_not_allowed",
+    )
+    .await;
+    expect_error(
+        c.get(mock.url("/v1/nothing")).send().await.unwrap(),
+        404,
+        "unknown_url",
+    )
+    .await;
     let s = mock.stats().await;
     assert_eq!(s["received"], 6, "{s}");
     assert_eq!(s["rejected_invalid"], 6, "{s}");
     assert_eq!(s["served"], 0, "{s}");
+    // The oversized request is the last one remembered, without a body.
+    assert_eq!(s["last_request"]["body"], Value::Null, "{s}");
 }
 
 #[tokio::test]
@@ -147,7 +247,12 @@ async fn azure_paths_need_api_version_and_take_the_model_from_the_deployment() {
     let mock = start(profile(|_| {})).await;
     let c = client();
     let body = json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": 2});
-    let r = c.post(mock.url("/openai/deployments/m/chat/completions")).json(&body).send().await.unwrap();
+    let r = c
+        .post(mock.url("/openai/deployments/m/chat/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
     expect_error(r, 400, "missing_api_version").await;
     let r = c
         .post(mock.url("/openai/deployments/m/chat/completions?api-version=2024-10-21"))
@@ -193,13 +298,20 @@ async fn stats_report_what_arrived_and_reset_to_zero() {
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
-    c.post(mock.url("/v1/embeddings")).json(&json!({"model": "m", "input": "x"})).send().await.unwrap();
+    c.post(mock.url("/v1/embeddings"))
+        .json(&json!({"model": "m", "input": "x"}))
+        .send()
+        .await
+        .unwrap();
     let s = mock.stats().await;
     assert_eq!(s["received"], 2);
     assert_eq!(s["served"], 2);
     assert_eq!(s["in_flight"], 0);
     assert_eq!(s["queued"], 0);
-    assert_eq!(s["by_path"], json!({"/v1/chat/completions": 1, "/v1/embeddings": 1}));
+    assert_eq!(
+        s["by_path"],
+        json!({"/v1/chat/completions": 1, "/v1/embeddings": 1})
+    );
     let last = &s["last_request"];
     assert_eq!(last["path"], "/v1/embeddings");
     assert_eq!(last["auth"], "none");
@@ -219,7 +331,14 @@ async fn stats_report_what_arrived_and_reset_to_zero() {
     assert_eq!(last["request_id"], "req-42");
     assert_eq!(last["body"]["x_vendor"]["k"], json!([1]));
 
-    let zeroed: Value = c.post(mock.url("/stats/reset")).send().await.unwrap().json().await.unwrap();
+    let zeroed: Value = c
+        .post(mock.url("/stats/reset"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(zeroed["received"], 0);
     assert_eq!(zeroed["served"], 0);
     assert_eq!(zeroed["by_path"], json!({}));
@@ -228,7 +347,8 @@ async fn stats_report_what_arrived_and_reset_to_zero() {
 
 #[tokio::test]
 async fn required_key_is_checked_in_either_header() {
-    let server = spillway_mock::MockServer::new(profile(|_| {})).with_required_key(Some("sk-up".into()));
+    let server =
+        spillway_mock::MockServer::new(profile(|_| {})).with_required_key(Some("sk-up".into()));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -238,12 +358,62 @@ async fn required_key_is_checked_in_either_header() {
     let url = |p: &str| format!("http://{addr}{p}");
     let c = client();
     let chat = url("/v1/chat/completions");
-    expect_error(c.post(&chat).json(&chat_body(false, 1)).send().await.unwrap(), 401, "missing_api_key").await;
-    expect_error(c.post(&chat).bearer_auth("sk-no").json(&chat_body(false, 1)).send().await.unwrap(), 401, "invalid_api_key").await;
-    expect_error(c.get(url("/v1/models")).send().await.unwrap(), 401, "missing_api_key").await;
-    assert_eq!(c.post(&chat).bearer_auth("sk-up").json(&chat_body(false, 1)).send().await.unwrap().status(), 200);
-    assert_eq!(c.post(&chat).header("api-key", "sk-up").json(&chat_body(false, 1)).send().await.unwrap().status(), 200);
-    assert_eq!(c.get(url("/v1/models")).bearer_auth("sk-up").send().await.unwrap().status(), 200);
+    expect_error(
+        c.post(&chat)
+            .json(&chat_body(false, 1))
+            .send()
+            .await
+            .unwrap(),
+        401,
+        "missing_api_key",
+    )
+    .await;
+    expect_error(
+        c.post(&chat)
+            .bearer_auth("sk-no")
+            .json(&chat_body(false, 1))
+            .send()
+            .await
+            .unwrap(),
+        401,
+        "invalid_api_key",
+    )
+    .await;
+    expect_error(
+        c.get(url("/v1/models")).send().await.unwrap(),
+        401,
+        "missing_api_key",
+    )
+    .await;
+    assert_eq!(
+        c.post(&chat)
+            .bearer_auth("sk-up")
+            .json(&chat_body(false, 1))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    assert_eq!(
+        c.post(&chat)
+            .header("api-key", "sk-up")
+            .json(&chat_body(false, 1))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    assert_eq!(
+        c.get(url("/v1/models"))
+            .bearer_auth("sk-up")
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
     assert_eq!(server.stats().served, 2);
 
     // Shutdown ends `serve` and the listener with it.

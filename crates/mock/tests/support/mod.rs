@@ -45,11 +45,21 @@ pub async fn start(profile: MockProfile) -> Mock {
 
 /// A new client (and so new connections) per call, with a generous overall timeout.
 pub fn client() -> reqwest::Client {
-    reqwest::Client::builder().timeout(Duration::from_secs(30)).build().unwrap()
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap()
 }
 
 pub async fn get_json(url: &str) -> Value {
-    client().get(url).send().await.unwrap().json().await.unwrap()
+    client()
+        .get(url)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
 }
 
 pub fn chat_body(stream: bool, max_tokens: u32) -> Value {
@@ -79,7 +89,9 @@ where
 
 /// The `data:` payloads of a server-sent event stream.
 pub fn events(text: &str) -> Vec<&str> {
-    text.lines().filter_map(|l| l.strip_prefix("data: ")).collect()
+    text.lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .collect()
 }
 
 /// Standard base64 with padding, as the OpenAI SDKs decode embeddings.
@@ -94,8 +106,16 @@ pub fn base64_decode(s: &str) -> Vec<u8> {
     };
     let mut out = Vec::new();
     for group in s.as_bytes().chunks(4) {
-        let data: Vec<u8> = group.iter().copied().filter(|&c| c != b'=').map(value).collect();
-        let n = data.iter().enumerate().fold(0u32, |n, (i, &v)| n | u32::from(v) << (18 - 6 * i));
+        let data: Vec<u8> = group
+            .iter()
+            .copied()
+            .filter(|&c| c != b'=')
+            .map(value)
+            .collect();
+        let n = data
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, &v)| n | u32::from(v) << (18 - 6 * i));
         out.extend_from_slice(&n.to_be_bytes()[1..data.len()]);
     }
     out

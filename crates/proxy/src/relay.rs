@@ -152,6 +152,13 @@ impl<O: EndObserver> Body for RelayBody<O> {
 
 impl<O: EndObserver> Drop for RelayBody<O> {
     fn drop(&mut self) {
-        self.finish(BodyEnd::ClientGone);
+        // hyper drops a body of known length once it has written that many bytes, without a
+        // last poll: that is a complete response, not a client that went away.
+        let end = if self.inner.is_end_stream() {
+            BodyEnd::Complete
+        } else {
+            BodyEnd::ClientGone
+        };
+        self.finish(end);
     }
 }

@@ -137,9 +137,10 @@ impl BoundGateway {
         let grace = gw.server.shutdown_grace;
         let (stop_tx, stop_rx) = watch::channel(false);
         let main = api_router(gw.clone());
+        let admin_metrics = self.metrics;
         let admin = admin_router(AdminState {
             gateway: gw.clone(),
-            metrics: self.metrics,
+            metrics: admin_metrics.clone(),
         });
         let stopped = |mut rx: watch::Receiver<bool>| async move {
             let _ = rx.wait_for(|s| *s).await;
@@ -154,6 +155,16 @@ impl BoundGateway {
             .with_graceful_shutdown(stopped(stop_rx.clone()));
         let main_task = tokio::spawn(async move { main_server.await });
         let admin_task = tokio::spawn(async move { admin_server.await });
+        // Histogram samples are kept until folded into buckets: fold them on a timer so memory
+        // stays bounded even when nothing scrapes /metrics.
+        let upkeep = admin_metrics.clone();
+        let upkeep_task = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(5));
+            loop {
+                tick.tick().await;
+                upkeep.run_upkeep();
+            }
+        });
         gw.ready.store(true, Ordering::Release);
 
         shutdown.await;
@@ -171,6 +182,7 @@ impl BoundGateway {
             (main, admin)
         })
         .await;
+        upkeep_task.abort();
         let _ = self.mocks.send(true);
         match drained {
             Ok((main, _)) => main.map_err(std::io::Error::other)?,

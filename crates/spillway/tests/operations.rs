@@ -59,6 +59,8 @@ async fn probes_and_metrics_are_on_their_listeners() {
         text.contains("spillway_backend_outstanding{model=\"m\",backend=\"b\"} 0"),
         "{text}"
     );
+    // Responses read to their end are not client cancellations.
+    assert!(!text.contains("spillway_client_cancelled_total{"), "{text}");
     // The caller's key never shows up in metrics.
     assert!(!text.contains("sk-nope") && !text.contains(KEY));
 }

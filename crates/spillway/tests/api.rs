@@ -13,13 +13,7 @@ fn one_backend(mock: &Proc) -> String {
 async fn chat_completion_non_streaming() {
     let mock = mock(&["--model", "m", "--ttft", "0ms", "--tokens-per-sec", "0"]);
     let gw = gateway(&one_backend(&mock));
-    let r = client()
-        .post(gw.url("/v1/chat/completions"))
-        .bearer_auth(KEY)
-        .json(&chat_body("m", false))
-        .send()
-        .await
-        .unwrap();
+    let r = chat(&gw, &chat_body("m", false)).await;
     assert_eq!(r.status(), 200);
     assert!(r.headers().contains_key("x-request-id"));
     let v: serde_json::Value = r.json().await.unwrap();
@@ -40,13 +34,7 @@ async fn chat_completion_non_streaming() {
 async fn chat_completion_streaming_ends_with_done() {
     let mock = mock(&["--model", "m", "--ttft", "0ms", "--tokens-per-sec", "0"]);
     let gw = gateway(&one_backend(&mock));
-    let r = client()
-        .post(gw.url("/v1/chat/completions"))
-        .bearer_auth(KEY)
-        .json(&chat_body("m", true))
-        .send()
-        .await
-        .unwrap();
+    let r = chat(&gw, &chat_body("m", true)).await;
     assert_eq!(r.status(), 200);
     assert!(r.headers()["content-type"]
         .to_str()
@@ -127,13 +115,7 @@ async fn first_streamed_chunk_arrives_before_the_backend_finishes() {
     let gw = gateway(&one_backend(&mock));
     let mut body = chat_body("m", true);
     body["max_tokens"] = 20.into();
-    let r = client()
-        .post(gw.url("/v1/chat/completions"))
-        .bearer_auth(KEY)
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let r = chat(&gw, &body).await;
     let mut stream = r.bytes_stream();
     let first = stream.next().await.unwrap().unwrap();
     assert!(String::from_utf8_lossy(&first).contains("data: "));
@@ -163,13 +145,7 @@ async fn client_disconnect_cancels_the_upstream_request() {
     let gw = gateway(&one_backend(&mock));
     let mut body = chat_body("m", true);
     body["max_tokens"] = 100.into();
-    let r = client()
-        .post(gw.url("/v1/chat/completions"))
-        .bearer_auth(KEY)
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let r = chat(&gw, &body).await;
     let mut stream = r.bytes_stream();
     stream.next().await.unwrap().unwrap();
     drop(stream);
@@ -220,13 +196,7 @@ async fn request_id_is_passed_upstream_and_returned() {
         "req-123"
     );
     // Without one, the gateway makes one and the backend sees the same.
-    let r = client()
-        .post(gw.url("/v1/chat/completions"))
-        .bearer_auth(KEY)
-        .json(&chat_body("m", false))
-        .send()
-        .await
-        .unwrap();
+    let r = chat(&gw, &chat_body("m", false)).await;
     let id = r.headers()["x-request-id"].to_str().unwrap().to_owned();
     assert_eq!(id.len(), 32);
     assert_eq!(
@@ -257,13 +227,7 @@ async fn model_name_is_mapped_and_upstream_key_injected() {
     let gw = gateway_with_env(&cfg, &[("UPSTREAM_KEY", "upstream-secret")]);
     let mut body = chat_body("public-name", false);
     body["x_unknown_field"] = serde_json::json!([1, 2]);
-    let r = client()
-        .post(gw.url("/v1/chat/completions"))
-        .bearer_auth(KEY)
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let r = chat(&gw, &body).await;
     assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
     let last = &get_json(&mock.url("/stats")).await["last_request"];
     assert_eq!(last["model"], "served-name");

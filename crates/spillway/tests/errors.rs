@@ -128,13 +128,7 @@ async fn no_reachable_backend_is_503_with_retry_after() {
             ("b", "r2", closed_port_url()),
         ],
     ));
-    let r = client()
-        .post(gw.url("/v1/chat/completions"))
-        .bearer_auth(KEY)
-        .json(&chat_body("m", false))
-        .send()
-        .await
-        .unwrap();
+    let r = chat(&gw, &chat_body("m", false)).await;
     let h = expect_error(r, 503, "capacity_exhausted").await;
     assert!(h["retry-after"].to_str().unwrap().parse::<u64>().unwrap() >= 1);
     assert!(h.contains_key("retry-after-ms"));
@@ -159,21 +153,9 @@ async fn backends_at_their_concurrency_limit_give_503() {
     let gw = gateway(&cfg);
     let mut body = chat_body("m", true);
     body["max_tokens"] = 100.into();
-    let held = client()
-        .post(gw.url("/v1/chat/completions"))
-        .bearer_auth(KEY)
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let held = chat(&gw, &body).await;
     assert_eq!(held.status(), 200);
-    let r = client()
-        .post(gw.url("/v1/chat/completions"))
-        .bearer_auth(KEY)
-        .json(&chat_body("m", false))
-        .send()
-        .await
-        .unwrap();
+    let r = chat(&gw, &chat_body("m", false)).await;
     expect_error(r, 503, "capacity_exhausted").await;
     drop(held);
     // Once the held stream is gone, its slot is free again.
@@ -198,13 +180,7 @@ async fn upstream_that_does_not_answer_in_time_is_504() {
         "[upstream]\nresponse_timeout = \"300ms\"\n{}",
         model("m", &[("b", "r", mock.url("/v1"))])
     ));
-    let r = client()
-        .post(gw.url("/v1/chat/completions"))
-        .bearer_auth(KEY)
-        .json(&chat_body("m", false))
-        .send()
-        .await
-        .unwrap();
+    let r = chat(&gw, &chat_body("m", false)).await;
     expect_error(r, 504, "upstream_timeout").await;
 }
 
@@ -221,13 +197,7 @@ async fn broken_stream_ends_with_an_error_event_and_no_done() {
         "3",
     ]);
     let gw = gateway(&model("m", &[("b", "r", mock.url("/v1"))]));
-    let r = client()
-        .post(gw.url("/v1/chat/completions"))
-        .bearer_auth(KEY)
-        .json(&chat_body("m", true))
-        .send()
-        .await
-        .unwrap();
+    let r = chat(&gw, &chat_body("m", true)).await;
     assert_eq!(r.status(), 200);
     let text = r.text().await.unwrap();
     assert!(!text.contains("[DONE]"), "{text}");

@@ -80,13 +80,7 @@ async fn sigterm_lets_inflight_streams_finish_then_exits() {
     let mut gw = gateway(&model("m", &[("b", "r", mock.url("/v1"))]));
     let mut body = chat_body("m", true);
     body["max_tokens"] = 20.into();
-    let r = client()
-        .post(gw.url("/v1/chat/completions"))
-        .bearer_auth(KEY)
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let r = chat(&gw, &body).await;
     let mut stream = r.bytes_stream();
     stream.next().await.unwrap().unwrap();
     gw.signal("TERM");

@@ -202,6 +202,17 @@ pub fn client() -> reqwest::Client {
         .unwrap()
 }
 
+/// Sends `body` to the gateway's chat completions endpoint as tenant-a.
+pub async fn chat(gw: &Proc, body: &serde_json::Value) -> reqwest::Response {
+    client()
+        .post(gw.url("/v1/chat/completions"))
+        .bearer_auth(KEY)
+        .json(body)
+        .send()
+        .await
+        .unwrap()
+}
+
 pub async fn get_json(url: &str) -> serde_json::Value {
     client()
         .get(url)

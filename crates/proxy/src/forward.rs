@@ -195,5 +195,6 @@ async fn route(
             summary.model
         )
     };
-    Err(ApiError::new(ErrorKind::NoCapacity, message).retry_after(gw.no_capacity_retry_after()))
+    Err(ApiError::new(ErrorKind::NoCapacity, message)
+        .retry_after(crate::server::NO_CAPACITY_RETRY_AFTER))
 }

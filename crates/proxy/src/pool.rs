@@ -196,8 +196,9 @@ impl ModelPool {
     ) -> Option<(usize, InFlight, bool)> {
         let now = Instant::now();
         let mut rng = rand::rng();
-        let mut tried = exclude.to_vec();
-        // A backend may fill up between the snapshot and the CAS: re-pick without it.
+        // A backend may fill up between the snapshot and the CAS: re-pick without it. The list
+        // is allocated only in that rare case.
+        let mut full: Vec<usize> = Vec::new();
         for _ in 0..self.backends.len() {
             let candidates: Vec<Candidate<'_>> = self
                 .backends
@@ -208,14 +209,14 @@ impl ModelPool {
                     weight: b.weight,
                     outstanding: b.outstanding(),
                     max_concurrency: b.max_concurrency,
-                    available: !tried.contains(&i) && !b.skipped(now),
+                    available: !exclude.contains(&i) && !full.contains(&i) && !b.skipped(now),
                 })
                 .collect();
             let choice = pick(&candidates, region, &mut rng)?;
             if let Some(guard) = self.backends[choice.index].try_acquire() {
                 return Some((choice.index, guard, choice.spilled_over));
             }
-            tried.push(choice.index);
+            full.push(choice.index);
         }
         None
     }

@@ -54,12 +54,8 @@ pub struct Gateway {
     ready: AtomicBool,
 }
 
-impl Gateway {
-    /// How long a caller refused for lack of capacity is told to wait.
-    pub(crate) fn no_capacity_retry_after(&self) -> Duration {
-        Duration::from_secs(1)
-    }
-}
+/// How long a caller refused for lack of capacity is told to wait.
+pub(crate) const NO_CAPACITY_RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// A gateway whose listeners are bound and whose mock backends run, ready to serve.
 pub struct BoundGateway {
@@ -77,22 +73,22 @@ impl BoundGateway {
         let admin_listener = bind(config.server.admin_listen).await?;
         let directory = StaticDirectory::from_config(&config.tenants).map_err(StartError::Setup)?;
         let (mocks, mocks_stop) = watch::channel(false);
-        let mut mock_bases = Vec::new();
+        // Keyed by (model, backend): the pools are built in a second pass.
+        let mut mock_bases = std::collections::HashMap::new();
         for m in &config.models {
             for b in &m.backends {
                 if let BackendKind::Mock(profile) = &b.kind {
                     let addr = start_mock(profile.clone(), mocks_stop.clone()).await?;
                     info!(model = %m.name, backend = %b.name, region = %b.region, "mock backend listening on http://{addr}");
-                    mock_bases.push(format!("http://{addr}/v1"));
+                    mock_bases.insert((&m.name, &b.name), format!("http://{addr}/v1"));
                 }
             }
         }
-        let mut mock_bases = mock_bases.into_iter();
-        let models = Models::new(&config.models, |_, b| match &b.kind {
+        let models = Models::new(&config.models, |m, b| match &b.kind {
             BackendKind::OpenAi { url } | BackendKind::Azure { url, .. } => Ok(url.clone()),
             BackendKind::Mock(_) => mock_bases
-                .next()
-                .ok_or("mock backend count changed")?
+                .get(&(&m.name, &b.name))
+                .ok_or("mock backend was not started")?
                 .parse::<Uri>()
                 .map_err(|e| e.to_string()),
         })

@@ -83,7 +83,8 @@ pub fn request(
     skip_header: &header::HeaderName,
     body: Bytes,
 ) -> Request<Full<Bytes>> {
-    let mut req = Request::new(Full::new(body.clone()));
+    let length = body.len();
+    let mut req = Request::new(Full::new(body));
     *req.method_mut() = Method::POST;
     *req.uri_mut() = backend.uri(endpoint).clone();
     let headers = req.headers_mut();
@@ -97,7 +98,7 @@ pub fn request(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
     );
-    headers.insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
+    headers.insert(header::CONTENT_LENGTH, HeaderValue::from(length));
     if let Some((name, value)) = &backend.auth_header {
         headers.insert(name.clone(), value.clone());
     }

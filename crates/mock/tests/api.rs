@@ -8,12 +8,7 @@ use support::*;
 #[tokio::test]
 async fn chat_completion_has_the_openai_shape_and_usage() {
     let mock = start(profile(|_| {})).await;
-    let r = client()
-        .post(mock.url("/v1/chat/completions"))
-        .json(&chat_body(false, 5))
-        .send()
-        .await
-        .unwrap();
+    let r = chat(&mock, &chat_body(false, 5)).await;
     assert_eq!(r.status(), 200);
     assert_eq!(r.headers()["content-type"], "application/json");
     let v: Value = r.json().await.unwrap();

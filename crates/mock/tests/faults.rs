@@ -163,12 +163,7 @@ async fn reset_fault_gives_the_client_a_connection_error_and_no_response() {
 #[tokio::test]
 async fn broken_stream_ends_in_a_body_error_without_done() {
     let mock = start(profile(|p| p.fault.break_stream_after = Some(3))).await;
-    let r = client()
-        .post(mock.url("/v1/chat/completions"))
-        .json(&chat_body(true, 10))
-        .send()
-        .await
-        .unwrap();
+    let r = chat(&mock, &chat_body(true, 10)).await;
     assert_eq!(r.status(), 200);
     let mut stream = r.bytes_stream();
     let mut text = Vec::new();
@@ -196,12 +191,7 @@ async fn broken_stream_ends_in_a_body_error_without_done() {
 #[tokio::test]
 async fn break_after_more_events_than_the_stream_has_still_withholds_done() {
     let mock = start(profile(|p| p.fault.break_stream_after = Some(100))).await;
-    let r = client()
-        .post(mock.url("/v1/chat/completions"))
-        .json(&chat_body(true, 2))
-        .send()
-        .await
-        .unwrap();
+    let r = chat(&mock, &chat_body(true, 2)).await;
     let err = r.text().await;
     assert!(err.is_err(), "{err:?}");
     assert_eq!(mock.stats().await["streams_broken"], 1);
@@ -215,12 +205,7 @@ async fn stall_delays_the_first_byte_then_serves() {
     }))
     .await;
     let started = Instant::now();
-    let r = client()
-        .post(mock.url("/v1/chat/completions"))
-        .json(&chat_body(false, 1))
-        .send()
-        .await
-        .unwrap();
+    let r = chat(&mock, &chat_body(false, 1)).await;
     assert!(started.elapsed() >= Duration::from_millis(300));
     assert_eq!(r.status(), 200);
     let s = mock.stats().await;

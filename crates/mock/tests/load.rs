@@ -20,12 +20,7 @@ async fn stream_arrives_in_pieces_over_time_and_ends_with_done() {
         p.max_output_tokens = 20;
     }))
     .await;
-    let r = client()
-        .post(mock.url("/v1/chat/completions"))
-        .json(&chat_body(true, 20))
-        .send()
-        .await
-        .unwrap();
+    let r = chat(&mock, &chat_body(true, 20)).await;
     assert_eq!(r.status(), 200);
     assert!(r.headers()["content-type"]
         .to_str()
@@ -234,12 +229,7 @@ async fn client_going_away_counts_as_cancelled_and_frees_the_slot() {
 async fn ttft_delays_the_first_token() {
     let mock = start(profile(|p| p.ttft = Duration::from_millis(200))).await;
     let started = Instant::now();
-    let r = client()
-        .post(mock.url("/v1/chat/completions"))
-        .json(&chat_body(true, 2))
-        .send()
-        .await
-        .unwrap();
+    let r = chat(&mock, &chat_body(true, 2)).await;
     // Headers come at once; the first event waits for the first token.
     let mut stream = r.bytes_stream();
     stream.next().await.unwrap().unwrap();

@@ -62,6 +62,16 @@ pub async fn get_json(url: &str) -> Value {
         .unwrap()
 }
 
+/// Posts `body` to the mock's chat completions endpoint.
+pub async fn chat(mock: &Mock, body: &Value) -> reqwest::Response {
+    client()
+        .post(mock.url("/v1/chat/completions"))
+        .json(body)
+        .send()
+        .await
+        .unwrap()
+}
+
 pub fn chat_body(stream: bool, max_tokens: u32) -> Value {
     json!({
         "model": "m",

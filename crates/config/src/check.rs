@@ -28,6 +28,7 @@ impl fmt::Display for Problem {
 }
 
 const MAX_BODY_CAP: u64 = 256 * 1024 * 1024;
+const MAX_WORKER_THREADS: usize = 1024;
 
 #[derive(Default)]
 struct Problems(Vec<Problem>);
@@ -105,12 +106,21 @@ fn check_server(raw: RawServer, p: &mut Problems) -> ServerConfig {
             format!("must be between 1 and {MAX_BODY_CAP}, got {max_body}"),
         );
     }
+    if let Some(n) = raw.worker_threads {
+        if !(1..=MAX_WORKER_THREADS).contains(&n) {
+            p.add(
+                "server.worker_threads",
+                format!("must be between 1 and {MAX_WORKER_THREADS}, got {n}"),
+            );
+        }
+    }
     ServerConfig {
         listen,
         admin_listen,
         home_region: raw.home_region,
         region_header,
         max_body_bytes: max_body.min(MAX_BODY_CAP) as usize,
+        worker_threads: raw.worker_threads.map(|n| n.clamp(1, MAX_WORKER_THREADS)),
         shutdown_delay: raw.shutdown_delay.unwrap_or(Duration::ZERO),
         shutdown_grace: raw.shutdown_grace.unwrap_or(Duration::from_secs(30)),
     }

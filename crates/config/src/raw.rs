@@ -30,6 +30,7 @@ pub struct RawServer {
     pub home_region: Option<String>,
     pub region_header: Option<String>,
     pub max_body_bytes: Option<u64>,
+    pub worker_threads: Option<usize>,
     #[serde(default, with = "humantime_serde")]
     pub shutdown_delay: Option<Duration>,
     #[serde(default, with = "humantime_serde")]

@@ -68,6 +68,7 @@ fn every_problem_is_reported_with_its_location() {
 [server]
 listen = "nope"
 max_body_bytes = 0
+worker_threads = 0
 home_region = "mars"
 [[tenants]]
 name = "t"
@@ -91,6 +92,7 @@ mock = { fault = { error_rate = 2.0 } }
     let expect = [
         "server.listen: \"nope\" is not an IP:port address",
         "server.max_body_bytes: must be between 1",
+        "server.worker_threads: must be between 1 and 1024, got 0",
         "server.home_region: no backend is in region \"mars\"",
         "models[\"m\"].backends[0] (\"b\").url: \"ftp://x\" is not an http(s) URL",
         "models[\"m\"].backends[0] (\"b\").api_version: is required",

@@ -17,7 +17,7 @@ use crate::error::{ApiError, ErrorKind};
 /// A caller as the request path needs it.
 #[derive(Debug)]
 pub struct Tenant {
-    pub name: String,
+    pub name: Arc<str>,
     /// `None`: every configured model.
     pub allowed_models: Option<Vec<String>>,
 }
@@ -57,7 +57,7 @@ impl StaticDirectory {
         let mut by_digest = HashMap::new();
         for t in tenants {
             let tenant = Arc::new(Tenant {
-                name: t.name.clone(),
+                name: Arc::from(t.name.as_str()),
                 allowed_models: t.allowed_models.clone(),
             });
             for key in &t.keys {

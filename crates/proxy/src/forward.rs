@@ -17,7 +17,7 @@ use tracing::{debug, warn};
 
 use crate::auth::{presented_key, Tenant};
 use crate::error::{ApiError, ErrorKind};
-use crate::metrics::{BodyMetrics, RequestLabels};
+use crate::metrics::{BodyMetrics, RequestLabels, UpstreamFailure};
 use crate::pool::Endpoint;
 use crate::relay::RelayBody;
 use crate::request::{read_body, summarize, with_model};
@@ -41,7 +41,7 @@ pub async fn embeddings(state: State<Arc<Gateway>>, req: Request) -> Response {
 
 async fn forward(State(gw): State<Arc<Gateway>>, endpoint: Endpoint, req: Request) -> Response {
     let started = Instant::now();
-    let mut labels = RequestLabels::unrouted(None, None);
+    let mut labels = RequestLabels::unrouted();
     let response = match route(&gw, endpoint, req, started, &mut labels).await {
         Ok(response) => response,
         Err(e) => {
@@ -86,7 +86,7 @@ async fn route(
 ) -> Result<Response, ApiError> {
     let (parts, body) = req.into_parts();
     let tenant = authenticate(gw, &parts.headers).await?;
-    labels.tenant.clone_from(&tenant.name);
+    labels.tenant = tenant.name.clone();
     let body = read_body(body, gw.server.max_body_bytes).await?;
     let summary = summarize(&body)?;
     let pool = gw.models.get(&summary.model).ok_or_else(|| {
@@ -95,7 +95,7 @@ async fn route(
             format!("the model {:?} does not exist", summary.model),
         )
     })?;
-    labels.model.clone_from(&summary.model);
+    labels.model = pool.name.clone();
     if !tenant.may_use(&summary.model) {
         return Err(ApiError::new(
             ErrorKind::ModelNotAllowed,
@@ -116,7 +116,7 @@ async fn route(
         };
         tried.push(index);
         let backend = hold.backend().clone();
-        labels.backend.clone_from(&backend.name);
+        labels.backend = backend.name.clone();
         let upstream_body = match &backend.rename_to {
             Some(name) => with_model(&body, name)?,
             None => body.clone(),
@@ -134,14 +134,14 @@ async fn route(
         let response = match result {
             Ok(Ok(response)) => response,
             Ok(Err(e)) if e.is_connect() => {
-                labels.upstream_error("connect");
+                backend.metrics.upstream_failed(UpstreamFailure::Connect);
                 warn!(backend = %backend.name, "cannot connect upstream, trying another backend: {e}");
                 backend.skip_for(gw.upstream.unreachable_cooldown);
                 unreachable += 1;
                 continue;
             }
             Ok(Err(e)) => {
-                labels.upstream_error("connection");
+                backend.metrics.upstream_failed(UpstreamFailure::Connection);
                 warn!(backend = %backend.name, "upstream request failed: {e}");
                 return Err(ApiError::new(
                     ErrorKind::UpstreamUnavailable,
@@ -149,7 +149,7 @@ async fn route(
                 ));
             }
             Err(_) => {
-                labels.upstream_error("timeout");
+                backend.metrics.upstream_failed(UpstreamFailure::Timeout);
                 backend.skip_for(gw.upstream.unreachable_cooldown);
                 return Err(ApiError::new(
                     ErrorKind::UpstreamTimeout,
@@ -160,9 +160,9 @@ async fn route(
                 ));
             }
         };
-        labels.upstream_responded(sent.elapsed());
+        backend.metrics.upstream_responded(sent.elapsed());
         if spilled {
-            labels.spilled_over();
+            backend.metrics.spilled_over();
         }
         let (mut head, incoming) = response.into_parts();
         upstream::strip_response_headers(&mut head.headers);
@@ -171,10 +171,7 @@ async fn route(
             .get(header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .is_some_and(|v| v.starts_with("text/event-stream"));
-        let observer = BodyMetrics {
-            labels: labels.clone(),
-            started,
-        };
+        let observer = BodyMetrics { backend, started };
         let relay = RelayBody::new(
             incoming,
             sse,

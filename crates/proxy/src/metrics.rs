@@ -4,13 +4,14 @@
 //! sets (status, reason): a name a client made up is reported as `unknown`, so no caller can grow
 //! the series count without bound.
 
-use std::sync::OnceLock;
-use std::time::Instant;
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock, OnceLock, RwLock};
+use std::time::{Duration, Instant};
 
-use metrics::{counter, gauge, histogram};
+use metrics::{counter, gauge, histogram, Counter, Gauge, Histogram, Label};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
-use crate::pool::Models;
+use crate::pool::{Backend, Models};
 use crate::relay::{BodyEnd, EndObserver};
 
 pub const REQUESTS: &str = "spillway_requests_total";
@@ -83,8 +84,7 @@ pub fn render(handle: &PrometheusHandle, models: &Models) -> String {
     for name in &models.names {
         if let Some(pool) = models.get(name) {
             for b in &pool.backends {
-                gauge!(OUTSTANDING, "model" => name.clone(), "backend" => b.name.clone())
-                    .set(b.outstanding() as f64);
+                b.metrics.outstanding.set(b.outstanding() as f64);
             }
         }
     }
@@ -92,70 +92,153 @@ pub fn render(handle: &PrometheusHandle, models: &Models) -> String {
     handle.render()
 }
 
-/// The labels of one answered request.
-#[derive(Debug, Clone)]
-pub struct RequestLabels {
-    pub tenant: String,
-    pub model: String,
-    pub backend: String,
+/// Why an upstream attempt produced no response.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpstreamFailure {
+    Connect,
+    Connection,
+    Timeout,
 }
 
-impl RequestLabels {
-    pub fn unrouted(tenant: Option<&str>, model: Option<&str>) -> Self {
+impl UpstreamFailure {
+    const ALL: [UpstreamFailure; 3] = [Self::Connect, Self::Connection, Self::Timeout];
+
+    fn label(self) -> &'static str {
+        match self {
+            Self::Connect => "connect",
+            Self::Connection => "connection",
+            Self::Timeout => "timeout",
+        }
+    }
+}
+
+/// One backend's series, registered when its pool is built, so that recording on the request
+/// path is an atomic add rather than a label set built, hashed and looked up.
+pub struct BackendMetrics {
+    upstream_headers: Histogram,
+    request_duration: Histogram,
+    spillovers: Counter,
+    upstream_errors: [Counter; 3],
+    upstream_broke: Counter,
+    upstream_stalled: Counter,
+    client_cancelled: Counter,
+    outstanding: Gauge,
+}
+
+impl BackendMetrics {
+    pub fn new(model: &Arc<str>, backend: &Arc<str>) -> Self {
+        recorder(); // handles taken before the recorder is installed would record nowhere
+        let pair = || {
+            vec![
+                Label::new("model", model.clone()),
+                Label::new("backend", backend.clone()),
+            ]
+        };
+        let with = |reason: &'static str| {
+            let mut labels = pair();
+            labels.push(Label::new("reason", reason));
+            labels
+        };
         Self {
-            tenant: tenant.unwrap_or("unknown").to_owned(),
-            model: model.unwrap_or("unknown").to_owned(),
-            backend: "none".to_owned(),
+            upstream_headers: histogram!(UPSTREAM_HEADERS, pair()),
+            request_duration: histogram!(REQUEST_DURATION, pair()),
+            spillovers: counter!(SPILLOVERS, pair()),
+            upstream_errors: UpstreamFailure::ALL
+                .map(|f| counter!(UPSTREAM_ERRORS, with(f.label()))),
+            upstream_broke: counter!(STREAMS_BROKEN, with("upstream_error")),
+            upstream_stalled: counter!(STREAMS_BROKEN, with("idle_timeout")),
+            client_cancelled: counter!(CLIENT_CANCELLED, pair()),
+            outstanding: gauge!(OUTSTANDING, pair()),
         }
     }
 
-    pub fn answered(&self, status: u16) {
-        counter!(REQUESTS, "tenant" => self.tenant.clone(), "model" => self.model.clone(),
-            "backend" => self.backend.clone(), "status" => status.to_string())
-        .increment(1);
+    pub fn upstream_failed(&self, why: UpstreamFailure) {
+        self.upstream_errors[why as usize].increment(1);
     }
 
-    pub fn upstream_error(&self, reason: &'static str) {
-        counter!(UPSTREAM_ERRORS, "model" => self.model.clone(), "backend" => self.backend.clone(),
-            "reason" => reason)
-        .increment(1);
-    }
-
-    pub fn upstream_responded(&self, after: std::time::Duration) {
-        histogram!(UPSTREAM_HEADERS, "model" => self.model.clone(), "backend" => self.backend.clone())
-            .record(after.as_secs_f64());
+    pub fn upstream_responded(&self, after: Duration) {
+        self.upstream_headers.record(after.as_secs_f64());
     }
 
     pub fn spilled_over(&self) {
-        counter!(SPILLOVERS, "model" => self.model.clone(), "backend" => self.backend.clone())
-            .increment(1);
+        self.spillovers.increment(1);
+    }
+}
+
+impl std::fmt::Debug for BackendMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("BackendMetrics")
+    }
+}
+
+/// Label values of `spillway_requests_total` and the status.
+type RequestKey = (Arc<str>, Arc<str>, Arc<str>, u16);
+
+/// The `spillway_requests_total` series seen so far. Every part of the key comes from
+/// configuration or is a status code, so the map is bounded.
+static REQUEST_COUNTERS: LazyLock<RwLock<HashMap<RequestKey, Counter>>> =
+    LazyLock::new(Default::default);
+
+fn label_value(text: &'static str) -> Arc<str> {
+    Arc::from(text)
+}
+
+static UNKNOWN: LazyLock<Arc<str>> = LazyLock::new(|| label_value("unknown"));
+static NO_BACKEND: LazyLock<Arc<str>> = LazyLock::new(|| label_value("none"));
+
+/// The labels of one answered request, filled in as the request is routed.
+#[derive(Debug, Clone)]
+pub struct RequestLabels {
+    pub tenant: Arc<str>,
+    pub model: Arc<str>,
+    pub backend: Arc<str>,
+}
+
+impl RequestLabels {
+    pub fn unrouted() -> Self {
+        Self {
+            tenant: UNKNOWN.clone(),
+            model: UNKNOWN.clone(),
+            backend: NO_BACKEND.clone(),
+        }
+    }
+
+    pub fn answered(self, status: u16) {
+        let key = (self.tenant, self.model, self.backend, status);
+        let known = REQUEST_COUNTERS
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key)
+            .cloned();
+        let counter = known.unwrap_or_else(|| {
+            let counter = counter!(REQUESTS, "tenant" => key.0.clone(), "model" => key.1.clone(),
+                "backend" => key.2.clone(), "status" => status.to_string());
+            REQUEST_COUNTERS
+                .write()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(key, counter.clone());
+            counter
+        });
+        counter.increment(1);
     }
 }
 
 /// Records the end of a relayed body.
 pub struct BodyMetrics {
-    pub labels: RequestLabels,
+    pub backend: Arc<Backend>,
     pub started: Instant,
 }
 
 impl EndObserver for BodyMetrics {
     fn ended(&mut self, end: BodyEnd) {
-        let l = &self.labels;
-        histogram!(REQUEST_DURATION, "model" => l.model.clone(), "backend" => l.backend.clone())
+        let m = &self.backend.metrics;
+        m.request_duration
             .record(self.started.elapsed().as_secs_f64());
-        let broken = |reason: &'static str| {
-            counter!(STREAMS_BROKEN, "model" => l.model.clone(), "backend" => l.backend.clone(),
-                "reason" => reason)
-            .increment(1)
-        };
         match end {
             BodyEnd::Complete => {}
-            BodyEnd::UpstreamBroke => broken("upstream_error"),
-            BodyEnd::UpstreamStalled => broken("idle_timeout"),
-            BodyEnd::ClientGone => {
-                counter!(CLIENT_CANCELLED, "model" => l.model.clone(), "backend" => l.backend.clone())
-                    .increment(1)
-            }
+            BodyEnd::UpstreamBroke => m.upstream_broke.increment(1),
+            BodyEnd::UpstreamStalled => m.upstream_stalled.increment(1),
+            BodyEnd::ClientGone => m.client_cancelled.increment(1),
         }
     }
 }

@@ -14,6 +14,8 @@ use http::{HeaderName, HeaderValue, Uri};
 use spillway_config::{BackendConfig, BackendKind, ModelConfig};
 use spillway_policy::{pick, Candidate};
 
+use crate::metrics::BackendMetrics;
+
 /// The OpenAI endpoints the gateway routes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Endpoint {
@@ -45,7 +47,7 @@ impl Endpoint {
 /// One upstream server for one model.
 #[derive(Debug)]
 pub struct Backend {
-    pub name: String,
+    pub name: Arc<str>,
     pub kind: &'static str,
     pub region: String,
     pub weight: u32,
@@ -54,6 +56,7 @@ pub struct Backend {
     pub rename_to: Option<String>,
     /// The header carrying the upstream key (`authorization` or Azure's `api-key`).
     pub auth_header: Option<(HeaderName, HeaderValue)>,
+    pub metrics: BackendMetrics,
     uris: [Uri; 3],
     outstanding: AtomicU32,
     /// Milliseconds since `epoch` before which this backend is skipped; 0 when it is not.
@@ -64,7 +67,7 @@ pub struct Backend {
 impl Backend {
     /// Builds a backend; `base` is the resolved base URL (a mock's is known only once it listens).
     pub fn new(
-        model: &str,
+        model: &Arc<str>,
         cfg: &BackendConfig,
         base: &Uri,
         epoch: Instant,
@@ -100,13 +103,15 @@ impl Backend {
                 Some((name, value))
             }
         };
+        let name: Arc<str> = Arc::from(cfg.name.as_str());
         Ok(Self {
-            name: cfg.name.clone(),
+            metrics: BackendMetrics::new(model, &name),
+            name,
             kind: cfg.kind.as_str(),
             region: cfg.region.clone(),
             weight: cfg.weight,
             max_concurrency: cfg.max_concurrency,
-            rename_to: (cfg.upstream_model != model).then(|| cfg.upstream_model.clone()),
+            rename_to: (cfg.upstream_model != **model).then(|| cfg.upstream_model.clone()),
             auth_header,
             uris,
             outstanding: AtomicU32::new(0),
@@ -183,6 +188,7 @@ fn upstream_uri(kind: &BackendKind, base: &Uri, endpoint: Endpoint) -> Result<Ur
 /// A model's backends.
 #[derive(Debug)]
 pub struct ModelPool {
+    pub name: Arc<str>,
     pub backends: Vec<Arc<Backend>>,
 }
 
@@ -239,12 +245,14 @@ impl Models {
         let epoch = Instant::now();
         let mut out = Models::default();
         for m in models {
+            let name: Arc<str> = Arc::from(m.name.as_str());
             let backends = m
                 .backends
                 .iter()
-                .map(|b| Backend::new(&m.name, b, &base_of(m, b)?, epoch).map(Arc::new))
+                .map(|b| Backend::new(&name, b, &base_of(m, b)?, epoch).map(Arc::new))
                 .collect::<Result<Vec<_>, _>>()?;
-            out.pools.insert(m.name.clone(), ModelPool { backends });
+            out.pools
+                .insert(m.name.clone(), ModelPool { name, backends });
             out.names.push(m.name.clone());
         }
         Ok(out)

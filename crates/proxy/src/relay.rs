@@ -45,7 +45,8 @@ pub struct RelayBody<O: EndObserver> {
     sse: bool,
     idle_timeout: Duration,
     last_frame: Instant,
-    idle: Pin<Box<Sleep>>,
+    /// Armed the first time the upstream makes the relay wait: most bodies never do.
+    idle: Option<Pin<Box<Sleep>>>,
     state: Option<(InFlight, O)>,
 }
 
@@ -57,13 +58,12 @@ impl<O: EndObserver> RelayBody<O> {
         hold: InFlight,
         observer: O,
     ) -> Self {
-        let now = Instant::now();
         Self {
             inner,
             sse,
             idle_timeout,
-            last_frame: now,
-            idle: Box::pin(tokio::time::sleep_until(now + idle_timeout)),
+            last_frame: Instant::now(),
+            idle: None,
             state: Some((hold, observer)),
         }
     }
@@ -123,10 +123,13 @@ impl<O: EndObserver> Body for RelayBody<O> {
                 // The timer is moved only when it fires, not on every frame.
                 loop {
                     let deadline = this.last_frame + this.idle_timeout;
-                    if this.idle.deadline() < deadline {
-                        this.idle.as_mut().reset(deadline);
+                    let idle = this
+                        .idle
+                        .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+                    if idle.deadline() < deadline {
+                        idle.as_mut().reset(deadline);
                     }
-                    ready!(this.idle.as_mut().poll(cx));
+                    ready!(idle.as_mut().poll(cx));
                     if Instant::now() >= this.last_frame + this.idle_timeout {
                         let why = format!("no data for {:?}", this.idle_timeout);
                         return this.broken(BodyEnd::UpstreamStalled, why);

@@ -219,7 +219,10 @@ async fn broken_stream_ends_with_an_error_event_and_no_done() {
         .unwrap();
     let line = metrics
         .lines()
-        .find(|l| l.starts_with("spillway_streams_broken_total{"))
+        .find(|l| {
+            l.starts_with("spillway_streams_broken_total{")
+                && l.contains("reason=\"upstream_error\"")
+        })
         .unwrap_or_else(|| panic!("{metrics}"));
     assert!(line.ends_with(" 1"), "{line}");
 }

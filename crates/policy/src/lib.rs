@@ -5,5 +5,11 @@
 //! does not depend on tokio: the compiler holds that invariant for us.
 
 pub mod balance;
+pub mod budget;
+pub mod classify;
+pub mod retry;
 
 pub use balance::{pick, Candidate, Pick};
+pub use budget::{BudgetConfig, Refusal, RetryBudget};
+pub use classify::{classify, Class, Outcome, Pushback, Rules};
+pub use retry::{Backoff, Decision, RetryPolicy, Stop};

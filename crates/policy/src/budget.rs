@@ -1,0 +1,154 @@
+//! The shared retry budget: retries may add at most a fixed share to the load.
+//!
+//! Per-request attempt caps do not stop a storm: when every request fails, three attempts each
+//! still triple the load on a backend that is already failing. A budget bounds retries by what
+//! the whole gateway does, in the style of Finagle's `RetryBudget`, Envoy's retry budgets and
+//! tower's `TpsBudget`:
+//!
+//! - every request deposits one unit; a retry withdraws `1 / ratio` units' worth, so over the
+//!   window retries stay under `ratio` (default 10 %) of requests, plus
+//! - a small floor of `min_per_sec` retries per second, so a gateway with little traffic can
+//!   still retry a lone failure, and
+//! - at most `max_retrying_share` of the requests in flight may be retrying at once (at least
+//!   one), so a burst of failures cannot turn most of the in-flight work into retries even
+//!   while the rate budget has room.
+//!
+//! Hence the guarantee (G1): over any window, upstream attempts <= requests x (1 + ratio) +
+//! min_per_sec x window. The window slides in `BUCKETS` steps; time comes from the caller.
+
+use std::time::{Duration, Instant};
+
+/// Steps the window slides in.
+const BUCKETS: usize = 10;
+
+/// Settings of a retry budget.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BudgetConfig {
+    /// Retries allowed per request over the window (0.1 = 10 %).
+    pub ratio: f64,
+    /// Retries allowed per second regardless of traffic.
+    pub min_per_sec: f64,
+    /// How far back requests and retries are counted.
+    pub window: Duration,
+    /// Share of in-flight requests that may be retrying at once.
+    pub max_retrying_share: f64,
+}
+
+impl Default for BudgetConfig {
+    fn default() -> Self {
+        BudgetConfig {
+            ratio: 0.1,
+            min_per_sec: 1.0,
+            window: Duration::from_secs(10),
+            max_retrying_share: 0.2,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Bucket {
+    /// Which step of time this bucket holds (its start divided by the step length).
+    step: u64,
+    requests: u64,
+    retries: u64,
+}
+
+/// Counts of requests and retries over a sliding window.
+#[derive(Debug, Clone)]
+pub struct RetryBudget {
+    config: BudgetConfig,
+    epoch: Instant,
+    step: Duration,
+    buckets: [Bucket; BUCKETS],
+}
+
+/// Why a retry was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// Retries over the window already reach the ratio plus the floor.
+    RateSpent,
+    /// Too many of the requests in flight are already retrying.
+    TooManyRetrying,
+}
+
+impl RetryBudget {
+    pub fn new(config: BudgetConfig, now: Instant) -> Self {
+        let step = (config.window / BUCKETS as u32).max(Duration::from_millis(1));
+        RetryBudget {
+            config,
+            epoch: now,
+            step,
+            buckets: [Bucket::default(); BUCKETS],
+        }
+    }
+
+    pub fn config(&self) -> &BudgetConfig {
+        &self.config
+    }
+
+    fn step_of(&self, now: Instant) -> u64 {
+        (now.saturating_duration_since(self.epoch).as_nanos() / self.step.as_nanos()) as u64
+    }
+
+    fn current(&mut self, now: Instant) -> &mut Bucket {
+        let step = self.step_of(now);
+        let b = &mut self.buckets[(step % BUCKETS as u64) as usize];
+        if b.step != step {
+            *b = Bucket {
+                step,
+                ..Bucket::default()
+            };
+        }
+        b
+    }
+
+    /// (requests, retries) in the window ending at `now`.
+    pub fn totals(&self, now: Instant) -> (u64, u64) {
+        let step = self.step_of(now);
+        self.buckets
+            .iter()
+            .filter(|b| b.step + (BUCKETS as u64) > step && b.step <= step)
+            .fold((0, 0), |(q, r), b| (q + b.requests, r + b.retries))
+    }
+
+    /// Retries the window may hold: `ratio x requests + min_per_sec x window`.
+    fn allowance(&self, requests: u64) -> f64 {
+        self.config.ratio.max(0.0) * requests as f64
+            + self.config.min_per_sec.max(0.0) * self.config.window.as_secs_f64()
+    }
+
+    /// A new request arrived.
+    pub fn deposit(&mut self, now: Instant) {
+        self.current(now).requests += 1;
+    }
+
+    /// Takes one retry from the budget if it has room. `in_flight` is the number of requests in
+    /// flight and `retrying` how many of them are currently on a retry.
+    pub fn try_withdraw(
+        &mut self,
+        now: Instant,
+        in_flight: u64,
+        retrying: u64,
+    ) -> Result<(), Refusal> {
+        let (requests, retries) = self.totals(now);
+        if (retries + 1) as f64 > self.allowance(requests) {
+            return Err(Refusal::RateSpent);
+        }
+        let concurrent = (self.config.max_retrying_share.max(0.0) * in_flight as f64).floor();
+        if retrying as f64 >= concurrent.max(1.0) {
+            return Err(Refusal::TooManyRetrying);
+        }
+        self.current(now).retries += 1;
+        Ok(())
+    }
+
+    /// Whether a retry would be allowed now by the rate alone (for shedding client retries
+    /// while the budget is spent).
+    pub fn is_spent(&self, now: Instant) -> bool {
+        let (requests, retries) = self.totals(now);
+        (retries + 1) as f64 > self.allowance(requests)
+    }
+}
+
+#[cfg(test)]
+mod tests;

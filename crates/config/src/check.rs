@@ -8,6 +8,8 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+mod resilience;
+
 use crate::raw::{RawBackend, RawConfig, RawKey, RawModel, RawServer, RawTenant, RawUpstream};
 use crate::{
     BackendConfig, BackendKind, Config, KeySource, ModelConfig, ServerConfig, TenantConfig,
@@ -46,6 +48,10 @@ pub(crate) fn check(raw: RawConfig) -> Result<Config, Vec<Problem>> {
     let mut p = Problems::default();
     let server = check_server(raw.server, &mut p);
     let upstream = check_upstream(raw.upstream, &mut p);
+    let retry = resilience::check_retry(raw.retry, &mut p);
+    let outlier = resilience::check_outlier(raw.outlier, &mut p);
+    let health_check = resilience::check_health(raw.health_check, &mut p);
+    let adaptive_concurrency = resilience::check_adaptive(raw.adaptive_concurrency, &mut p);
     let models = check_models(raw.models, &mut p);
     let tenants = check_tenants(raw.tenants, &models, &mut p);
     if let Some(home) = &server.home_region {
@@ -70,6 +76,10 @@ pub(crate) fn check(raw: RawConfig) -> Result<Config, Vec<Problem>> {
         Ok(Config {
             server,
             upstream,
+            retry,
+            outlier,
+            health_check,
+            adaptive_concurrency,
             tenants,
             models,
         })
@@ -293,6 +303,18 @@ fn check_backend(b: RawBackend, model: &str, at: &str, p: &mut Problems) -> Opti
             format!("must be between 1 and 1000, got {weight}"),
         );
     }
+    let rules = resilience::check_backend_rules(&b, &at, p);
+    let health_path = match (&b.health_path, b.kind.as_deref()) {
+        (Some(path), _) if path.is_empty() => None,
+        (Some(path), _) if !path.starts_with('/') => {
+            p.add(format!("{at}.health_path"), "must start with /");
+            None
+        }
+        (Some(path), _) => Some(path.clone()),
+        // Azure has no cheap per-deployment GET: passive outlier detection only, unless set.
+        (None, Some("azure")) => None,
+        (None, _) => Some("/models".to_owned()),
+    };
     let max_concurrency = b.max_concurrency.unwrap_or(256);
     if max_concurrency == 0 {
         p.add(format!("{at}.max_concurrency"), "must be at least 1");
@@ -312,6 +334,8 @@ fn check_backend(b: RawBackend, model: &str, at: &str, p: &mut Problems) -> Opti
         max_concurrency,
         upstream_model,
         api_key_env: b.api_key_env,
+        rules,
+        health_path,
     })
 }
 

@@ -15,6 +15,7 @@ use std::time::Duration;
 
 pub use check::Problem;
 pub use mock::{MockFault, MockProfile};
+pub use spillway_policy::{BudgetConfig, OutlierConfig, RetryPolicy, Rules};
 
 /// The quickstart configuration `spillway serve` runs when no file is given: two in-process mock
 /// backends for `mock-small` in two regions and one demo tenant. Also shipped as
@@ -44,6 +45,10 @@ pub enum ConfigError {
 pub struct Config {
     pub server: ServerConfig,
     pub upstream: UpstreamConfig,
+    pub retry: RetryConfig,
+    pub outlier: OutlierSettings,
+    pub health_check: HealthCheckConfig,
+    pub adaptive_concurrency: AdaptiveConfig,
     pub tenants: Vec<TenantConfig>,
     pub models: Vec<ModelConfig>,
 }
@@ -113,6 +118,58 @@ pub struct BackendConfig {
     pub upstream_model: String,
     /// Environment variable holding the upstream API key.
     pub api_key_env: Option<String>,
+    /// Which upstream statuses mean capacity, transient failure or a retry-safe 500.
+    pub rules: Rules,
+    /// Path (after the backend's base URL) of the active health check; `None`: no active check.
+    pub health_path: Option<String>,
+}
+
+/// `[retry]`: how many attempts, how far apart, and the shared budget they draw from.
+#[derive(Debug, Clone)]
+pub struct RetryConfig {
+    pub policy: RetryPolicy,
+    pub budget: BudgetConfig,
+    /// No attempt of a request starts after this long since it arrived.
+    pub deadline: Duration,
+    /// Request headers that mark a caller's retry (a value other than `0` means a retry).
+    pub client_retry_headers: Vec<http::HeaderName>,
+    /// Refuse callers' retries first while a pool is failing or the retry budget is spent.
+    pub shed_client_retries: bool,
+    /// Retry every 5xx at once, with no budget, no backoff and no other protection: the
+    /// behaviour of the IL-0248 layers, kept for `spillway replay` comparisons only.
+    pub naive: bool,
+}
+
+/// `[outlier]`: passive ejection of failing backends.
+#[derive(Debug, Clone)]
+pub struct OutlierSettings {
+    pub enabled: bool,
+    pub detector: OutlierConfig,
+    /// At most this share of a pool's backends is ejected at once.
+    pub max_ejected_share: f64,
+    /// Below this share of healthy backends the pool ignores health and spreads over all.
+    pub panic_threshold: f64,
+}
+
+/// `[health_check]`: active probes of each backend.
+#[derive(Debug, Clone)]
+pub struct HealthCheckConfig {
+    pub enabled: bool,
+    pub interval: Duration,
+    pub timeout: Duration,
+    /// Each interval is randomly shortened or lengthened by up to this share.
+    pub jitter: f64,
+}
+
+/// `[adaptive_concurrency]`: the AIMD limit under each backend's `max_concurrency`.
+#[derive(Debug, Clone)]
+pub struct AdaptiveConfig {
+    pub enabled: bool,
+    pub min_limit: u32,
+    /// Starting limit; `None`: a quarter of `max_concurrency`, at least `min_limit`.
+    pub initial_limit: Option<u32>,
+    pub backoff_ratio: f64,
+    pub latency_tolerance: f64,
 }
 
 #[derive(Debug, Clone, PartialEq)]

@@ -17,6 +17,14 @@ pub struct RawConfig {
     #[serde(default)]
     pub upstream: RawUpstream,
     #[serde(default)]
+    pub retry: RawRetry,
+    #[serde(default)]
+    pub outlier: RawOutlier,
+    #[serde(default)]
+    pub health_check: RawHealthCheck,
+    #[serde(default)]
+    pub adaptive_concurrency: RawAdaptive,
+    #[serde(default)]
     pub tenants: Vec<RawTenant>,
     #[serde(default)]
     pub models: Vec<RawModel>,
@@ -92,4 +100,70 @@ pub struct RawBackend {
     pub api_version: Option<String>,
     pub deployment: Option<String>,
     pub mock: Option<MockProfile>,
+    pub capacity_statuses: Option<Vec<u16>>,
+    pub transient_statuses: Option<Vec<u16>>,
+    pub retry_500: Option<bool>,
+    pub health_path: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRetry {
+    pub max_attempts: Option<u32>,
+    #[serde(default, with = "humantime_serde")]
+    pub deadline: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    pub transient_backoff_base: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    pub transient_backoff_cap: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    pub capacity_backoff_base: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    pub capacity_backoff_cap: Option<Duration>,
+    pub budget_ratio: Option<f64>,
+    pub budget_min_per_sec: Option<f64>,
+    #[serde(default, with = "humantime_serde")]
+    pub budget_window: Option<Duration>,
+    pub max_retrying_share: Option<f64>,
+    pub client_retry_headers: Option<Vec<String>>,
+    pub shed_client_retries: Option<bool>,
+    pub naive: Option<bool>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawOutlier {
+    pub enabled: Option<bool>,
+    pub consecutive_failures: Option<u32>,
+    pub failure_rate: Option<f64>,
+    pub min_requests: Option<u32>,
+    #[serde(default, with = "humantime_serde")]
+    pub window: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    pub base_ejection: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    pub max_ejection: Option<Duration>,
+    pub max_ejected_share: Option<f64>,
+    pub panic_threshold: Option<f64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawHealthCheck {
+    pub enabled: Option<bool>,
+    #[serde(default, with = "humantime_serde")]
+    pub interval: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    pub timeout: Option<Duration>,
+    pub jitter: Option<f64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAdaptive {
+    pub enabled: Option<bool>,
+    pub min_limit: Option<u32>,
+    pub initial_limit: Option<u32>,
+    pub backoff_ratio: Option<f64>,
+    pub latency_tolerance: Option<f64>,
 }

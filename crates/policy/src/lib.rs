@@ -7,9 +7,13 @@
 pub mod balance;
 pub mod budget;
 pub mod classify;
+pub mod concurrency;
+pub mod outlier;
 pub mod retry;
 
 pub use balance::{pick, Candidate, Pick};
 pub use budget::{BudgetConfig, Refusal, RetryBudget};
 pub use classify::{classify, Class, Outcome, Pushback, Rules};
+pub use concurrency::{Aimd, AimdConfig};
+pub use outlier::{may_eject, panic_mode, Health, Outlier, OutlierConfig};
 pub use retry::{Backoff, Decision, RetryPolicy, Stop};

@@ -23,6 +23,10 @@ pub enum ErrorKind {
     MethodNotAllowed,
     /// Every backend of the model is full or unreachable.
     NoCapacity,
+    /// Backends failed and the shared retry budget had no retry left for this request.
+    RetryBudgetExhausted,
+    /// A caller's own retry, refused first while the model's backends are failing.
+    ClientRetryShed,
     /// A backend did not answer in time.
     UpstreamTimeout,
     /// A backend could not be reached or broke the connection.
@@ -67,7 +71,9 @@ impl ApiError {
         match self.kind {
             MalformedRequest | BodyTooLarge | MissingApiKey | InvalidApiKey | ModelNotFound
             | ModelNotAllowed | RouteNotFound | MethodNotAllowed => Blame::Client,
-            NoCapacity | ShuttingDown | Internal => Blame::Gateway,
+            NoCapacity | RetryBudgetExhausted | ClientRetryShed | ShuttingDown | Internal => {
+                Blame::Gateway
+            }
             UpstreamTimeout | UpstreamUnavailable => Blame::Upstream,
         }
     }
@@ -121,6 +127,16 @@ impl ApiError {
                 "server_error",
                 "capacity_exhausted",
             ),
+            RetryBudgetExhausted => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                "retry_budget_exhausted",
+            ),
+            ClientRetryShed => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                "client_retry_shed",
+            ),
             UpstreamTimeout => (
                 StatusCode::GATEWAY_TIMEOUT,
                 "server_error",
@@ -161,8 +177,11 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut response = (self.status(), axum::Json(self.body())).into_response();
         let headers = response.headers_mut();
-        if self.blame() == Blame::Client {
-            // The same request will fail the same way: tell SDKs not to retry it.
+        // A client error fails the same way again; anything else spillway gives up on has had
+        // its retries here already, within the budget, so a retry stacked on top would only
+        // multiply load (IL-0248). A gateway that is shutting down is the exception: another
+        // instance can serve the retry.
+        if self.kind != ErrorKind::ShuttingDown {
             headers.insert("x-should-retry", HeaderValue::from_static("false"));
         }
         if let Some(after) = self.retry_after {

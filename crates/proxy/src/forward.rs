@@ -1,10 +1,9 @@
 //! One inference request from arrival to relayed response: authenticate, read, route, send.
 //!
 //! The order matters: the key is checked before the body is read, the body is capped before it
-//! is parsed, and the backend's concurrency is taken before a byte goes upstream. A backend that
-//! refuses the connection (or cannot be connected to in time) never saw the request, so the
-//! request moves to another backend and the first one is skipped for a cooldown; a backend that
-//! accepted the request and then failed is not retried here.
+//! is parsed, a caller's own retry is refused first while the model's backends are failing, and
+//! every request deposits into the model's retry budget before its attempts (`attempts`) run.
+//! A relayed 5xx tells the caller not to retry: spillway already did, within the budget.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -12,20 +11,17 @@ use std::time::Instant;
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
-use http::header;
 use tracing::{debug, warn};
 
+use crate::attempts::{discourage_retry, is_client_retry, is_sse, Attempts, Chosen, Counted};
 use crate::auth::{presented_key, Tenant};
 use crate::error::{ApiError, ErrorKind};
-use crate::metrics::{BodyMetrics, RequestLabels, UpstreamFailure};
+use crate::metrics::{BodyMetrics, RequestLabels};
 use crate::pool::Endpoint;
 use crate::relay::RelayBody;
-use crate::request::{read_body, summarize, with_model};
+use crate::request::{read_body, summarize};
 use crate::server::Gateway;
 use crate::upstream;
-
-/// Backends tried for one request when the first ones cannot be connected to.
-const MAX_CONNECT_ATTEMPTS: usize = 3;
 
 pub async fn chat_completions(state: State<Arc<Gateway>>, req: Request) -> Response {
     forward(state, Endpoint::ChatCompletions, req).await
@@ -108,90 +104,64 @@ async fn route(
         .and_then(|v| v.to_str().ok())
         .or(gw.server.home_region.as_deref());
 
-    let mut tried = Vec::with_capacity(MAX_CONNECT_ATTEMPTS);
-    let mut unreachable = 0;
-    while tried.len() < MAX_CONNECT_ATTEMPTS {
-        let Some((index, hold, spilled)) = pool.acquire(region, &tried) else {
-            break;
-        };
-        tried.push(index);
-        let backend = hold.backend().clone();
-        labels.backend = backend.name.clone();
-        let upstream_body = match &backend.rename_to {
-            Some(name) => with_model(&body, name)?,
-            None => body.clone(),
-        };
-        let up = upstream::request(
-            &backend,
-            endpoint,
-            &parts.headers,
-            &gw.server.region_header,
-            upstream_body,
-        );
-        let sent = Instant::now();
-        let result =
-            tokio::time::timeout(gw.upstream.response_timeout, gw.client.request(up)).await;
-        let response = match result {
-            Ok(Ok(response)) => response,
-            Ok(Err(e)) if e.is_connect() => {
-                backend.metrics.upstream_failed(UpstreamFailure::Connect);
-                warn!(backend = %backend.name, "cannot connect upstream, trying another backend: {e}");
-                backend.skip_for(gw.upstream.unreachable_cooldown);
-                unreachable += 1;
-                continue;
-            }
-            Ok(Err(e)) => {
-                backend.metrics.upstream_failed(UpstreamFailure::Connection);
-                warn!(backend = %backend.name, "upstream request failed: {e}");
-                return Err(ApiError::new(
-                    ErrorKind::UpstreamUnavailable,
-                    "the backend closed the connection before answering",
-                ));
-            }
-            Err(_) => {
-                backend.metrics.upstream_failed(UpstreamFailure::Timeout);
-                backend.skip_for(gw.upstream.unreachable_cooldown);
-                return Err(ApiError::new(
-                    ErrorKind::UpstreamTimeout,
-                    format!(
-                        "the backend did not answer within {:?}",
-                        gw.upstream.response_timeout
-                    ),
-                ));
-            }
-        };
-        backend.metrics.upstream_responded(sent.elapsed());
-        if spilled {
-            backend.metrics.spilled_over();
+    let retry = &gw.retry;
+    let now = Instant::now();
+    if is_client_retry(&parts.headers, &retry.client_retry_headers) {
+        // A caller's retry while the pool is failing would only stack its retries on ours.
+        let shed = retry.shed_client_retries && !retry.naive && pool.is_failing(now);
+        labels.client_retry(shed);
+        if shed {
+            return Err(ApiError::new(
+                ErrorKind::ClientRetryShed,
+                format!(
+                    "the backends of the model {:?} are failing and spillway has retried already; retried requests are refused first",
+                    &*pool.name
+                ),
+            )
+            .retry_after(crate::server::NO_CAPACITY_RETRY_AFTER));
         }
-        let (mut head, incoming) = response.into_parts();
-        upstream::strip_response_headers(&mut head.headers);
-        let sse = head
-            .headers
-            .get(header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.starts_with("text/event-stream"));
-        let observer = BodyMetrics { backend, started };
-        let relay = RelayBody::new(
-            incoming,
-            sse,
-            gw.upstream.stream_idle_timeout,
-            hold,
-            observer,
-        );
-        return Ok(Response::from_parts(head, Body::new(relay)));
     }
-    let message = if unreachable > 0 {
-        format!(
-            "no backend of the model {:?} could be reached",
-            summary.model
-        )
-    } else {
-        format!(
-            "every backend of the model {:?} is at its concurrency limit",
-            summary.model
-        )
+    if !retry.naive {
+        pool.budget
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .deposit(now);
+    }
+    let _in_flight = Counted::new(&pool.in_flight);
+    let attempts = Attempts {
+        gw,
+        pool,
+        endpoint,
+        headers: &parts.headers,
+        body: &body,
+        region,
+        deadline: started + retry.deadline,
     };
-    Err(ApiError::new(ErrorKind::NoCapacity, message)
-        .retry_after(crate::server::NO_CAPACITY_RETRY_AFTER))
+    let (chosen, made) = attempts.run(labels).await;
+    pool.metrics.attempts(made);
+    labels.attempted(made);
+    let Chosen {
+        response,
+        hold,
+        spilled_over,
+    } = chosen?;
+    let backend = hold.backend().clone();
+    if spilled_over {
+        backend.metrics.spilled_over();
+    }
+    let (mut head, incoming) = response.into_parts();
+    upstream::strip_response_headers(&mut head.headers);
+    if head.status.is_server_error() && !retry.naive {
+        discourage_retry(&mut head.headers);
+    }
+    let sse = is_sse(&head.headers);
+    let observer = BodyMetrics { backend, started };
+    let relay = RelayBody::new(
+        incoming,
+        sse,
+        gw.upstream.stream_idle_timeout,
+        hold,
+        observer,
+    );
+    Ok(Response::from_parts(head, Body::new(relay)))
 }

@@ -5,9 +5,11 @@
 //! does the I/O around them. Errors on the path are one type, `ApiError`, mapped to HTTP in one
 //! place.
 
+mod attempts;
 pub mod auth;
 pub mod error;
 mod forward;
+mod health;
 pub mod metrics;
 pub mod pool;
 mod relay;

@@ -11,6 +11,8 @@ use std::time::{Duration, Instant};
 use metrics::{counter, gauge, histogram, Counter, Gauge, Histogram, Label};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
+use spillway_policy::Class;
+
 use crate::pool::{Backend, Models};
 use crate::relay::{BodyEnd, EndObserver};
 
@@ -22,6 +24,15 @@ pub const STREAMS_BROKEN: &str = "spillway_streams_broken_total";
 pub const CLIENT_CANCELLED: &str = "spillway_client_cancelled_total";
 pub const SPILLOVERS: &str = "spillway_spillovers_total";
 pub const OUTSTANDING: &str = "spillway_backend_outstanding";
+pub const CONCURRENCY_LIMIT: &str = "spillway_backend_concurrency_limit";
+pub const EJECTED: &str = "spillway_backend_ejected";
+pub const EJECTIONS: &str = "spillway_ejections_total";
+pub const ATTEMPTS: &str = "spillway_attempts_per_request";
+pub const UPSTREAM_ATTEMPTS: &str = "spillway_upstream_attempts_total";
+pub const RETRIES: &str = "spillway_retries_total";
+pub const BUDGET_EXHAUSTED: &str = "spillway_retry_budget_exhausted_total";
+pub const CLIENT_RETRIES: &str = "spillway_client_retries_total";
+pub const CLIENT_RETRIES_SHED: &str = "spillway_client_retries_shed_total";
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
@@ -35,6 +46,8 @@ pub fn recorder() -> PrometheusHandle {
         .get_or_init(|| {
             let recorder = PrometheusBuilder::new()
                 .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), LATENCY_BUCKETS)
+                .expect("bucket list is not empty")
+                .set_buckets_for_metric(Matcher::Full(ATTEMPTS.into()), &[1.0, 2.0, 3.0, 4.0, 5.0])
                 .expect("bucket list is not empty")
                 .build_recorder();
             let handle = recorder.handle();
@@ -77,14 +90,48 @@ fn describe() {
     );
     describe_counter!(SPILLOVERS, "Requests served outside the preferred region.");
     describe_gauge!(OUTSTANDING, "Requests in flight to a backend.");
+    describe_gauge!(
+        CONCURRENCY_LIMIT,
+        "A backend's current (adaptive) concurrency limit."
+    );
+    describe_gauge!(EJECTED, "1 while a backend is ejected or probing, else 0.");
+    describe_counter!(
+        EJECTIONS,
+        "Backends ejected by outlier detection or health checks."
+    );
+    describe_histogram!(ATTEMPTS, "Upstream attempts per client request.");
+    describe_counter!(
+        UPSTREAM_ATTEMPTS,
+        "Upstream attempts, by model and tenant: divided by spillway_requests_total, the retry amplification."
+    );
+    describe_counter!(
+        RETRIES,
+        "Retries spillway made, by the class of the failure retried."
+    );
+    describe_counter!(
+        BUDGET_EXHAUSTED,
+        "Retries refused because the model's retry budget was spent."
+    );
+    describe_counter!(
+        CLIENT_RETRIES,
+        "Requests that callers marked as their own retries, by tenant."
+    );
+    describe_counter!(
+        CLIENT_RETRIES_SHED,
+        "Callers' retries refused while the model's backends were failing."
+    );
 }
 
 /// Renders the page, refreshing the gauges that are read rather than pushed.
 pub fn render(handle: &PrometheusHandle, models: &Models) -> String {
     for name in &models.names {
         if let Some(pool) = models.get(name) {
+            let now = Instant::now();
             for b in &pool.backends {
                 b.metrics.outstanding.set(b.outstanding() as f64);
+                b.metrics.limit.set(b.health.limit() as f64);
+                let out = b.health.health(now) != spillway_policy::outlier::Health::Healthy;
+                b.metrics.ejected.set(if out { 1.0 } else { 0.0 });
             }
         }
     }
@@ -123,6 +170,9 @@ pub struct BackendMetrics {
     upstream_stalled: Counter,
     client_cancelled: Counter,
     outstanding: Gauge,
+    limit: Gauge,
+    ejected: Gauge,
+    ejections: Counter,
 }
 
 impl BackendMetrics {
@@ -149,7 +199,14 @@ impl BackendMetrics {
             upstream_stalled: counter!(STREAMS_BROKEN, with("idle_timeout")),
             client_cancelled: counter!(CLIENT_CANCELLED, pair()),
             outstanding: gauge!(OUTSTANDING, pair()),
+            limit: gauge!(CONCURRENCY_LIMIT, pair()),
+            ejected: gauge!(EJECTED, pair()),
+            ejections: counter!(EJECTIONS, pair()),
         }
+    }
+
+    pub fn ejected(&self) {
+        self.ejections.increment(1);
     }
 
     pub fn upstream_failed(&self, why: UpstreamFailure) {
@@ -171,13 +228,29 @@ impl std::fmt::Debug for BackendMetrics {
     }
 }
 
-/// Label values of `spillway_requests_total` and the status.
-type RequestKey = (Arc<str>, Arc<str>, Arc<str>, u16);
+/// A counter series by metric name, (tenant, model, backend) and status (0 where unused).
+type SeriesKey = (&'static str, Arc<str>, Arc<str>, Arc<str>, u16);
 
-/// The `spillway_requests_total` series seen so far. Every part of the key comes from
-/// configuration or is a status code, so the map is bounded.
-static REQUEST_COUNTERS: LazyLock<RwLock<HashMap<RequestKey, Counter>>> =
-    LazyLock::new(Default::default);
+/// The per-tenant counter series seen so far, so that the request path does not build, hash
+/// and look up a label set for each request. Every part of the key comes from configuration or
+/// is a status code, so the map is bounded.
+static COUNTERS: LazyLock<RwLock<HashMap<SeriesKey, Counter>>> = LazyLock::new(Default::default);
+
+fn cached_counter(key: SeriesKey, make: impl FnOnce(&SeriesKey) -> Counter) -> Counter {
+    let known = COUNTERS
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&key)
+        .cloned();
+    known.unwrap_or_else(|| {
+        let counter = make(&key);
+        COUNTERS
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key, counter.clone());
+        counter
+    })
+}
 
 fn label_value(text: &'static str) -> Arc<str> {
     Arc::from(text)
@@ -204,22 +277,99 @@ impl RequestLabels {
     }
 
     pub fn answered(self, status: u16) {
-        let key = (self.tenant, self.model, self.backend, status);
-        let known = REQUEST_COUNTERS
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&key)
-            .cloned();
-        let counter = known.unwrap_or_else(|| {
-            let counter = counter!(REQUESTS, "tenant" => key.0.clone(), "model" => key.1.clone(),
-                "backend" => key.2.clone(), "status" => status.to_string());
-            REQUEST_COUNTERS
-                .write()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(key, counter.clone());
-            counter
-        });
-        counter.increment(1);
+        let key = (REQUESTS, self.tenant, self.model, self.backend, status);
+        cached_counter(key, |k| {
+            counter!(REQUESTS, "tenant" => k.1.clone(), "model" => k.2.clone(),
+                "backend" => k.3.clone(), "status" => status.to_string())
+        })
+        .increment(1);
+    }
+
+    /// Upstream attempts made for this request (all of them, at its end).
+    pub fn attempted(&self, attempts: u32) {
+        let key = (
+            UPSTREAM_ATTEMPTS,
+            self.tenant.clone(),
+            self.model.clone(),
+            NO_BACKEND.clone(),
+            0,
+        );
+        cached_counter(
+            key,
+            |k| counter!(UPSTREAM_ATTEMPTS, "tenant" => k.1.clone(), "model" => k.2.clone()),
+        )
+        .increment(u64::from(attempts));
+    }
+
+    /// The caller marked this request as its own retry; `shed` when it was refused for it.
+    pub fn client_retry(&self, shed: bool) {
+        let name = if shed {
+            CLIENT_RETRIES_SHED
+        } else {
+            CLIENT_RETRIES
+        };
+        let key = (
+            name,
+            self.tenant.clone(),
+            self.model.clone(),
+            NO_BACKEND.clone(),
+            0,
+        );
+        cached_counter(
+            key,
+            |k| counter!(name, "tenant" => k.1.clone(), "model" => k.2.clone()),
+        )
+        .increment(1);
+    }
+}
+
+/// One model's retry series, registered when its pool is built.
+pub struct PoolMetrics {
+    attempts: Histogram,
+    retries: [Counter; 4],
+    budget_exhausted: Counter,
+}
+
+impl PoolMetrics {
+    const RETRIED: [Class; 4] = [
+        Class::Capacity,
+        Class::Transient,
+        Class::Timeout,
+        Class::ServerError,
+    ];
+
+    pub fn new(model: &Arc<str>) -> Self {
+        recorder();
+        let m = || vec![Label::new("model", model.clone())];
+        Self {
+            attempts: histogram!(ATTEMPTS, m()),
+            retries: Self::RETRIED.map(|c| {
+                let mut labels = m();
+                labels.push(Label::new("reason", c.as_str()));
+                counter!(RETRIES, labels)
+            }),
+            budget_exhausted: counter!(BUDGET_EXHAUSTED, m()),
+        }
+    }
+
+    pub fn attempts(&self, n: u32) {
+        self.attempts.record(f64::from(n));
+    }
+
+    pub fn retried(&self, class: Class) {
+        if let Some(i) = Self::RETRIED.iter().position(|c| *c == class) {
+            self.retries[i].increment(1);
+        }
+    }
+
+    pub fn budget_exhausted(&self) {
+        self.budget_exhausted.increment(1);
+    }
+}
+
+impl std::fmt::Debug for PoolMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PoolMetrics")
     }
 }
 

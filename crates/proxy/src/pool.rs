@@ -7,14 +7,17 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use http::{HeaderName, HeaderValue, Uri};
-use spillway_config::{BackendConfig, BackendKind, ModelConfig};
-use spillway_policy::{pick, Candidate};
+use spillway_config::{BackendConfig, BackendKind, Config};
+use spillway_policy::concurrency::AimdConfig;
+use spillway_policy::outlier::Health;
+use spillway_policy::{pick, Candidate, RetryBudget, Rules};
 
-use crate::metrics::BackendMetrics;
+use crate::health::BackendHealth;
+use crate::metrics::{BackendMetrics, PoolMetrics};
 
 /// The OpenAI endpoints the gateway routes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -56,6 +59,11 @@ pub struct Backend {
     pub rename_to: Option<String>,
     /// The header carrying the upstream key (`authorization` or Azure's `api-key`).
     pub auth_header: Option<(HeaderName, HeaderValue)>,
+    /// How this backend's statuses are classified.
+    pub rules: Rules,
+    /// Where its active health check goes, if it has one.
+    pub health_uri: Option<Uri>,
+    pub health: BackendHealth,
     pub metrics: BackendMetrics,
     uris: [Uri; 3],
     outstanding: AtomicU32,
@@ -71,6 +79,7 @@ impl Backend {
         cfg: &BackendConfig,
         base: &Uri,
         epoch: Instant,
+        health: BackendHealth,
     ) -> Result<Self, String> {
         let uris = Endpoint::ALL.map(|e| upstream_uri(&cfg.kind, base, e));
         let uris = match uris {
@@ -104,8 +113,16 @@ impl Backend {
             }
         };
         let name: Arc<str> = Arc::from(cfg.name.as_str());
+        let health_uri = match (&cfg.health_path, &cfg.kind) {
+            (Some(path), BackendKind::Azure { url, .. }) => Some(join(url, path)?),
+            (Some(path), _) => Some(join(base, path)?),
+            (None, _) => None,
+        };
         Ok(Self {
             metrics: BackendMetrics::new(model, &name),
+            rules: cfg.rules.clone(),
+            health_uri,
+            health,
             name,
             kind: cfg.kind.as_str(),
             region: cfg.region.clone(),
@@ -128,11 +145,13 @@ impl Backend {
         self.outstanding.load(Ordering::Relaxed)
     }
 
-    /// Takes one unit of this backend's concurrency, or returns `None` when it is full.
+    /// Takes one unit of this backend's concurrency (its adaptive limit), or returns `None`
+    /// when it is full.
     pub fn try_acquire(self: &Arc<Self>) -> Option<InFlight> {
+        let limit = self.health.limit();
         self.outstanding
             .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| {
-                (n < self.max_concurrency).then_some(n + 1)
+                (n < limit).then_some(n + 1)
             })
             .ok()
             .map(|_| InFlight(self.clone()))
@@ -167,6 +186,12 @@ impl Drop for InFlight {
     }
 }
 
+fn join(base: &Uri, path: &str) -> Result<Uri, String> {
+    let text = format!("{}{path}", base.to_string().trim_end_matches('/'));
+    text.parse()
+        .map_err(|e| format!("cannot build health check URL {text:?}: {e}"))
+}
+
 fn upstream_uri(kind: &BackendKind, base: &Uri, endpoint: Endpoint) -> Result<Uri, String> {
     let root = base.to_string();
     let root = root.trim_end_matches('/');
@@ -185,25 +210,62 @@ fn upstream_uri(kind: &BackendKind, base: &Uri, endpoint: Endpoint) -> Result<Ur
         .map_err(|e| format!("cannot build upstream URL {text:?}: {e}"))
 }
 
-/// A model's backends.
+/// A model's backends, and the retry budget their requests share.
 #[derive(Debug)]
 pub struct ModelPool {
     pub name: Arc<str>,
     pub backends: Vec<Arc<Backend>>,
+    pub budget: Mutex<RetryBudget>,
+    /// Client requests of this model in flight, and how many of them are on a retry.
+    pub in_flight: AtomicU64,
+    pub retrying: AtomicU64,
+    pub max_ejected_share: f64,
+    pub panic_threshold: f64,
+    pub metrics: PoolMetrics,
 }
 
 impl ModelPool {
-    /// Picks a backend with room, preferring `region`, skipping those in `exclude` or cooling
-    /// down, and takes a unit of its concurrency.
+    /// Picks a backend with room, preferring `region` and avoiding `avoid_region` while another
+    /// region has room, skipping those in `exclude`, cooling down or ejected (unless the pool is
+    /// in panic mode), and takes a unit of its concurrency.
     pub fn acquire(
         &self,
         region: Option<&str>,
         exclude: &[usize],
+        avoid_region: Option<&str>,
     ) -> Option<(usize, InFlight, bool)> {
         let now = Instant::now();
+        let panic = self.in_panic(now);
+        let health: Vec<Health> = if panic {
+            Vec::new()
+        } else {
+            self.backends.iter().map(|b| b.health.health(now)).collect()
+        };
+        let usable = |i: usize, b: &Backend| {
+            !exclude.contains(&i)
+                && !b.skipped(now)
+                && (panic || !matches!(health[i], Health::Ejected { .. }))
+        };
+        if avoid_region.is_some() {
+            let elsewhere =
+                |i: usize, b: &Backend| usable(i, b) && Some(&*b.region) != avoid_region;
+            if let Some(found) = self.acquire_among(region, now, panic, elsewhere) {
+                return Some(found);
+            }
+        }
+        self.acquire_among(region, now, panic, usable)
+    }
+
+    fn acquire_among(
+        &self,
+        region: Option<&str>,
+        now: Instant,
+        panic: bool,
+        usable: impl Fn(usize, &Backend) -> bool,
+    ) -> Option<(usize, InFlight, bool)> {
         let mut rng = rand::rng();
-        // A backend may fill up between the snapshot and the CAS: re-pick without it. The list
-        // is allocated only in that rare case.
+        // A backend may fill up between the snapshot and the CAS, or have its one probe out:
+        // re-pick without it. The list is allocated only in that rare case.
         let mut full: Vec<usize> = Vec::new();
         for _ in 0..self.backends.len() {
             let candidates: Vec<Candidate<'_>> = self
@@ -214,13 +276,16 @@ impl ModelPool {
                     region: &b.region,
                     weight: b.weight,
                     outstanding: b.outstanding(),
-                    max_concurrency: b.max_concurrency,
-                    available: !exclude.contains(&i) && !full.contains(&i) && !b.skipped(now),
+                    max_concurrency: b.health.limit(),
+                    available: usable(i, b) && !full.contains(&i),
                 })
                 .collect();
             let choice = pick(&candidates, region, &mut rng)?;
-            if let Some(guard) = self.backends[choice.index].try_acquire() {
-                return Some((choice.index, guard, choice.spilled_over));
+            let backend = &self.backends[choice.index];
+            if panic || backend.health.admit(now) {
+                if let Some(guard) = backend.try_acquire() {
+                    return Some((choice.index, guard, choice.spilled_over));
+                }
             }
             full.push(choice.index);
         }
@@ -231,7 +296,7 @@ impl ModelPool {
 /// Every configured model's pool, by client-facing model name.
 #[derive(Debug, Default)]
 pub struct Models {
-    pools: HashMap<String, ModelPool>,
+    pools: HashMap<String, Arc<ModelPool>>,
     /// Model names in configuration order, for `GET /v1/models`.
     pub names: Vec<String>,
 }
@@ -239,26 +304,65 @@ pub struct Models {
 impl Models {
     /// Builds the pools; `base_of` resolves each backend's base URL.
     pub fn new(
-        models: &[ModelConfig],
-        mut base_of: impl FnMut(&ModelConfig, &BackendConfig) -> Result<Uri, String>,
+        config: &Config,
+        mut base_of: impl FnMut(&spillway_config::ModelConfig, &BackendConfig) -> Result<Uri, String>,
     ) -> Result<Self, String> {
         let epoch = Instant::now();
+        let naive = config.retry.naive;
+        let outlier = (config.outlier.enabled && !naive).then(|| config.outlier.detector.clone());
+        let adaptive = &config.adaptive_concurrency;
+        let aimd = |b: &BackendConfig| {
+            (adaptive.enabled && !naive).then(|| {
+                let min_limit = adaptive.min_limit.min(b.max_concurrency);
+                AimdConfig {
+                    min_limit,
+                    max_limit: b.max_concurrency,
+                    initial_limit: adaptive
+                        .initial_limit
+                        .unwrap_or(b.max_concurrency)
+                        .clamp(min_limit, b.max_concurrency),
+                    backoff_ratio: adaptive.backoff_ratio,
+                    latency_tolerance: adaptive.latency_tolerance,
+                    ..AimdConfig::with_max_limit(b.max_concurrency)
+                }
+            })
+        };
         let mut out = Models::default();
-        for m in models {
+        for m in &config.models {
             let name: Arc<str> = Arc::from(m.name.as_str());
             let backends = m
                 .backends
                 .iter()
-                .map(|b| Backend::new(&name, b, &base_of(m, b)?, epoch).map(Arc::new))
+                .map(|b| {
+                    let health = BackendHealth::new(b.max_concurrency, outlier.clone(), aimd(b));
+                    Backend::new(&name, b, &base_of(m, b)?, epoch, health).map(Arc::new)
+                })
                 .collect::<Result<Vec<_>, _>>()?;
-            out.pools
-                .insert(m.name.clone(), ModelPool { name, backends });
+            let pool = ModelPool {
+                metrics: PoolMetrics::new(&name),
+                name,
+                backends,
+                budget: Mutex::new(RetryBudget::new(config.retry.budget, epoch)),
+                in_flight: AtomicU64::new(0),
+                retrying: AtomicU64::new(0),
+                max_ejected_share: config.outlier.max_ejected_share,
+                panic_threshold: config.outlier.panic_threshold,
+            };
+            out.pools.insert(m.name.clone(), Arc::new(pool));
             out.names.push(m.name.clone());
         }
         Ok(out)
     }
 
-    pub fn get(&self, model: &str) -> Option<&ModelPool> {
+    pub fn get(&self, model: &str) -> Option<&Arc<ModelPool>> {
         self.pools.get(model)
+    }
+
+    /// Every pool, in configuration order.
+    pub fn pools(&self) -> Vec<Arc<ModelPool>> {
+        self.names
+            .iter()
+            .filter_map(|n| self.get(n).cloned())
+            .collect()
     }
 }

@@ -21,7 +21,9 @@ use axum::serve::ListenerExt;
 use axum::{Json, Router};
 use http::{HeaderValue, StatusCode, Uri};
 use metrics_exporter_prometheus::PrometheusHandle;
-use spillway_config::{BackendKind, Config, ServerConfig, UpstreamConfig};
+use spillway_config::{
+    BackendKind, Config, HealthCheckConfig, RetryConfig, ServerConfig, UpstreamConfig,
+};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tracing::{info, warn};
@@ -48,9 +50,11 @@ pub enum StartError {
 pub struct Gateway {
     pub(crate) server: ServerConfig,
     pub(crate) upstream: UpstreamConfig,
+    pub(crate) retry: RetryConfig,
     pub(crate) directory: Arc<dyn TenantDirectory>,
     pub(crate) models: Models,
     pub(crate) client: HttpClient,
+    health_check: HealthCheckConfig,
     ready: AtomicBool,
 }
 
@@ -84,7 +88,7 @@ impl BoundGateway {
                 }
             }
         }
-        let models = Models::new(&config.models, |m, b| match &b.kind {
+        let models = Models::new(&config, |m, b| match &b.kind {
             BackendKind::OpenAi { url } | BackendKind::Azure { url, .. } => Ok(url.clone()),
             BackendKind::Mock(_) => mock_bases
                 .get(&(&m.name, &b.name))
@@ -97,6 +101,8 @@ impl BoundGateway {
             client: upstream::client(&config.upstream),
             server: config.server,
             upstream: config.upstream,
+            retry: config.retry,
+            health_check: config.health_check,
             directory: Arc::new(directory),
             models,
             ready: AtomicBool::new(false),
@@ -161,6 +167,14 @@ impl BoundGateway {
                 upkeep.run_upkeep();
             }
         });
+        if !gw.retry.naive {
+            crate::health::spawn_checks(
+                gw.models.pools(),
+                gw.client.clone(),
+                gw.health_check.clone(),
+                stop_rx.clone(),
+            );
+        }
         gw.ready.store(true, Ordering::Release);
 
         shutdown.await;

@@ -1,0 +1,351 @@
+//! The attempts of one request: pick a backend, send, classify, and retry only when the policy
+//! and the shared budget allow.
+//!
+//! This is the one place on the path that retries (G1). Each attempt's outcome is classified
+//! once (`spillway_policy::classify`) and reported to the backend's health state; the retry
+//! decision is the policy's (`RetryPolicy::decide`), and a retry also needs the model's budget
+//! to have room. A capacity failure never goes back to the backend that reported it and moves
+//! to another region while one has room. Nothing is retried once a response is relayed: the
+//! decision is made on the response head, before a byte of the body reaches the client.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{header, HeaderMap, HeaderValue};
+use hyper::body::Incoming;
+use spillway_policy::{classify, Class, Decision, Outcome, Pushback, Stop};
+use tracing::{debug, warn};
+
+use crate::error::{ApiError, ErrorKind};
+use crate::metrics::{RequestLabels, UpstreamFailure};
+use crate::pool::{Backend, Endpoint, InFlight, ModelPool};
+use crate::request::with_model;
+use crate::server::{Gateway, NO_CAPACITY_RETRY_AFTER};
+use crate::upstream;
+
+/// Counts itself in an atomic gauge while alive.
+pub(crate) struct Counted<'a>(&'a AtomicU64);
+
+impl<'a> Counted<'a> {
+    pub(crate) fn new(gauge: &'a AtomicU64) -> Self {
+        gauge.fetch_add(1, Ordering::Relaxed);
+        Counted(gauge)
+    }
+}
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// The response chosen to be relayed, with the hold on its backend.
+pub(crate) struct Chosen {
+    pub response: http::Response<Incoming>,
+    pub hold: InFlight,
+    pub spilled_over: bool,
+}
+
+/// One request's attempts.
+pub(crate) struct Attempts<'a> {
+    pub gw: &'a Gateway,
+    pub pool: &'a ModelPool,
+    pub endpoint: Endpoint,
+    pub headers: &'a HeaderMap,
+    pub body: &'a Bytes,
+    pub region: Option<&'a str>,
+    pub deadline: Instant,
+}
+
+/// The last failed attempt, for the answer when no retry follows.
+struct Failure {
+    class: Class,
+    outcome: Outcome,
+    pushback: Pushback,
+}
+
+impl Attempts<'_> {
+    /// Runs attempts until one is relayed or the request gives up. Returns the attempts made.
+    pub(crate) async fn run(self, labels: &mut RequestLabels) -> (Result<Chosen, ApiError>, u32) {
+        let naive = self.gw.retry.naive;
+        let mut tried: Vec<usize> = Vec::with_capacity(3);
+        let mut attempts = 0u32;
+        let mut exclude_tried = false;
+        let mut avoid_region: Option<String> = None;
+        let mut last: Option<Failure> = None;
+        let mut _retrying: Option<Counted<'_>> = None;
+        loop {
+            let exclude: &[usize] = if exclude_tried { &tried } else { &[] };
+            let acquired = self
+                .pool
+                .acquire(self.region, exclude, avoid_region.as_deref())
+                .or_else(|| {
+                    // A transient failure prefers another backend but may use the same one.
+                    let fallback =
+                        exclude_tried && last.as_ref().is_some_and(|f| f.class != Class::Capacity);
+                    fallback
+                        .then(|| self.pool.acquire(self.region, &[], None))
+                        .flatten()
+                });
+            let Some((index, hold, spilled_over)) = acquired else {
+                return (Err(self.no_backend(last)), attempts);
+            };
+            attempts += 1;
+            tried.push(index);
+            let backend = hold.backend().clone();
+            labels.backend = backend.name.clone();
+            let in_flight = backend.outstanding();
+            let sent = Instant::now();
+            let (outcome, response) = match self.send(&backend).await {
+                Ok(r) => (Outcome::Response(r.status().as_u16()), Some(r)),
+                Err(outcome) => (outcome, None),
+            };
+            let now = Instant::now();
+            let class = if naive {
+                naive_class(outcome)
+            } else {
+                classify(outcome, &backend.rules)
+            };
+            let pushback = response
+                .as_ref()
+                .map_or_else(Pushback::default, |r| pushback(r.headers()));
+            let streamed = response.as_ref().is_some_and(|r| is_sse(r.headers()));
+            let latency = streamed.then(|| now.duration_since(sent));
+            self.pool.record(&backend, now, class, latency, in_flight);
+            if class == Class::Capacity {
+                if let Some(wait) = pushback.retry_after {
+                    // The full backend asked for time: it gets it, and this request moves on.
+                    backend.skip_for(wait.min(Duration::from_secs(60)));
+                }
+            }
+            let time_left = self.deadline.saturating_duration_since(now);
+            let decision = if naive {
+                naive_decide(class, attempts, self.gw.retry.policy.max_attempts)
+            } else {
+                self.gw
+                    .retry
+                    .policy
+                    .decide(class, pushback, attempts, time_left, &mut rand::rng())
+            };
+            let (after, same_backend_ok) = match decision {
+                Decision::Retry {
+                    after,
+                    same_backend_ok,
+                } => (after, same_backend_ok),
+                Decision::Stop(stop) => {
+                    debug!(class = class.as_str(), ?stop, attempts, "no retry");
+                    let failure = Failure {
+                        class,
+                        outcome,
+                        pushback,
+                    };
+                    return match response {
+                        Some(response) if class != Class::Capacity => (
+                            Ok(Chosen {
+                                response,
+                                hold,
+                                spilled_over,
+                            }),
+                            attempts,
+                        ),
+                        _ => (Err(self.give_up(failure, stop)), attempts),
+                    };
+                }
+            };
+            // A connection that was never made put no load on the backend: moving to the next
+            // one needs no budget (it still counts against the attempts).
+            if !naive && outcome != Outcome::ConnectFailed {
+                // This request's own earlier retry is not another request retrying.
+                let others =
+                    self.pool.retrying.load(Ordering::Relaxed) - u64::from(_retrying.is_some());
+                let granted = self
+                    .pool
+                    .budget
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .try_withdraw(now, self.pool.in_flight.load(Ordering::Relaxed), others);
+                if let Err(refusal) = granted {
+                    self.pool.metrics.budget_exhausted();
+                    debug!(
+                        class = class.as_str(),
+                        ?refusal,
+                        "retry budget refused a retry"
+                    );
+                    return (
+                        Err(ApiError::new(
+                            ErrorKind::RetryBudgetExhausted,
+                            format!(
+                                "the backends of the model {:?} are failing ({}) and the retry budget is spent",
+                                &*self.pool.name,
+                                class.as_str()
+                            ),
+                        )
+                        .retry_after(NO_CAPACITY_RETRY_AFTER)),
+                        attempts,
+                    );
+                }
+            }
+            self.pool.metrics.retried(class);
+            _retrying.get_or_insert_with(|| Counted::new(&self.pool.retrying));
+            drop(response);
+            drop(hold);
+            exclude_tried = true;
+            if !same_backend_ok {
+                avoid_region = Some(backend.region.clone());
+            }
+            last = Some(Failure {
+                class,
+                outcome,
+                pushback,
+            });
+            if !after.is_zero() {
+                tokio::time::sleep(after).await;
+            }
+        }
+    }
+
+    /// Sends one attempt to `backend`; `Err` is the outcome when no response head came.
+    async fn send(&self, backend: &Arc<Backend>) -> Result<http::Response<Incoming>, Outcome> {
+        let body = match &backend.rename_to {
+            Some(name) => with_model(self.body, name).unwrap_or_else(|_| self.body.clone()),
+            None => self.body.clone(),
+        };
+        let gw = self.gw;
+        let up = upstream::request(
+            backend,
+            self.endpoint,
+            self.headers,
+            &gw.server.region_header,
+            body,
+        );
+        let timeout = gw
+            .upstream
+            .response_timeout
+            .min(self.deadline.saturating_duration_since(Instant::now()));
+        let sent = Instant::now();
+        match tokio::time::timeout(timeout, gw.client.request(up)).await {
+            Ok(Ok(response)) => {
+                backend.metrics.upstream_responded(sent.elapsed());
+                Ok(response)
+            }
+            Ok(Err(e)) if e.is_connect() => {
+                backend.metrics.upstream_failed(UpstreamFailure::Connect);
+                warn!(backend = %backend.name, "cannot connect upstream: {e}");
+                backend.skip_for(gw.upstream.unreachable_cooldown);
+                Err(Outcome::ConnectFailed)
+            }
+            Ok(Err(e)) => {
+                backend.metrics.upstream_failed(UpstreamFailure::Connection);
+                warn!(backend = %backend.name, "upstream request failed: {e}");
+                Err(Outcome::ResetBeforeResponse)
+            }
+            Err(_) => {
+                backend.metrics.upstream_failed(UpstreamFailure::Timeout);
+                warn!(backend = %backend.name, "no response within {timeout:?}");
+                Err(Outcome::TimedOut)
+            }
+        }
+    }
+
+    /// The answer when no backend could be picked at all.
+    fn no_backend(&self, last: Option<Failure>) -> ApiError {
+        match last {
+            Some(failure) => self.give_up(failure, Stop::AttemptsExhausted),
+            None => ApiError::new(
+                ErrorKind::NoCapacity,
+                format!(
+                    "every backend of the model {:?} is at its concurrency limit, ejected or unreachable",
+                    &*self.pool.name
+                ),
+            )
+            .retry_after(NO_CAPACITY_RETRY_AFTER),
+        }
+    }
+
+    /// The answer when the last attempt failed without a response worth relaying.
+    fn give_up(&self, failure: Failure, stop: Stop) -> ApiError {
+        let model = &*self.pool.name;
+        match (failure.class, failure.outcome) {
+            (Class::Capacity, _) => ApiError::new(
+                ErrorKind::NoCapacity,
+                format!("the backends of the model {model:?} have no capacity left ({stop:?})"),
+            )
+            .retry_after(
+                failure
+                    .pushback
+                    .retry_after
+                    .unwrap_or(NO_CAPACITY_RETRY_AFTER)
+                    .max(NO_CAPACITY_RETRY_AFTER),
+            ),
+            (_, Outcome::ConnectFailed) => ApiError::new(
+                ErrorKind::NoCapacity,
+                format!("no backend of the model {model:?} could be reached"),
+            )
+            .retry_after(NO_CAPACITY_RETRY_AFTER),
+            (_, Outcome::TimedOut) => ApiError::new(
+                ErrorKind::UpstreamTimeout,
+                format!(
+                    "the backend did not answer in time (response timeout {:?}, request deadline {:?})",
+                    self.gw.upstream.response_timeout, self.gw.retry.deadline
+                ),
+            ),
+            _ => ApiError::new(
+                ErrorKind::UpstreamUnavailable,
+                "the backend closed the connection before answering",
+            ),
+        }
+    }
+}
+
+/// The IL-0248 behaviour, for replays: every 5xx and every failed connection is worth a retry.
+fn naive_class(outcome: Outcome) -> Class {
+    match outcome {
+        Outcome::Response(s) if s >= 500 => Class::Transient,
+        Outcome::Response(s) if s >= 400 => Class::ClientError,
+        Outcome::Response(_) => Class::Success,
+        _ => Class::Transient,
+    }
+}
+
+fn naive_decide(class: Class, attempts: u32, max_attempts: u32) -> Decision {
+    if class == Class::Transient && attempts < max_attempts {
+        Decision::Retry {
+            after: Duration::ZERO,
+            same_backend_ok: true,
+        }
+    } else {
+        Decision::Stop(Stop::Final)
+    }
+}
+
+fn pushback(headers: &HeaderMap) -> Pushback {
+    let get = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    Pushback::parse(
+        get(header::RETRY_AFTER.as_str()),
+        get("retry-after-ms"),
+        get("x-should-retry"),
+    )
+}
+
+pub(crate) fn is_sse(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"))
+}
+
+/// Whether a request carries a caller's retry marker with a value other than 0.
+pub(crate) fn is_client_retry(headers: &HeaderMap, markers: &[http::HeaderName]) -> bool {
+    markers.iter().any(|name| {
+        headers
+            .get(name)
+            .is_some_and(|v| v.as_bytes() != b"0" && !v.is_empty())
+    })
+}
+
+/// Marks a relayed 5xx as not worth a retry above spillway (see `ApiError`'s response).
+pub(crate) fn discourage_retry(headers: &mut HeaderMap) {
+    headers.insert("x-should-retry", HeaderValue::from_static("false"));
+}

@@ -1,0 +1,235 @@
+//! What spillway knows about each backend's health: passive outlier detection, the adaptive
+//! concurrency limit, and the active health checks that re-admit ejected backends.
+//!
+//! Every finished attempt reports its class here once. Backend failures (capacity, transient,
+//! timeout, server error) count towards ejection; capacity failures and timeouts also cut the
+//! backend's concurrency limit, so spillway sends an overloaded backend less before it fails
+//! harder. The decisions themselves are the pure ones in `spillway_policy`; this module holds
+//! their state behind short locks and runs the probe tasks.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{Method, Request};
+use http_body_util::Full;
+use rand::Rng;
+use spillway_config::HealthCheckConfig;
+use spillway_policy::concurrency::{Aimd, AimdConfig};
+use spillway_policy::outlier::{Health, Outlier, OutlierConfig};
+use spillway_policy::Class;
+use tokio::sync::watch;
+use tracing::{debug, info};
+
+use crate::pool::{Backend, ModelPool};
+use crate::upstream::HttpClient;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// One backend's health state.
+#[derive(Debug)]
+pub struct BackendHealth {
+    outlier: Option<Mutex<Outlier>>,
+    aimd: Option<Mutex<Aimd>>,
+    /// The concurrency limit in force: the adaptive one, or `max_concurrency` without it.
+    limit: AtomicU32,
+}
+
+impl BackendHealth {
+    pub fn new(
+        max_concurrency: u32,
+        outlier: Option<OutlierConfig>,
+        adaptive: Option<AimdConfig>,
+    ) -> Self {
+        let aimd = adaptive.map(Aimd::new);
+        let limit = aimd.as_ref().map_or(max_concurrency, Aimd::limit);
+        Self {
+            outlier: outlier.map(|c| Mutex::new(Outlier::new(c))),
+            aimd: aimd.map(Mutex::new),
+            limit: AtomicU32::new(limit),
+        }
+    }
+
+    pub fn limit(&self) -> u32 {
+        self.limit.load(Ordering::Relaxed)
+    }
+
+    pub fn health(&self, now: Instant) -> Health {
+        self.outlier
+            .as_ref()
+            .map_or(Health::Healthy, |o| lock(o).health(now))
+    }
+
+    /// Whether a request may go to this backend now (one probe at a time once an ejection ends).
+    pub fn admit(&self, now: Instant) -> bool {
+        self.outlier.as_ref().is_none_or(|o| lock(o).admit(now))
+    }
+
+    /// Records an attempt's outcome. `latency` is the time to a streamed response's head (the
+    /// only latency that tracks load rather than output length); `in_flight` the backend's
+    /// outstanding requests when it was sent. Returns when an ejection it caused ends.
+    pub fn record(
+        &self,
+        now: Instant,
+        class: Class,
+        latency: Option<Duration>,
+        in_flight: u32,
+        may_eject: bool,
+    ) -> Option<Instant> {
+        if let Some(aimd) = &self.aimd {
+            let mut aimd = lock(aimd);
+            match class {
+                Class::Capacity | Class::Timeout => aimd.on_overload(now),
+                Class::Success => aimd.on_success(now, latency, in_flight),
+                Class::Transient | Class::ClientError | Class::ServerError => {}
+            }
+            self.limit.store(aimd.limit(), Ordering::Relaxed);
+        }
+        let failed = class.is_backend_failure();
+        if class == Class::ClientError {
+            // Says nothing about the backend either way.
+            return None;
+        }
+        self.outlier
+            .as_ref()
+            .and_then(|o| lock(o).record(now, !failed, may_eject))
+    }
+
+    fn health_check(&self, now: Instant, ok: bool, may_eject: bool) -> Option<Instant> {
+        self.outlier
+            .as_ref()
+            .and_then(|o| lock(o).health_check(now, ok, may_eject))
+    }
+
+    /// Whether the limit is adaptive, for the metrics.
+    pub fn is_adaptive(&self) -> bool {
+        self.aimd.is_some()
+    }
+}
+
+impl ModelPool {
+    /// Whether one more backend of this pool may be ejected now.
+    pub fn may_eject(&self, now: Instant) -> bool {
+        let out = self
+            .backends
+            .iter()
+            .filter(|b| b.health.health(now) != Health::Healthy)
+            .count();
+        spillway_policy::outlier::may_eject(self.backends.len(), out, self.max_ejected_share)
+    }
+
+    /// Records an attempt's outcome on `backend` and logs and counts an ejection.
+    pub fn record(
+        &self,
+        backend: &Backend,
+        now: Instant,
+        class: Class,
+        latency: Option<Duration>,
+        in_flight: u32,
+    ) {
+        let may_eject = class.is_backend_failure() && self.may_eject(now);
+        if let Some(until) = backend
+            .health
+            .record(now, class, latency, in_flight, may_eject)
+        {
+            ejected(backend, until - now, class.as_str());
+        }
+    }
+
+    /// Whether the pool is failing: its retry budget is spent, or so few backends are healthy
+    /// that it is in panic mode. Callers' retries are shed first while it is.
+    pub fn is_failing(&self, now: Instant) -> bool {
+        let spent = self
+            .budget
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_spent(now);
+        spent || self.in_panic(now)
+    }
+
+    /// Whether so few backends are healthy that health is ignored (panic mode).
+    pub fn in_panic(&self, now: Instant) -> bool {
+        let healthy = self
+            .backends
+            .iter()
+            .filter(|b| b.health.health(now) == Health::Healthy)
+            .count();
+        spillway_policy::outlier::panic_mode(self.backends.len(), healthy, self.panic_threshold)
+    }
+}
+
+fn ejected(backend: &Backend, for_: Duration, why: &str) {
+    info!(backend = %backend.name, seconds = for_.as_secs_f64(), reason = why, "backend ejected");
+    backend.metrics.ejected();
+}
+
+/// Runs the active health checks of every backend that has a health URL until `stop` turns
+/// true. Each backend gets its own task with a jittered interval, so probes never align.
+pub fn spawn_checks(
+    pools: Vec<Arc<ModelPool>>,
+    client: HttpClient,
+    config: HealthCheckConfig,
+    stop: watch::Receiver<bool>,
+) {
+    if !config.enabled {
+        return;
+    }
+    for pool in pools {
+        for backend in pool.backends.clone() {
+            if backend.health_uri.is_none() {
+                continue;
+            }
+            let (pool, client, config, mut stop) =
+                (pool.clone(), client.clone(), config.clone(), stop.clone());
+            tokio::spawn(async move {
+                loop {
+                    let jitter = config.jitter * (rand::rng().random::<f64>() * 2.0 - 1.0);
+                    let wait = config.interval.mul_f64((1.0 + jitter).max(0.05));
+                    tokio::select! {
+                        _ = tokio::time::sleep(wait) => {}
+                        _ = stop.wait_for(|s| *s) => return,
+                    }
+                    let ok = probe(&client, &backend, config.timeout).await;
+                    let now = Instant::now();
+                    let may_eject = !ok && pool.may_eject(now);
+                    if let Some(until) = backend.health.health_check(now, ok, may_eject) {
+                        ejected(&backend, until - now, "health_check");
+                    }
+                }
+            });
+        }
+    }
+}
+
+/// One `GET` of the backend's health URL: healthy when it answers 2xx in time.
+async fn probe(client: &HttpClient, backend: &Backend, timeout: Duration) -> bool {
+    let Some(uri) = &backend.health_uri else {
+        return true;
+    };
+    let mut req = Request::new(Full::new(Bytes::new()));
+    *req.method_mut() = Method::GET;
+    *req.uri_mut() = uri.clone();
+    if let Some((name, value)) = &backend.auth_header {
+        req.headers_mut().insert(name.clone(), value.clone());
+    }
+    match tokio::time::timeout(timeout, client.request(req)).await {
+        Ok(Ok(response)) => {
+            let ok = response.status().is_success();
+            if !ok {
+                debug!(backend = %backend.name, status = %response.status(), "health check failed");
+            }
+            ok
+        }
+        Ok(Err(e)) => {
+            debug!(backend = %backend.name, "health check failed: {e}");
+            false
+        }
+        Err(_) => {
+            debug!(backend = %backend.name, "health check timed out");
+            false
+        }
+    }
+}

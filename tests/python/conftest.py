@@ -76,6 +76,14 @@ name = "sdk-model"
 [[models.backends]]
 name = "mock"
 url = "{mock_backend.url}/v1"
+
+# Every backend of this model is out of capacity.
+[[models]]
+name = "full-model"
+[[models.backends]]
+name = "full"
+kind = "mock"
+mock = {{ fault = {{ error_rate = 1.0, error_status = 503 }} }}
 """
     with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as f:
         f.write(config)

@@ -65,3 +65,28 @@ def test_errors_surface_as_typed_sdk_exceptions(gateway):
         raise AssertionError("expected a not-found error")
     except openai.NotFoundError as e:
         assert e.code == "model_not_found"
+
+
+def metric(gateway, prefix):
+    with urllib.request.urlopen("http://" + gateway.addrs[1] + "/metrics", timeout=10) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(prefix):
+                return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_sdk_with_default_retries_does_not_retry_when_told_not_to(gateway):
+    requests = 'spillway_requests_total{tenant="sdk",model="full-model",backend="full",status="503"}'
+    before = metric(gateway, requests)
+    sdk = client(gateway)  # the SDK's default max_retries (2)
+    assert sdk.max_retries == 2
+    try:
+        sdk.chat.completions.create(model="full-model", messages=[{"role": "user", "content": "x"}])
+        raise AssertionError("expected a 503")
+    except openai.InternalServerError as e:
+        assert e.status_code == 503
+        assert e.code == "capacity_exhausted"
+        assert e.response.headers["x-should-retry"] == "false"
+        assert "retry-after" in e.response.headers
+    # One request reached spillway: the SDK did not stack its two retries on spillway's.
+    assert metric(gateway, requests) - before == 1

@@ -130,6 +130,10 @@ impl Attempts<'_> {
                     .decide(class, pushback, attempts, time_left, &mut rand::rng())
             };
             let (after, same_backend_ok) = match decision {
+                // Nothing was sent: the next backend can be tried at once.
+                Decision::Retry {
+                    same_backend_ok, ..
+                } if outcome == Outcome::ConnectFailed => (Duration::ZERO, same_backend_ok),
                 Decision::Retry {
                     after,
                     same_backend_ok,

@@ -163,3 +163,52 @@ fn wildcard_model_list_allows_everything() {
     let c = Config::from_toml(&MINIMAL.replace("keys = [", "models = [\"*\"]\nkeys = [")).unwrap();
     assert!(c.tenants[0].allowed_models.is_none());
 }
+
+#[test]
+fn resilience_sections_take_documented_defaults() {
+    let c = Config::from_toml(MINIMAL).unwrap();
+    assert_eq!(c.retry.policy, RetryPolicy::default());
+    assert_eq!(c.retry.policy.max_attempts, 3);
+    assert_eq!(c.retry.budget, BudgetConfig::default());
+    assert_eq!(c.retry.deadline, Duration::from_secs(300));
+    assert_eq!(c.retry.client_retry_headers, ["x-stainless-retry-count"]);
+    assert!(c.retry.shed_client_retries && !c.retry.naive);
+    assert!(c.outlier.enabled && c.health_check.enabled && c.adaptive_concurrency.enabled);
+    assert_eq!(c.outlier.detector, OutlierConfig::default());
+    assert_eq!(c.health_check.interval, Duration::from_secs(10));
+    let b = &c.models[0].backends[0];
+    assert_eq!(b.rules, Rules::default());
+    assert_eq!(b.health_path.as_deref(), Some("/models"));
+}
+
+#[test]
+fn resilience_problems_are_reported_with_their_location() {
+    let toml = format!(
+        "[retry]\nmax_attempts = 9\nbudget_ratio = 2.0\ntransient_backoff_base = \"1s\"\ntransient_backoff_cap = \"10ms\"\nclient_retry_headers = [\"bad header\"]\n\
+         [outlier]\nmax_ejection = \"1s\"\nbase_ejection = \"2s\"\npanic_threshold = -1.0\n\
+         [health_check]\ninterval = \"1s\"\ntimeout = \"2s\"\n\
+         [adaptive_concurrency]\nbackoff_ratio = 1.5\n{}",
+        MINIMAL.replace(
+            "url = \"http://127.0.0.1:8000/v1\"",
+            "url = \"http://127.0.0.1:8000/v1\"\ncapacity_statuses = [200]\nhealth_path = \"models\"",
+        )
+    );
+    let text: Vec<String> = problems(&toml).iter().map(|p| p.to_string()).collect();
+    for e in [
+        "retry.max_attempts: must be between 1 and 5, got 9",
+        "retry.budget_ratio: must be between 0 and 1",
+        "retry.transient_backoff_cap: must not be less than retry.transient_backoff_base",
+        "retry.client_retry_headers[0]: \"bad header\" is not a header name",
+        "outlier.max_ejection: must not be less than outlier.base_ejection",
+        "outlier.panic_threshold: must be between 0 and 1",
+        "health_check.timeout: must not be longer than health_check.interval",
+        "adaptive_concurrency.backoff_ratio: must be at least 0.1 and less than 1",
+        "models[\"m\"].backends[0] (\"b\").capacity_statuses: 200 is not an error status",
+        "models[\"m\"].backends[0] (\"b\").health_path: must start with /",
+    ] {
+        assert!(
+            text.iter().any(|t| t.starts_with(e)),
+            "missing {e:?} in {text:#?}"
+        );
+    }
+}

@@ -209,14 +209,7 @@ async fn broken_stream_ends_with_an_error_event_and_no_done() {
         .unwrap();
     let v: serde_json::Value = serde_json::from_str(error_line).unwrap();
     assert_eq!(v["error"]["code"], "upstream_unavailable");
-    let metrics = client()
-        .get(gw.admin_url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = metrics(&gw).await;
     let line = metrics
         .lines()
         .find(|l| {

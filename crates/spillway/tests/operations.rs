@@ -39,14 +39,7 @@ async fn probes_and_metrics_are_on_their_listeners() {
         c.get(gw.url("/metrics")).send().await.unwrap().status(),
         404
     );
-    let text = c
-        .get(gw.admin_url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = metrics(&gw).await;
     let ok = r#"spillway_requests_total{tenant="tenant-a",model="m",backend="b",status="200"} 3"#;
     assert!(text.contains(ok), "{text}");
     let refused = r#"spillway_requests_total{tenant="unknown",model="unknown",backend="none",status="401"} 1"#;

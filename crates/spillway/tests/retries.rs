@@ -14,33 +14,6 @@ fn failing(status: &str) -> Proc {
     mock(&flags)
 }
 
-/// Chat requests a mock received (health checks and other paths excluded).
-async fn chats_received(m: &Proc) -> u64 {
-    let stats = get_json(&m.url("/stats")).await;
-    stats["by_path"]["/v1/chat/completions"]
-        .as_u64()
-        .unwrap_or(0)
-}
-
-async fn metrics(gw: &Proc) -> String {
-    client()
-        .get(gw.admin_url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
-}
-
-/// The value of the first sample whose line starts with `prefix`.
-fn sample(text: &str, prefix: &str) -> Option<f64> {
-    text.lines()
-        .find(|l| l.starts_with(prefix))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-}
-
 fn three_backends(a1: &Proc, a2: &Proc, b1: &Proc) -> String {
     model(
         "m",
@@ -150,14 +123,8 @@ async fn callers_retries_are_shed_first_while_the_pool_is_failing() {
         three_backends(&a1, &a2, &b1)
     ));
     let before = chats_received(&a1).await + chats_received(&a2).await + chats_received(&b1).await;
-    let r = client()
-        .post(gw.url("/v1/chat/completions"))
-        .bearer_auth(KEY)
-        .header("x-stainless-retry-count", "1")
-        .json(&chat_body("m", false))
-        .send()
-        .await
-        .unwrap();
+    let marked = Some(("x-stainless-retry-count", "1"));
+    let r = chat_with_header(&gw, &chat_body("m", false), marked).await;
     assert_eq!(r.status(), 503);
     assert_eq!(r.headers()["x-should-retry"], "false");
     let v: serde_json::Value = r.json().await.unwrap();

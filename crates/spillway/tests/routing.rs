@@ -37,14 +37,12 @@ async fn home_region_serves_while_healthy_and_spills_over_when_down() {
     }
     assert_eq!((served(&home).await, served(&away).await), (10, 0));
     // A caller may name its region.
-    let r = c
-        .post(gw.url("/v1/chat/completions"))
-        .bearer_auth(KEY)
-        .header("x-spillway-region", "region-b")
-        .json(&chat_body("m", false))
-        .send()
-        .await
-        .unwrap();
+    let r = chat_with_header(
+        &gw,
+        &chat_body("m", false),
+        Some(("x-spillway-region", "region-b")),
+    )
+    .await;
     assert_eq!(r.status(), 200);
     assert_eq!(served(&away).await, 1);
 

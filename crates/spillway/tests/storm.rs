@@ -24,12 +24,6 @@ const MOCK: [&str; 10] = [
     "64",
 ];
 
-async fn chats(m: &Proc) -> u64 {
-    get_json(&m.url("/stats")).await["by_path"]["/v1/chat/completions"]
-        .as_u64()
-        .unwrap_or(0)
-}
-
 async fn set_fault(m: &Proc, rate: f64) {
     let r = client()
         .patch(m.url("/control"))
@@ -96,9 +90,9 @@ struct Phase {
 
 async fn run_phase(gw: &Proc, mocks: &[&Proc; 3], length: Duration) -> Phase {
     let before: Vec<u64> = [
-        chats(mocks[0]).await,
-        chats(mocks[1]).await,
-        chats(mocks[2]).await,
+        chats_received(mocks[0]).await,
+        chats_received(mocks[1]).await,
+        chats_received(mocks[2]).await,
     ]
     .to_vec();
     let tally = Arc::new(Tally::default());
@@ -121,9 +115,9 @@ async fn run_phase(gw: &Proc, mocks: &[&Proc; 3], length: Duration) -> Phase {
         c.await.unwrap();
     }
     let after = [
-        chats(mocks[0]).await,
-        chats(mocks[1]).await,
-        chats(mocks[2]).await,
+        chats_received(mocks[0]).await,
+        chats_received(mocks[1]).await,
+        chats_received(mocks[2]).await,
     ];
     let delta: Vec<u64> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
     Phase {

@@ -204,13 +204,50 @@ pub fn client() -> reqwest::Client {
 
 /// Sends `body` to the gateway's chat completions endpoint as tenant-a.
 pub async fn chat(gw: &Proc, body: &serde_json::Value) -> reqwest::Response {
-    client()
+    chat_with_header(gw, body, None).await
+}
+
+/// The same, with one extra request header.
+pub async fn chat_with_header(
+    gw: &Proc,
+    body: &serde_json::Value,
+    header: Option<(&str, &str)>,
+) -> reqwest::Response {
+    let mut req = client()
         .post(gw.url("/v1/chat/completions"))
         .bearer_auth(KEY)
-        .json(body)
+        .json(body);
+    if let Some((name, value)) = header {
+        req = req.header(name, value);
+    }
+    req.send().await.unwrap()
+}
+
+/// The gateway's `/metrics` page.
+pub async fn metrics(gw: &Proc) -> String {
+    client()
+        .get(gw.admin_url("/metrics"))
         .send()
         .await
         .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
+/// The value of the first sample whose line starts with `prefix`.
+pub fn sample(text: &str, prefix: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// Chat completion requests a mock backend received (health checks excluded).
+pub async fn chats_received(m: &Proc) -> u64 {
+    get_json(&m.url("/stats")).await["by_path"]["/v1/chat/completions"]
+        .as_u64()
+        .unwrap_or(0)
 }
 
 pub async fn get_json(url: &str) -> serde_json::Value {

@@ -93,6 +93,8 @@ pub struct Outlier {
     config: OutlierConfig,
     /// Counted failures in a row while healthy.
     consecutive: u32,
+    /// When the last counted failure happened.
+    last_failure: Option<Instant>,
     window: Window,
     state: State,
     /// Ejections in the current run, before decay: the next ejection lasts
@@ -130,6 +132,7 @@ impl Outlier {
             window: Window::new(config.window),
             config,
             consecutive: 0,
+            last_failure: None,
             state: State::Healthy,
             streak: 0,
             readmitted_at: None,
@@ -224,6 +227,29 @@ impl Outlier {
         }
     }
 
+    /// Whether the backend is in rotation but failing as an ejected one would: a run of
+    /// `consecutive_failures` whose last failure is less than a window old, or a failure rate
+    /// over the window above `failure_rate` (with `min_requests`). That happens when the pool's
+    /// ejection cap ([`may_eject`]) held an ejection back. The balancer then uses it only when
+    /// no healthy backend has room (Envoy's "degraded" hosts), so a region whose every backend
+    /// fails stops attracting its callers' traffic even when not all of them may be ejected. It
+    /// is degraded no longer once a success arrives or its failures are a window old; then it
+    /// gets a request again, which shows how it is doing.
+    pub fn degraded(&self, now: Instant) -> bool {
+        if self.state != State::Healthy {
+            return false;
+        }
+        let window = self.config.window;
+        let recent_run = self.consecutive >= self.config.consecutive_failures
+            && self
+                .last_failure
+                .is_some_and(|at| now.saturating_duration_since(at) < window);
+        let (total, failures) = self.window.totals(now);
+        let by_rate = total >= self.config.min_requests
+            && f64::from(failures) > self.config.failure_rate * f64::from(total);
+        recent_run || by_rate
+    }
+
     /// Times ejected so far (for metrics), as of the last call that took `&mut self`.
     pub fn ejections(&self) -> u32 {
         self.ejections
@@ -237,6 +263,7 @@ impl Outlier {
             return None;
         }
         self.consecutive = self.consecutive.saturating_add(1);
+        self.last_failure = Some(now);
         let in_a_row = self.consecutive >= self.config.consecutive_failures;
         let by_rate = total >= self.config.min_requests
             && f64::from(failures) > self.config.failure_rate * f64::from(total);
@@ -375,6 +402,19 @@ impl Window {
         if !ok {
             bucket.failures = bucket.failures.saturating_add(1);
         }
+        self.sum(step)
+    }
+
+    /// (outcomes, failures) in the window ending at `now`.
+    fn totals(&self, now: Instant) -> (u32, u32) {
+        let Some(origin) = self.origin else {
+            return (0, 0);
+        };
+        let elapsed = now.saturating_duration_since(origin).as_nanos() / self.step_nanos;
+        self.sum(u64::try_from(elapsed).unwrap_or(u64::MAX))
+    }
+
+    fn sum(&self, step: u64) -> (u32, u32) {
         self.buckets
             .iter()
             .filter(|b| b.step <= step && step - b.step < BUCKETS as u64)

@@ -63,6 +63,15 @@ impl BackendHealth {
             .map_or(Health::Healthy, |o| lock(o).health(now))
     }
 
+    /// The health, and whether the backend is degraded (failing while the ejection cap keeps it
+    /// in rotation), in one look.
+    pub fn state(&self, now: Instant) -> (Health, bool) {
+        self.outlier.as_ref().map_or((Health::Healthy, false), |o| {
+            let o = lock(o);
+            (o.health(now), o.degraded(now))
+        })
+    }
+
     /// Whether a request may go to this backend now (one probe at a time once an ejection ends).
     pub fn admit(&self, now: Instant) -> bool {
         self.outlier.as_ref().is_none_or(|o| lock(o).admit(now))

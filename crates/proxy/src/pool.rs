@@ -236,24 +236,27 @@ impl ModelPool {
     ) -> Option<(usize, InFlight, bool)> {
         let now = Instant::now();
         let panic = self.in_panic(now);
-        let health: Vec<Health> = if panic {
+        let states: Vec<(Health, bool)> = if panic {
             Vec::new()
         } else {
-            self.backends.iter().map(|b| b.health.health(now)).collect()
+            self.backends.iter().map(|b| b.health.state(now)).collect()
         };
         let usable = |i: usize, b: &Backend| {
             !exclude.contains(&i)
                 && !b.skipped(now)
-                && (panic || !matches!(health[i], Health::Ejected { .. }))
+                && (panic || !matches!(states[i].0, Health::Ejected { .. }))
         };
+        // Healthy backends first (another region first after a capacity failure); degraded
+        // ones only when no healthy backend has room.
+        let healthy = |i: usize, b: &Backend| usable(i, b) && (panic || !states[i].1);
+        let elsewhere = |i: usize, b: &Backend| healthy(i, b) && Some(&*b.region) != avoid_region;
         if avoid_region.is_some() {
-            let elsewhere =
-                |i: usize, b: &Backend| usable(i, b) && Some(&*b.region) != avoid_region;
             if let Some(found) = self.acquire_among(region, now, panic, elsewhere) {
                 return Some(found);
             }
         }
-        self.acquire_among(region, now, panic, usable)
+        self.acquire_among(region, now, panic, healthy)
+            .or_else(|| self.acquire_among(region, now, panic, usable))
     }
 
     fn acquire_among(

@@ -55,6 +55,9 @@ enum Command {
     },
     /// Run the simulated OpenAI-compatible inference server on its own.
     MockBackend(spillway_mock::MockArgs),
+    /// Replay an incident with real processes on 127.0.0.1 and print what callers and backends
+    /// saw, with spillway's protections and with a naive gateway (e.g. `replay retry-storm`).
+    Replay(spillway_replay::ReplayArgs),
     /// Check a configuration file and print every problem with its location.
     CheckConfig {
         /// TOML configuration file.
@@ -99,6 +102,10 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
         }
         Command::MockBackend(args) => {
             runtime(None)?.block_on(spillway_mock::run(args, shutdown_signal()))?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Replay(args) => {
+            runtime(None)?.block_on(spillway_replay::run(args))?;
             Ok(ExitCode::SUCCESS)
         }
     }

@@ -541,3 +541,55 @@ proptest! {
         prop_assert_eq!(ejected >= 1, pool_size >= 2);
     }
 }
+
+#[test]
+fn a_backend_held_back_by_the_ejection_cap_is_degraded_until_it_succeeds_or_ages_out() {
+    let t0 = Instant::now();
+    let mut o = Outlier::new(OutlierConfig::default());
+    for _ in 0..4 {
+        assert_eq!(o.record(t0, false, false), None);
+    }
+    assert!(!o.degraded(t0), "four failures are not yet five");
+    assert_eq!(o.record(t0, false, false), None);
+    assert_eq!(o.health(t0), Health::Healthy);
+    assert!(o.degraded(t0));
+    // Its failures age out of the window: it gets traffic again, and one more failure is
+    // enough to make it degraded again.
+    assert!(!o.degraded(t0 + secs(11)));
+    fail_held(&mut o, t0 + secs(11), 1);
+    assert!(o.degraded(t0 + secs(11)));
+    // A success ends it at once.
+    o.record(t0 + secs(12), true, false);
+    assert!(!o.degraded(t0 + secs(12)));
+    // Many earlier successes in the window do not hide a fresh run of failures.
+    let mut busy = Outlier::new(OutlierConfig::default());
+    for _ in 0..100 {
+        busy.record(t0, true, false);
+    }
+    fail_held(&mut busy, t0 + secs(1), 5);
+    assert!(busy.degraded(t0 + secs(1)));
+    // An ejected backend is ejected, not degraded.
+    let mut e = Outlier::new(OutlierConfig::default());
+    fail(&mut e, t0, 5);
+    assert!(!e.degraded(t0));
+}
+
+fn fail_held(o: &mut Outlier, now: Instant, n: u32) {
+    for _ in 0..n {
+        o.record(now, false, false);
+    }
+}
+
+proptest! {
+    #[test]
+    fn only_successes_never_degrade(steps in proptest::collection::vec(0u64..5_000, 1..100)) {
+        let t0 = Instant::now();
+        let mut o = Outlier::new(OutlierConfig::default());
+        let mut now = t0;
+        for s in steps {
+            now += ms(s);
+            o.record(now, true, true);
+            prop_assert!(!o.degraded(now));
+        }
+    }
+}

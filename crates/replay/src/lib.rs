@@ -1,0 +1,73 @@
+//! spillway-replay: incidents replayed with real processes on 127.0.0.1.
+//!
+//! A claim like "the gateway does not amplify a retry storm" is only worth something if it is
+//! measured against the incident that made it matter, with the same processes a user runs. A
+//! replay starts `spillway mock-backend` and `spillway serve` as child processes of the current
+//! executable, drives them with a load client that behaves like the callers of the incident,
+//! switches faults on and off on a schedule through the mocks' `PATCH /control`, and reports
+//! per phase what the callers and the backends saw, side by side for the gateway's protections
+//! and for a naive configuration.
+//!
+//! Scenarios: `retry-storm` (IL-0248, capacity failures surfacing as 500 under callers that
+//! retry immediately, up to 48 times).
+//!
+//! Every child is killed by its own PID when a replay ends, fails or is interrupted, and every
+//! wait has a deadline, so a replay's run time is bounded by its phases plus start-up deadlines.
+//!
+//! Architecture Invariant: this crate knows the gateway and the mock only through their command
+//! lines, their config file and their HTTP APIs, never through their Rust types: a replay must
+//! measure the binary a user would run.
+
+mod args;
+mod error;
+mod fleet;
+mod http;
+mod load;
+mod process;
+mod report;
+mod rss;
+mod storm;
+mod tally;
+
+pub use args::{ReplayArgs, RetryStormArgs, Scenario};
+pub use error::ReplayError;
+
+/// Runs the chosen scenario: progress lines on stderr, the results table on stdout, and the raw
+/// figures as JSON when asked. Interrupted by SIGINT or SIGTERM, it stops every child process
+/// it started and returns [`ReplayError::Interrupted`].
+pub async fn run(args: ReplayArgs) -> Result<(), ReplayError> {
+    match args.scenario {
+        Scenario::RetryStorm(storm) => {
+            let plan = storm.check()?;
+            tokio::select! {
+                result = storm::run(plan) => result,
+                () = interrupted() => Err(ReplayError::Interrupted),
+            }
+        }
+    }
+}
+
+/// Resolves on SIGINT or SIGTERM. Dropping the scenario's future then drops its processes,
+/// which kills each one by its PID.
+async fn interrupted() {
+    let ctrl_c = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = term => {},
+    }
+}

@@ -1,0 +1,175 @@
+//! Black-box tests of `spillway replay retry-storm`: the real binary replays IL-0248 with its
+//! own child processes on 127.0.0.1, and the figures are read back from its `--json` file.
+//!
+//! The replay bounds its own run time; the tests bound it again from outside (the process is
+//! killed past a deadline) so a hang fails the test instead of stalling the suite.
+
+use std::io::Read;
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// Far above what the short runs below need (7 s of phases, start-up, a 5 s drain at most).
+const RUN_DEADLINE: Duration = Duration::from_secs(120);
+
+/// Runs `spillway ARGS`, killing it if it outlives `deadline`.
+fn run(args: &[&str], deadline: Duration) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_spillway"))
+        .args(args)
+        .env("SPILLWAY_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn spillway");
+    // Read both pipes on their own threads so a full pipe can never stall the child.
+    let pipe = |mut r: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            let _ = r.read_to_end(&mut bytes);
+            bytes
+        })
+    };
+    let stdout = pipe(Box::new(child.stdout.take().unwrap()));
+    let stderr = pipe(Box::new(child.stderr.take().unwrap()));
+    let end = Instant::now() + deadline;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() >= end {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("spillway {args:?} still running after {deadline:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    Output {
+        status,
+        stdout: stdout.join().unwrap(),
+        stderr: stderr.join().unwrap(),
+    }
+}
+
+fn json_path(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!(
+        "spillway-replay-test-{}-{name}.json",
+        std::process::id()
+    ))
+}
+
+/// Runs a short retry storm (2 s steady, 3 s fault, 2 s recovery at 50 requests/s) with the
+/// given mode flag and returns the JSON figures and the stdout table.
+fn short_storm(mode_flag: Option<&str>, name: &str) -> (Value, String) {
+    let path = json_path(name);
+    let path_arg = path.to_str().unwrap().to_owned();
+    let mut args = vec!["replay", "retry-storm"];
+    args.extend(mode_flag);
+    args.extend([
+        "--steady",
+        "2s",
+        "--fault",
+        "3s",
+        "--recovery",
+        "2s",
+        "--rate",
+        "50",
+        "--json",
+        &path_arg,
+    ]);
+    let out = run(&args, RUN_DEADLINE);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{args:?} failed: {stderr}");
+    let json = std::fs::read(&path).unwrap_or_else(|e| panic!("no JSON at {path:?}: {e}"));
+    let _ = std::fs::remove_file(&path);
+    (
+        serde_json::from_slice(&json).unwrap(),
+        String::from_utf8(out.stdout).unwrap(),
+    )
+}
+
+fn phase<'a>(run: &'a Value, name: &str) -> &'a Value {
+    run["phases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["phase"] == name)
+        .unwrap_or_else(|| panic!("no phase {name} in {run}"))
+}
+
+#[test]
+fn retry_storm_protected_reports_every_phase_and_a_finite_fault_amplification() {
+    let (report, table) = short_storm(Some("--protected"), "protected");
+    let runs = report["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 1, "{report}");
+    let run = &runs[0];
+    assert_eq!(run["mode"], "protected");
+    assert_eq!(run["completed"], true, "{run}");
+    for name in ["steady", "fault", "recovery"] {
+        let p = phase(run, name);
+        assert!(p["new_requests"].as_u64().unwrap() > 0, "{name}: {p}");
+        assert!(p["client_requests"].as_u64().unwrap() > 0, "{name}: {p}");
+        assert!(table.contains(name), "{table}");
+    }
+    let steady = phase(run, "steady");
+    let success = steady["success_rate"].as_f64().unwrap();
+    assert!(success >= 0.99, "steady success rate {success}: {steady}");
+    let fault = phase(run, "fault");
+    let amplification = fault["amplification"].as_f64();
+    assert!(
+        amplification.is_some_and(|a| a.is_finite() && a > 0.0),
+        "fault amplification not reported: {fault}"
+    );
+    assert!(fault["upstream_attempts"].as_u64().unwrap() > 0, "{fault}");
+    assert!(
+        run["gateway_peak_rss_bytes"]
+            .as_u64()
+            .is_some_and(|b| b > 0),
+        "{run}"
+    );
+    assert!(table.contains("protected"), "{table}");
+}
+
+/// The comparison the replay exists for: while region-a answers 500, the naive gateway
+/// (every 5xx retried at once, up to 5 attempts) multiplies the load on the failing region,
+/// and the protected one does not: it ejects or avoids the failing backends, serves from
+/// region-b, and adds at most its retry budget.
+#[test]
+fn retry_storm_naive_gateway_amplifies_the_fault_and_the_protected_one_does_not() {
+    let (report, table) = short_storm(None, "both");
+    let runs = report["runs"].as_array().unwrap();
+    let fault = |mode: &str| {
+        let run = runs
+            .iter()
+            .find(|r| r["mode"] == mode)
+            .unwrap_or_else(|| panic!("no {mode} run in {report}"));
+        assert_eq!(run["completed"], true, "{run}");
+        phase(run, "fault").clone()
+    };
+    let (protected, naive) = (fault("protected"), fault("naive"));
+    let amplification = |p: &Value| p["amplification"].as_f64().unwrap();
+    assert!(amplification(&naive) >= 2.0, "{table}");
+    assert!(amplification(&protected) <= 1.25, "{table}");
+    assert!(
+        protected["success_rate"].as_f64().unwrap() >= 0.95,
+        "{table}"
+    );
+}
+
+#[test]
+fn retry_storm_refuses_bad_flags_on_one_line_without_starting_anything() {
+    let out = run(
+        &["replay", "retry-storm", "--rate", "0", "--fault", "0s"],
+        Duration::from_secs(30),
+    );
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("--rate") && stderr.contains("--fault"),
+        "{stderr}"
+    );
+    assert!(out.stdout.is_empty());
+}

@@ -60,12 +60,16 @@ def mock_backend():
 
 
 @pytest.fixture(scope="session")
-def gateway(mock_backend):
+def gateway(mock_backend, tmp_path_factory):
     digest = hashlib.sha256(KEY.encode()).hexdigest()
+    store_path = tmp_path_factory.mktemp("store") / "spillway.db"
     config = f"""
 [server]
 listen = "127.0.0.1:0"
 admin_listen = "127.0.0.1:0"
+
+[store]
+url = "sqlite://{store_path}"
 
 [[tenants]]
 name = "sdk"

@@ -8,7 +8,10 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+mod metadata;
 mod resilience;
+
+pub use metadata::DEFAULT_STORE_URL;
 
 use crate::raw::{RawBackend, RawConfig, RawKey, RawModel, RawServer, RawTenant, RawUpstream};
 use crate::{
@@ -48,6 +51,9 @@ pub(crate) fn check(raw: RawConfig) -> Result<Config, Vec<Problem>> {
     let mut p = Problems::default();
     let server = check_server(raw.server, &mut p);
     let upstream = check_upstream(raw.upstream, &mut p);
+    let store = metadata::check_store(raw.store, &mut p);
+    let cache = metadata::check_cache(raw.cache, &mut p);
+    let admin = metadata::check_admin(raw.admin, &mut p);
     let retry = resilience::check_retry(raw.retry, &mut p);
     let outlier = resilience::check_outlier(raw.outlier, &mut p);
     let health_check = resilience::check_health(raw.health_check, &mut p);
@@ -76,6 +82,9 @@ pub(crate) fn check(raw: RawConfig) -> Result<Config, Vec<Problem>> {
         Ok(Config {
             server,
             upstream,
+            store,
+            cache,
+            admin,
             retry,
             outlier,
             health_check,
@@ -353,12 +362,6 @@ fn check_tenants(
     models: &[ModelConfig],
     p: &mut Problems,
 ) -> Vec<TenantConfig> {
-    if raw.is_empty() {
-        p.add(
-            "tenants",
-            "no tenants: every request would be refused; add a [[tenants]] table",
-        );
-    }
     let mut seen = HashSet::new();
     raw.into_iter()
         .enumerate()
@@ -368,12 +371,6 @@ fn check_tenants(
                 p.add(format!("{at}.name"), "must not be empty");
             } else if !seen.insert(t.name.clone()) {
                 p.add(format!("{at}.name"), "tenant is declared twice");
-            }
-            if t.keys.is_empty() {
-                p.add(
-                    format!("{at}.keys"),
-                    "no keys: this tenant could never authenticate",
-                );
             }
             let keys = t
                 .keys
@@ -389,10 +386,26 @@ fn check_tenants(
                 }
             }
             let allowed_models = t.models.filter(|list| !list.iter().any(|m| m == "*"));
+            let priority = t.priority.unwrap_or_else(|| "standard".to_owned());
+            if !["critical", "standard", "batch"].contains(&priority.as_str()) {
+                p.add(
+                    format!("{at}.priority"),
+                    format!("{priority:?}: expected critical, standard or batch"),
+                );
+            }
+            if t.max_concurrency == Some(0) {
+                p.add(format!("{at}.max_concurrency"), "must be at least 1");
+            }
             TenantConfig {
                 name: t.name,
                 keys,
                 allowed_models,
+                requests_per_min: t.requests_per_min,
+                tokens_per_min: t.tokens_per_min,
+                max_concurrency: t.max_concurrency,
+                priority,
+                pool: t.pool,
+                enabled: t.enabled.unwrap_or(true),
             }
         })
         .collect()

@@ -13,7 +13,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-pub use check::Problem;
+pub use check::{Problem, DEFAULT_STORE_URL};
 pub use mock::{MockFault, MockProfile};
 pub use spillway_policy::{BudgetConfig, OutlierConfig, RetryPolicy, Rules};
 
@@ -45,6 +45,9 @@ pub enum ConfigError {
 pub struct Config {
     pub server: ServerConfig,
     pub upstream: UpstreamConfig,
+    pub store: StoreConfig,
+    pub cache: CacheConfig,
+    pub admin: AdminConfig,
     pub retry: RetryConfig,
     pub outlier: OutlierSettings,
     pub health_check: HealthCheckConfig,
@@ -92,6 +95,48 @@ pub struct TenantConfig {
     pub keys: Vec<KeySource>,
     /// `None`: every configured model.
     pub allowed_models: Option<Vec<String>>,
+    pub requests_per_min: Option<u32>,
+    pub tokens_per_min: Option<u32>,
+    pub max_concurrency: Option<u32>,
+    /// `critical`, `standard` or `batch`.
+    pub priority: String,
+    pub pool: Option<String>,
+    pub enabled: bool,
+}
+
+/// `[store]`: where tenants and keys live.
+#[derive(Debug, Clone)]
+pub struct StoreConfig {
+    /// `sqlite://PATH` or `postgres://...`.
+    pub url: String,
+    pub max_connections: u32,
+    pub acquire_timeout: Duration,
+}
+
+/// `[cache]`: the key lookup cache in front of the store.
+#[derive(Debug, Clone)]
+pub struct CacheConfig {
+    pub ttl: Duration,
+    pub ttl_jitter: f64,
+    pub stale_for: Duration,
+    pub negative_ttl: Duration,
+    pub max_entries: u64,
+    pub max_negative_entries: u64,
+    pub max_concurrent_loads: usize,
+    pub load_wait: Duration,
+    pub load_timeout: Duration,
+    pub redis: Option<String>,
+    pub redis_timeout: Duration,
+    pub snapshot: Option<std::path::PathBuf>,
+    pub warm_batch: u32,
+    pub warm_max_keys: u64,
+}
+
+/// `[admin]`: the admin API's protection.
+#[derive(Debug, Clone)]
+pub struct AdminConfig {
+    /// Environment variable holding the admin token; without it the admin API is off.
+    pub token_env: String,
 }
 
 /// Where a tenant's API key comes from. Keys are never written in the file in clear.

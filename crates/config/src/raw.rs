@@ -17,6 +17,12 @@ pub struct RawConfig {
     #[serde(default)]
     pub upstream: RawUpstream,
     #[serde(default)]
+    pub store: RawStore,
+    #[serde(default)]
+    pub cache: RawCache,
+    #[serde(default)]
+    pub admin: RawAdmin,
+    #[serde(default)]
     pub retry: RawRetry,
     #[serde(default)]
     pub outlier: RawOutlier,
@@ -68,6 +74,52 @@ pub struct RawTenant {
     #[serde(default)]
     pub keys: Vec<RawKey>,
     pub models: Option<Vec<String>>,
+    pub requests_per_min: Option<u32>,
+    pub tokens_per_min: Option<u32>,
+    pub max_concurrency: Option<u32>,
+    pub priority: Option<String>,
+    pub pool: Option<String>,
+    pub enabled: Option<bool>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawStore {
+    pub url: Option<String>,
+    pub max_connections: Option<u32>,
+    #[serde(default, with = "humantime_serde")]
+    pub acquire_timeout: Option<Duration>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawCache {
+    #[serde(default, with = "humantime_serde")]
+    pub ttl: Option<Duration>,
+    pub ttl_jitter: Option<f64>,
+    #[serde(default, with = "humantime_serde")]
+    pub stale_for: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    pub negative_ttl: Option<Duration>,
+    pub max_entries: Option<u64>,
+    pub max_negative_entries: Option<u64>,
+    pub max_concurrent_loads: Option<u32>,
+    #[serde(default, with = "humantime_serde")]
+    pub load_wait: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    pub load_timeout: Option<Duration>,
+    pub redis: Option<String>,
+    #[serde(default, with = "humantime_serde")]
+    pub redis_timeout: Option<Duration>,
+    pub snapshot: Option<String>,
+    pub warm_batch: Option<u32>,
+    pub warm_max_keys: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAdmin {
+    pub token_env: Option<String>,
 }
 
 /// A tenant key: its SHA-256 (hex) or the name of an environment variable holding the key.

@@ -1,16 +1,15 @@
 //! Who is calling: API key extraction and the tenant directory behind a trait.
 //!
 //! A key is hashed (SHA-256) as soon as it is read and only the digest travels further, so no
-//! layer after this one can log or leak it. The directory is a trait because the config-declared
-//! tenants are only the first source; a database-backed store with caches plugs in the same way.
+//! layer after this one can log or leak it. The directory is a trait; its implementation is the
+//! store behind the lookup cache (`tenants`), which also holds the config file's tenants.
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
 use http::HeaderMap;
-use spillway_config::{key_digest, KeySource, TenantConfig};
+use spillway_config::key_digest;
 
 use crate::error::{ApiError, ErrorKind};
 
@@ -20,6 +19,8 @@ pub struct Tenant {
     pub name: Arc<str>,
     /// `None`: every configured model.
     pub allowed_models: Option<Vec<String>>,
+    /// A disabled tenant's keys are refused (403).
+    pub enabled: bool,
 }
 
 impl Tenant {
@@ -44,52 +45,6 @@ pub type LookupFuture<'a> =
 /// Resolves a key digest to its tenant.
 pub trait TenantDirectory: Send + Sync + 'static {
     fn lookup<'a>(&'a self, digest: &'a KeyDigest) -> LookupFuture<'a>;
-}
-
-/// Tenants declared in the configuration file.
-pub struct StaticDirectory {
-    by_digest: HashMap<KeyDigest, Arc<Tenant>>,
-}
-
-impl StaticDirectory {
-    /// Builds the directory, reading keys given by environment variable.
-    pub fn from_config(tenants: &[TenantConfig]) -> Result<Self, String> {
-        let mut by_digest = HashMap::new();
-        for t in tenants {
-            let tenant = Arc::new(Tenant {
-                name: Arc::from(t.name.as_str()),
-                allowed_models: t.allowed_models.clone(),
-            });
-            for key in &t.keys {
-                let digest = match key {
-                    KeySource::Sha256(d) => *d,
-                    KeySource::Env(var) => match std::env::var(var) {
-                        Ok(v) if !v.is_empty() => key_digest(&v),
-                        _ => {
-                            return Err(format!(
-                                "tenant {:?}: environment variable {var} is not set",
-                                t.name
-                            ))
-                        }
-                    },
-                };
-                if let Some(other) = by_digest.insert(digest, tenant.clone()) {
-                    return Err(format!(
-                        "tenants {:?} and {:?} share a key",
-                        other.name, t.name
-                    ));
-                }
-            }
-        }
-        Ok(Self { by_digest })
-    }
-}
-
-impl TenantDirectory for StaticDirectory {
-    fn lookup<'a>(&'a self, digest: &'a KeyDigest) -> LookupFuture<'a> {
-        let found = self.by_digest.get(digest).cloned();
-        Box::pin(std::future::ready(Ok(found)))
-    }
 }
 
 /// Longest key accepted; anything longer is refused before hashing.
@@ -149,25 +104,5 @@ mod tests {
         let long = "k".repeat(MAX_KEY_LEN + 1);
         let e = presented_key(&headers(&[("api-key", &long)])).unwrap_err();
         assert_eq!(e.kind, ErrorKind::InvalidApiKey);
-    }
-
-    #[test]
-    fn env_keys_must_be_set_and_keys_unique() {
-        let t = |name: &str, keys| TenantConfig {
-            name: name.into(),
-            keys,
-            allowed_models: None,
-        };
-        let unset = StaticDirectory::from_config(&[t(
-            "a",
-            vec![KeySource::Env("SPILLWAY_TEST_UNSET_KEY".into())],
-        )]);
-        assert!(unset
-            .err()
-            .unwrap()
-            .contains("SPILLWAY_TEST_UNSET_KEY is not set"));
-        let d = KeySource::Sha256(key_digest("x"));
-        let dup = StaticDirectory::from_config(&[t("a", vec![d.clone()]), t("b", vec![d])]);
-        assert!(dup.err().unwrap().contains("share a key"));
     }
 }

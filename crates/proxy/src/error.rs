@@ -33,6 +33,18 @@ pub enum ErrorKind {
     UpstreamUnavailable,
     /// The gateway is shutting down.
     ShuttingDown,
+    /// The key's tenant is disabled.
+    TenantDisabled,
+    /// Admin API: no or a wrong admin token.
+    AdminUnauthorized,
+    /// Admin API: no admin token is configured, so the admin API is off.
+    AdminDisabled,
+    /// Admin API: no such tenant or key.
+    NotFound,
+    /// Admin API: the tenant already exists.
+    Conflict,
+    /// The tenant store cannot be reached.
+    StoreUnavailable,
     Internal,
 }
 
@@ -70,10 +82,10 @@ impl ApiError {
         use ErrorKind::*;
         match self.kind {
             MalformedRequest | BodyTooLarge | MissingApiKey | InvalidApiKey | ModelNotFound
-            | ModelNotAllowed | RouteNotFound | MethodNotAllowed => Blame::Client,
-            NoCapacity | RetryBudgetExhausted | ClientRetryShed | ShuttingDown | Internal => {
-                Blame::Gateway
-            }
+            | ModelNotAllowed | RouteNotFound | MethodNotAllowed | AdminUnauthorized
+            | AdminDisabled | NotFound | Conflict | TenantDisabled => Blame::Client,
+            NoCapacity | RetryBudgetExhausted | ClientRetryShed | ShuttingDown | Internal
+            | StoreUnavailable => Blame::Gateway,
             UpstreamTimeout | UpstreamUnavailable => Blame::Upstream,
         }
     }
@@ -151,6 +163,24 @@ impl ApiError {
                 StatusCode::SERVICE_UNAVAILABLE,
                 "server_error",
                 "shutting_down",
+            ),
+            TenantDisabled => (StatusCode::FORBIDDEN, "permission_error", "tenant_disabled"),
+            AdminUnauthorized => (
+                StatusCode::UNAUTHORIZED,
+                "invalid_request_error",
+                "invalid_admin_token",
+            ),
+            AdminDisabled => (
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                "admin_api_disabled",
+            ),
+            NotFound => (StatusCode::NOT_FOUND, "invalid_request_error", "not_found"),
+            Conflict => (StatusCode::CONFLICT, "invalid_request_error", "conflict"),
+            StoreUnavailable => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                "store_unavailable",
             ),
             Internal => (
                 StatusCode::INTERNAL_SERVER_ERROR,

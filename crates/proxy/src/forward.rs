@@ -61,14 +61,19 @@ pub async fn authenticate(
 ) -> Result<Arc<Tenant>, ApiError> {
     let digest = presented_key(headers)?;
     match gw.directory.lookup(&digest).await {
-        Ok(Some(tenant)) => Ok(tenant),
+        Ok(Some(tenant)) if tenant.enabled => Ok(tenant),
+        Ok(Some(_)) => Err(ApiError::new(
+            ErrorKind::TenantDisabled,
+            "the tenant of this API key is disabled",
+        )),
         Ok(None) => Err(ApiError::new(ErrorKind::InvalidApiKey, "invalid API key")),
         Err(e) => {
             warn!("tenant lookup failed: {e}");
-            Err(
-                ApiError::new(ErrorKind::Internal, "cannot check the API key right now")
-                    .retry_after(std::time::Duration::from_secs(1)),
+            Err(ApiError::new(
+                ErrorKind::StoreUnavailable,
+                "cannot check the API key right now: the tenant store cannot be reached",
             )
+            .retry_after(std::time::Duration::from_secs(1)))
         }
     }
 }

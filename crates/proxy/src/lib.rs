@@ -5,6 +5,7 @@
 //! does the I/O around them. Errors on the path are one type, `ApiError`, mapped to HTTP in one
 //! place.
 
+mod admin;
 mod attempts;
 pub mod auth;
 pub mod error;
@@ -15,6 +16,7 @@ pub mod pool;
 mod relay;
 pub mod request;
 mod server;
+pub mod tenants;
 mod upstream;
 
 pub use server::{BoundGateway, StartError};

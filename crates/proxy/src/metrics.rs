@@ -33,6 +33,10 @@ pub const RETRIES: &str = "spillway_retries_total";
 pub const BUDGET_EXHAUSTED: &str = "spillway_retry_budget_exhausted_total";
 pub const CLIENT_RETRIES: &str = "spillway_client_retries_total";
 pub const CLIENT_RETRIES_SHED: &str = "spillway_client_retries_shed_total";
+pub const STORE_POOL_CONNECTIONS: &str = "spillway_store_pool_connections";
+pub const STORE_POOL_MAX: &str = "spillway_store_pool_max_connections";
+pub const STORE_POOL_WAITERS: &str = "spillway_store_pool_waiters";
+pub const STORE_POOL_TIMEOUTS: &str = "spillway_store_pool_acquire_timeouts_total";
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
@@ -91,6 +95,19 @@ fn describe() {
     describe_counter!(SPILLOVERS, "Requests served outside the preferred region.");
     describe_gauge!(OUTSTANDING, "Requests in flight to a backend.");
     describe_gauge!(
+        STORE_POOL_CONNECTIONS,
+        "The store's pooled connections, by state."
+    );
+    describe_gauge!(STORE_POOL_MAX, "The store's connection pool size limit.");
+    describe_gauge!(
+        STORE_POOL_WAITERS,
+        "Store queries waiting for a connection."
+    );
+    describe_counter!(
+        STORE_POOL_TIMEOUTS,
+        "Store queries that gave up waiting for a pooled connection."
+    );
+    describe_gauge!(
         CONCURRENCY_LIMIT,
         "A backend's current (adaptive) concurrency limit."
     );
@@ -123,7 +140,17 @@ fn describe() {
 }
 
 /// Renders the page, refreshing the gauges that are read rather than pushed.
-pub fn render(handle: &PrometheusHandle, models: &Models) -> String {
+pub fn render(
+    handle: &PrometheusHandle,
+    models: &Models,
+    pool: spillway_store::PoolStats,
+) -> String {
+    gauge!(STORE_POOL_CONNECTIONS, "state" => "idle").set(f64::from(pool.idle));
+    gauge!(STORE_POOL_CONNECTIONS, "state" => "in_use")
+        .set(f64::from(pool.size.saturating_sub(pool.idle)));
+    gauge!(STORE_POOL_MAX).set(f64::from(pool.max_size));
+    gauge!(STORE_POOL_WAITERS).set(pool.waiters as f64);
+    counter!(STORE_POOL_TIMEOUTS).absolute(pool.acquire_timeouts);
     for name in &models.names {
         if let Some(pool) = models.get(name) {
             let now = Instant::now();

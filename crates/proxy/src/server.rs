@@ -28,10 +28,11 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use crate::auth::{StaticDirectory, TenantDirectory};
+use crate::auth::TenantDirectory;
 use crate::error::{ApiError, ErrorKind};
 use crate::forward;
 use crate::pool::Models;
+use crate::tenants::StoreDirectory;
 use crate::upstream::{self, HttpClient};
 
 /// Why the gateway could not start.
@@ -52,6 +53,8 @@ pub struct Gateway {
     pub(crate) upstream: UpstreamConfig,
     pub(crate) retry: RetryConfig,
     pub(crate) directory: Arc<dyn TenantDirectory>,
+    pub(crate) tenants: Arc<StoreDirectory>,
+    admin_token: Option<[u8; 32]>,
     pub(crate) models: Models,
     pub(crate) client: HttpClient,
     health_check: HealthCheckConfig,
@@ -68,6 +71,8 @@ pub struct BoundGateway {
     listener: TcpListener,
     admin_listener: TcpListener,
     mocks: watch::Sender<bool>,
+    warm_batch: u32,
+    warm_max_keys: u64,
 }
 
 impl BoundGateway {
@@ -75,7 +80,8 @@ impl BoundGateway {
     pub async fn bind(config: Config) -> Result<Self, StartError> {
         let listener = bind(config.server.listen).await?;
         let admin_listener = bind(config.server.admin_listen).await?;
-        let directory = StaticDirectory::from_config(&config.tenants).map_err(StartError::Setup)?;
+        let tenants = Arc::new(open_tenants(&config).await?);
+        let config_warm = (config.cache.warm_batch, config.cache.warm_max_keys);
         let (mocks, mocks_stop) = watch::channel(false);
         // Keyed by (model, backend): the pools are built in a second pass.
         let mut mock_bases = std::collections::HashMap::new();
@@ -103,7 +109,9 @@ impl BoundGateway {
             upstream: config.upstream,
             retry: config.retry,
             health_check: config.health_check,
-            directory: Arc::new(directory),
+            directory: tenants.clone(),
+            tenants,
+            admin_token: admin_token(&config.admin.token_env),
             models,
             ready: AtomicBool::new(false),
         });
@@ -113,6 +121,8 @@ impl BoundGateway {
             listener,
             admin_listener,
             mocks,
+            warm_batch: config_warm.0,
+            warm_max_keys: config_warm.1,
         })
     }
 
@@ -175,9 +185,23 @@ impl BoundGateway {
                 stop_rx.clone(),
             );
         }
+        let warm = gw.tenants.clone();
+        let (batch, max_keys) = (self.warm_batch, self.warm_max_keys);
+        let warm_task = tokio::spawn(async move {
+            match warm.cache().warm_from_store(batch, max_keys).await {
+                Ok(n) => info!(keys = n, "key cache warmed from the store"),
+                Err(e) => warn!("key cache not warmed from the store: {e}"),
+            }
+        });
         gw.ready.store(true, Ordering::Release);
 
         shutdown.await;
+        warm_task.abort();
+        match gw.tenants.cache().save_snapshot().await {
+            Ok(n) if n > 0 => info!(entries = n, "key cache snapshot saved"),
+            Ok(_) => {}
+            Err(e) => warn!("key cache snapshot not saved: {e}"),
+        }
         gw.ready.store(false, Ordering::Release);
         let delay = gw.server.shutdown_delay;
         if !delay.is_zero() {
@@ -200,6 +224,72 @@ impl BoundGateway {
                 warn!("shutdown grace of {grace:?} ran out; dropping the requests still in flight");
                 Ok(())
             }
+        }
+    }
+}
+
+/// Opens the store, applies the config's tenants to it, and builds the cached directory (warmed
+/// from its snapshot, if any, at once and from the store in the background).
+async fn open_tenants(config: &Config) -> Result<StoreDirectory, StartError> {
+    let options = spillway_store::PoolOptions {
+        max_connections: config.store.max_connections,
+        acquire_timeout: config.store.acquire_timeout,
+        ..spillway_store::PoolOptions::default()
+    };
+    let store = spillway_store::open(&config.store.url, &options)
+        .await
+        .map_err(|e| StartError::Setup(format!("store {}: {e}", redact(&config.store.url))))?;
+    crate::tenants::bootstrap(store.as_ref(), &config.tenants)
+        .await
+        .map_err(StartError::Setup)?;
+    let c = &config.cache;
+    let cache = spillway_directory::Directory::new(
+        store.clone(),
+        spillway_directory::DirectoryConfig {
+            ttl: c.ttl,
+            ttl_jitter: c.ttl_jitter,
+            stale_for: c.stale_for,
+            negative_ttl: c.negative_ttl,
+            max_entries: c.max_entries,
+            max_negative_entries: c.max_negative_entries,
+            max_concurrent_loads: c.max_concurrent_loads,
+            load_wait: c.load_wait,
+            load_timeout: c.load_timeout,
+            redis: c.redis.clone(),
+            redis_timeout: c.redis_timeout,
+            snapshot: c.snapshot.clone(),
+        },
+    )
+    .await
+    .map_err(|e| StartError::Setup(format!("key cache: {e}")))?;
+    if c.snapshot.is_some() {
+        match cache.load_snapshot().await {
+            Ok(n) => info!(entries = n, "key cache loaded from its snapshot"),
+            Err(e) => warn!("key cache snapshot not loaded: {e}"),
+        }
+    }
+    Ok(StoreDirectory::new(store, cache))
+}
+
+/// The URL without its password, for messages.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let creds = &url[scheme + 3..at];
+            let user = creds.split(':').next().unwrap_or("");
+            format!("{}{user}:***{}", &url[..scheme + 3], &url[at..])
+        }
+        _ => url.to_owned(),
+    }
+}
+
+/// The admin token's digest, from the environment; `None` turns the admin API off.
+fn admin_token(var: &str) -> Option<[u8; 32]> {
+    match std::env::var(var) {
+        Ok(t) if !t.trim().is_empty() => Some(spillway_config::key_digest(t.trim())),
+        _ => {
+            info!("admin API off: {var} is not set");
+            None
         }
     }
 }
@@ -250,7 +340,9 @@ fn api_router(gw: Arc<Gateway>) -> Router {
 }
 
 async fn readyz(State(gw): State<Arc<Gateway>>) -> Response {
-    if gw.ready.load(Ordering::Acquire) {
+    // Local state only: the listener is up and the key cache is warm (a snapshot or the store
+    // answered once since start). Never a query to the store from here (IL-0136).
+    if gw.ready.load(Ordering::Acquire) && gw.tenants.cache().is_warm() {
         "ready".into_response()
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "not ready").into_response()
@@ -309,11 +401,26 @@ fn admin_router(state: AdminState) -> Router {
             get(|State(s): State<AdminState>| async move {
                 (
                     [(http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-                    crate::metrics::render(&s.metrics, &s.gateway.models),
+                    crate::metrics::render(
+                        &s.metrics,
+                        &s.gateway.models,
+                        s.gateway.tenants.store().pool_stats(),
+                    ),
                 )
             }),
         )
         .route("/livez", get(|| async { "ok" }))
+        .route(
+            "/healthz/deps",
+            get(|State(s): State<AdminState>| async move {
+                crate::admin::deps(&s.gateway.tenants).await
+            }),
+        )
         .fallback(|| async { ApiError::new(ErrorKind::RouteNotFound, "no such endpoint") })
-        .with_state(state)
+        .with_state(state.clone())
+        .merge(crate::admin::router(crate::admin::AdminApi {
+            store: state.gateway.tenants.store().clone(),
+            directory: state.gateway.tenants.clone(),
+            token: state.gateway.admin_token,
+        }))
 }

@@ -95,11 +95,15 @@ impl Fleet {
         let scratch = Scratch::create(mode)?;
         let config = scratch.path.join("gateway.toml");
         let addrs: Vec<SocketAddr> = backends.iter().map(|b| b.addr).collect();
-        std::fs::write(&config, gateway_config(mode, &addrs)).map_err(|source| {
-            ReplayError::Scratch {
-                what: config.display().to_string(),
-                source,
-            }
+        let store = scratch.path.join("spillway.db");
+        let toml = format!(
+            "{}\n[store]\nurl = \"sqlite://{}\"\n",
+            gateway_config(mode, &addrs),
+            store.display()
+        );
+        std::fs::write(&config, toml).map_err(|source| ReplayError::Scratch {
+            what: config.display().to_string(),
+            source,
         })?;
         let key = client_key();
         let config_arg = config.to_string_lossy();

@@ -153,7 +153,8 @@ fn check_config_reports_each_problem_with_its_location() {
         stderr.contains(".weight: must be between 1 and 1000"),
         "{stderr}"
     );
-    assert!(stderr.contains("tenants: no tenants"), "{stderr}");
+    // Tenants may live in the store alone: a file without any is not a problem.
+    assert!(!stderr.contains("tenants"), "{stderr}");
 
     std::fs::write(&path, "[server]\nlisten = 1\n").unwrap();
     let out = Command::new(bin())

@@ -71,6 +71,10 @@ impl Drop for Proc {
         let _ = self.child.wait();
         if let Some(path) = &self.config {
             let _ = std::fs::remove_file(path);
+            // The gateway's own SQLite store, next to its config.
+            for ext in ["db", "db-wal", "db-shm"] {
+                let _ = std::fs::remove_file(path.with_extension(ext));
+            }
         }
     }
 }
@@ -168,15 +172,19 @@ pub fn gateway(body: &str) -> Proc {
 }
 
 pub fn gateway_with_env(body: &str, envs: &[(&str, &str)]) -> Proc {
+    let n = CONFIGS.fetch_add(1, Ordering::Relaxed);
+    let db = std::env::temp_dir().join(format!("spillway-test-{}-{n}.db", std::process::id()));
     let toml = format!(
         "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n{body}\n{}",
         tenants()
     );
-    let path = std::env::temp_dir().join(format!(
-        "spillway-test-{}-{}.toml",
-        std::process::id(),
-        CONFIGS.fetch_add(1, Ordering::Relaxed)
-    ));
+    // Each gateway gets its own SQLite store, unless the test names one.
+    let toml = if body.contains("[store]") {
+        toml
+    } else {
+        format!("{toml}\n[store]\nurl = \"sqlite://{}\"\n", db.display())
+    };
+    let path = std::env::temp_dir().join(format!("spillway-test-{}-{n}.toml", std::process::id()));
     std::fs::write(&path, toml).unwrap();
     let mut env = vec![("TEST_TENANT_B_KEY", OTHER_KEY)];
     env.extend_from_slice(envs);

@@ -1,0 +1,123 @@
+//! What the in-process caches hold, and how long moka keeps it.
+//!
+//! A known key's entry is the store's raw answer (`KeyMatch`, whatever its state: revoked,
+//! expired and disabled are judged by the caller at each use, so a cached answer is re-judged as
+//! time passes), its [`Window`], the wall-clock time it was fetched (what the snapshot and the
+//! shared Redis layer carry, so an answer never looks younger than it is), the flush epoch it
+//! was loaded in, and the back-off of its failed refreshes. moka drops an entry once its stale
+//! window is over; until then the freshness rules decide what a lookup does with it.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use spillway_store::{KeyDigest, KeyMatch};
+
+use crate::freshness::{self, State, Window};
+
+/// A known key.
+#[derive(Debug)]
+pub(crate) struct Entry {
+    pub found: Arc<KeyMatch>,
+    pub window: Window,
+    /// Unix milliseconds at which the store query that produced it started.
+    pub fetched_at_ms: u64,
+    /// The flush epoch the query started in; older epochs are only a fallback.
+    pub epoch: u64,
+    refresh: Mutex<RefreshFailures>,
+}
+
+#[derive(Debug, Default)]
+struct RefreshFailures {
+    in_a_row: u32,
+    not_before: Option<Instant>,
+}
+
+impl Entry {
+    pub fn new(found: Arc<KeyMatch>, window: Window, fetched_at_ms: u64, epoch: u64) -> Self {
+        Self {
+            found,
+            window,
+            fetched_at_ms,
+            epoch,
+            refresh: Mutex::new(RefreshFailures::default()),
+        }
+    }
+
+    pub fn state(&self, now: Instant, epoch: u64) -> State {
+        freshness::judge(self.window, now, self.epoch == epoch)
+    }
+
+    /// Whether it may still stand in for an answer the store could not give.
+    pub fn usable(&self, now: Instant) -> bool {
+        now < self.window.stale_until
+    }
+
+    /// Whether a background refresh may start now (none failed recently).
+    pub fn refresh_due(&self, now: Instant) -> bool {
+        let failures = self.refresh.lock().unwrap_or_else(|e| e.into_inner());
+        failures.not_before.is_none_or(|at| now >= at)
+    }
+
+    /// A background refresh failed: the entry is kept, and the next refresh waits.
+    pub fn refresh_failed(&self, now: Instant) {
+        let mut failures = self.refresh.lock().unwrap_or_else(|e| e.into_inner());
+        failures.in_a_row = failures.in_a_row.saturating_add(1);
+        failures.not_before = Some(now + freshness::refresh_retry_delay(failures.in_a_row));
+    }
+}
+
+/// An unknown key: believed unknown until `until`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Unknown {
+    pub until: Instant,
+}
+
+/// moka drops a known entry when its stale window ends, an unknown one when it ends.
+pub(crate) struct UntilUnusable;
+
+impl moka::Expiry<KeyDigest, Arc<Entry>> for UntilUnusable {
+    fn expire_after_create(
+        &self,
+        _: &KeyDigest,
+        entry: &Arc<Entry>,
+        created_at: Instant,
+    ) -> Option<Duration> {
+        Some(
+            entry
+                .window
+                .stale_until
+                .saturating_duration_since(created_at),
+        )
+    }
+
+    fn expire_after_update(
+        &self,
+        _: &KeyDigest,
+        entry: &Arc<Entry>,
+        updated_at: Instant,
+        _: Option<Duration>,
+    ) -> Option<Duration> {
+        Some(
+            entry
+                .window
+                .stale_until
+                .saturating_duration_since(updated_at),
+        )
+    }
+}
+
+impl moka::Expiry<KeyDigest, Unknown> for UntilUnusable {
+    fn expire_after_create(&self, _: &KeyDigest, u: &Unknown, at: Instant) -> Option<Duration> {
+        Some(u.until.saturating_duration_since(at))
+    }
+
+    fn expire_after_update(
+        &self,
+        _: &KeyDigest,
+        u: &Unknown,
+        at: Instant,
+        _: Option<Duration>,
+    ) -> Option<Duration> {
+        Some(u.until.saturating_duration_since(at))
+    }
+}

@@ -1,0 +1,216 @@
+//! The key -> tenant lookup path: an in-process cache, optionally a shared Redis layer, and the
+//! store behind them, built so that a flushed cache or a failing database does not become an
+//! outage (guarantee G6, incident IL-0136).
+//!
+//! In IL-0136 a deployment flushed a service's caches at peak, defects made lookups bypass the
+//! cache, and the metadata database took about twenty times its normal load until connections
+//! ran out. Every protection here answers one part of that:
+//!
+//! - **single flight** (`flight.rs`): concurrent lookups of one key cause one store query;
+//! - **a cap on store queries in flight** (`max_concurrent_loads`, a semaphore): a flush of
+//!   100 000 keys reaches the store as at most that many concurrent queries, and a lookup that
+//!   cannot get a slot within `load_wait` serves what it has instead of queueing;
+//! - **stale-while-revalidate and stale-if-error** ([`freshness`]): a stale answer is served at
+//!   once while one background refresh runs, and stands in when the store fails or is slow;
+//!   a flush marks answers for re-reading but keeps them as that fallback;
+//! - **jittered TTLs** so answers loaded together do not fall due together;
+//! - **negative caching** in a cache of its own, so unknown keys do not reach the store on every
+//!   request and random keys cannot evict real ones;
+//! - **a warm snapshot** ([`snapshot`]) and a bounded **warm-up** ([`warm`]) so a restart starts
+//!   with a full cache rather than a stampede;
+//! - **metrics** ([`metrics`]) for the hit ratio, every store query, and Redis errors.
+//!
+//! The cached value is the store's raw [`KeyMatch`]: revoked, expired and disabled are judged by
+//! the caller at each use, so a cached answer is judged again as time passes.
+//!
+//! Architecture Invariant: the request path reaches the store only through a flight holding a
+//! load slot; nothing here makes readiness depend on the store (`is_warm` is process-local).
+
+pub mod config;
+pub mod error;
+pub mod freshness;
+pub mod metrics;
+pub mod shared;
+pub mod snapshot;
+pub mod warm;
+
+mod entry;
+mod flight;
+mod load;
+mod log_gate;
+mod state;
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::Serialize;
+use spillway_store::{KeyDigest, KeyMatch, Store};
+
+pub use config::DirectoryConfig;
+pub use error::DirectoryError;
+
+use state::State;
+
+/// How a lookup was answered, for metrics (`spillway_key_lookups_total{outcome}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    /// From the in-process cache, within its TTL.
+    Fresh,
+    /// From the in-process cache after its TTL: served at once while a refresh runs, or in
+    /// place of an answer the store could not give.
+    Stale,
+    /// Loaded from the store (the lookup waited for it).
+    Miss,
+    /// Remembered as unknown.
+    Negative,
+    /// Loaded from the shared Redis layer.
+    RedisHit,
+    /// No usable answer and the store failed: only ever a metric label, the lookup is an `Err`.
+    StoreError,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Fresh => "fresh_hit",
+            Outcome::Stale => "stale_hit",
+            Outcome::Miss => "miss",
+            Outcome::Negative => "negative_hit",
+            Outcome::RedisHit => "redis_hit",
+            Outcome::StoreError => "store_error",
+        }
+    }
+}
+
+/// A lookup's answer: the key and its tenant, or `None` for a key the store does not know.
+#[derive(Debug, Clone)]
+pub struct Lookup {
+    pub found: Option<Arc<KeyMatch>>,
+    pub outcome: Outcome,
+}
+
+/// Figures for `/healthz/deps`, logs and the gauges.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct DirectoryStats {
+    /// Known keys cached (including stale ones and ones awaiting revalidation after a flush).
+    pub entries: u64,
+    /// Unknown keys remembered.
+    pub negative_entries: u64,
+    /// Known keys evicted because the cache was full.
+    pub evictions: u64,
+    /// Unknown keys evicted because their cache was full.
+    pub negative_evictions: u64,
+    /// Store queries running now (never more than `max_concurrent_loads`).
+    pub loads_in_flight: u64,
+    /// Keys with a flight in the air (waiting for a slot, on Redis or on the store).
+    pub keys_loading: u64,
+    /// Store queries since start (lookups, refreshes, warm-up pages).
+    pub store_queries: u64,
+    /// Those that failed or timed out.
+    pub store_errors: u64,
+    /// Background refreshes not started because every load slot was taken.
+    pub refreshes_skipped: u64,
+    /// Redis errors and timeouts since start.
+    pub redis_errors: u64,
+    /// `invalidate_all` calls since start.
+    pub flushes: u64,
+    pub warm: bool,
+}
+
+/// The cached key directory. Cheap to share behind an `Arc`; every method takes `&self`.
+pub struct Directory {
+    state: Arc<State>,
+}
+
+impl Directory {
+    /// Checks the config and builds the caches. With `redis` set, connects to it for at most
+    /// a second; a Redis that is down is not an error (lookups go without it until it is back).
+    pub async fn new(
+        store: Arc<dyn Store>,
+        config: DirectoryConfig,
+    ) -> Result<Self, DirectoryError> {
+        config.check()?;
+        let shared = match &config.redis {
+            Some(url) => Some(shared::SharedLayer::start(url, config.redis_timeout).await?),
+            None => None,
+        };
+        Ok(Self {
+            state: Arc::new(State::new(store, config, shared)),
+        })
+    }
+
+    /// The key with this digest and its tenant, whatever their state, or `None` if the store
+    /// does not know it. `Err` only when there is no usable answer and the store failed, timed
+    /// out or had no free load slot within `load_wait`.
+    pub async fn lookup(&self, digest: &KeyDigest) -> Result<Lookup, DirectoryError> {
+        let result = self.state.lookup(digest).await;
+        metrics::lookup(match &result {
+            Ok(found) => found.outcome,
+            Err(_) => Outcome::StoreError,
+        });
+        result
+    }
+
+    /// Forgets one key at once, known or unknown (after a revoke, or after creating a key that
+    /// was remembered as unknown), and deletes it from Redis in the background. A load of it in
+    /// the air does not put its answer back. Other instances see the change within their TTL.
+    pub fn invalidate(&self, digest: &KeyDigest) {
+        self.state.invalidate(digest);
+    }
+
+    /// Forgets every known key for which `matches` is true (a tenant changed, a key revoked by
+    /// its id), like [`Directory::invalidate`]. Walks the cache: for admin actions, not requests.
+    pub fn invalidate_if(&self, matches: impl Fn(&KeyMatch) -> bool) {
+        self.state.invalidate_if(matches);
+    }
+
+    /// The flush of IL-0136: every cached answer must be re-read before it is served as fresh.
+    /// Answers are kept as a fallback, so that a store that is slow or down after a flush means
+    /// stale answers rather than failed requests; unknown keys are forgotten. The re-reads go
+    /// through single flight and the load cap like any other.
+    pub fn invalidate_all(&self) {
+        self.state.invalidate_all();
+    }
+
+    /// Loads up to `max_keys` keys from the store, `batch` at a time through one load slot,
+    /// pausing between pages (at least as long as the last page took). Returns how many.
+    pub async fn warm_from_store(&self, batch: u32, max_keys: u64) -> Result<u64, DirectoryError> {
+        warm::from_store(&self.state, batch, max_keys).await
+    }
+
+    /// Writes every usable known answer to the `snapshot` path, atomically (temporary file,
+    /// then rename). Returns how many; `Ok(0)` without a snapshot path.
+    pub async fn save_snapshot(&self) -> Result<u64, DirectoryError> {
+        snapshot::save(&self.state).await
+    }
+
+    /// Loads the `snapshot`: its answers are usable at once, with their refreshes spread over
+    /// the TTL; answers older than `ttl + stale_for` are dropped. Returns how many were loaded;
+    /// `Ok(0)` without a snapshot path or file.
+    pub async fn load_snapshot(&self) -> Result<u64, DirectoryError> {
+        snapshot::load(&self.state).await
+    }
+
+    /// True once a snapshot or warm-up loaded entries, or the store or Redis answered since
+    /// start. For `/readyz`; reads process-local state only.
+    pub fn is_warm(&self) -> bool {
+        self.state.warm.load(Ordering::Acquire)
+    }
+
+    /// Current figures; also sets the `spillway_key_cache_entries` gauges.
+    pub fn stats(&self) -> DirectoryStats {
+        let stats = self.state.stats();
+        metrics::entries("known", stats.entries);
+        metrics::entries("unknown", stats.negative_entries);
+        stats
+    }
+}
+
+/// Milliseconds since the Unix epoch: the one wall-clock read, for times that outlive the
+/// process (snapshot) or cross it (Redis). Everything else uses monotonic `Instant`s.
+pub(crate) fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}

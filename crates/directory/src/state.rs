@@ -1,0 +1,190 @@
+//! The directory's shared state: the two bounded caches, the flights, the load slots, and the
+//! counters; and the ways answers enter and leave the caches.
+//!
+//! Known and unknown keys live in separate moka caches, each with its own bound, so a flood of
+//! random keys (a scanner, a misconfigured client) can only evict other unknown keys. Entries
+//! leave moka when their stale window ends ([`UntilUnusable`]).
+//!
+//! Two counters order answers against invalidations without locks. `epoch` counts flushes: an
+//! entry from an older epoch is re-read before it is served (but kept as a fallback).
+//! `invalidations` counts targeted invalidations: a load that started before one may carry an
+//! answer from before a revoke, so after putting its answer in the cache it checks the counter
+//! and takes the answer out again if it moved. Because the load inserts *then* checks, and the
+//! invalidation counts *then* removes, one of the two always removes the answer.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use moka::notification::RemovalCause;
+use moka::ops::compute::Op;
+use moka::sync::Cache;
+use spillway_store::{KeyDigest, KeyMatch, Store};
+use tokio::sync::Semaphore;
+
+use crate::entry::{Entry, Unknown, UntilUnusable};
+use crate::flight::Flights;
+use crate::log_gate::LogGate;
+use crate::shared::{self, SharedLayer};
+use crate::{metrics, unix_ms, DirectoryConfig, DirectoryStats};
+
+pub(crate) struct State {
+    pub store: Arc<dyn Store>,
+    pub config: DirectoryConfig,
+    pub known: Cache<KeyDigest, Arc<Entry>>,
+    pub unknown: Cache<KeyDigest, Unknown>,
+    pub flights: Arc<Flights>,
+    /// One permit per store query in flight.
+    pub permits: Arc<Semaphore>,
+    pub shared: Option<Arc<SharedLayer>>,
+    pub epoch: AtomicU64,
+    /// Unix ms of the last flush: Redis answers fetched before it are only a fallback.
+    pub flushed_at_ms: AtomicU64,
+    pub invalidations: AtomicU64,
+    pub warm: AtomicBool,
+    pub counts: Counts,
+    /// Store errors are logged at most once per interval.
+    pub store_log: LogGate,
+}
+
+#[derive(Default)]
+pub(crate) struct Counts {
+    pub store_queries: AtomicU64,
+    pub store_errors: AtomicU64,
+    pub refreshes_skipped: AtomicU64,
+    pub flushes: AtomicU64,
+    pub evictions: Arc<AtomicU64>,
+    pub negative_evictions: Arc<AtomicU64>,
+}
+
+impl State {
+    pub fn new(
+        store: Arc<dyn Store>,
+        config: DirectoryConfig,
+        shared: Option<Arc<SharedLayer>>,
+    ) -> Self {
+        let counts = Counts::default();
+        let evictions = counts.evictions.clone();
+        let known = Cache::builder()
+            .max_capacity(config.max_entries)
+            .expire_after(UntilUnusable)
+            .eviction_listener(move |_, _, cause| {
+                if cause == RemovalCause::Size {
+                    evictions.fetch_add(1, Ordering::Relaxed);
+                    metrics::eviction("known");
+                }
+            })
+            .build();
+        let negative_evictions = counts.negative_evictions.clone();
+        let unknown = Cache::builder()
+            .max_capacity(config.max_negative_entries)
+            .expire_after(UntilUnusable)
+            .eviction_listener(move |_, _, cause| {
+                if cause == RemovalCause::Size {
+                    negative_evictions.fetch_add(1, Ordering::Relaxed);
+                    metrics::eviction("unknown");
+                }
+            })
+            .build();
+        Self {
+            store,
+            permits: Arc::new(Semaphore::new(config.max_concurrent_loads)),
+            config,
+            known,
+            unknown,
+            flights: Arc::new(Flights::default()),
+            shared,
+            epoch: AtomicU64::new(0),
+            flushed_at_ms: AtomicU64::new(0),
+            invalidations: AtomicU64::new(0),
+            warm: AtomicBool::new(false),
+            counts,
+            store_log: LogGate::new(shared::LOG_EVERY),
+        }
+    }
+
+    /// Puts a known answer in the cache, unless an invalidation happened since `seq` was read
+    /// (then it is taken out again). Returns whether it stayed. A known key is no longer unknown.
+    pub fn insert_known(&self, digest: &KeyDigest, entry: Arc<Entry>, seq: u64) -> bool {
+        self.known.insert(*digest, entry.clone());
+        self.unknown.invalidate(digest);
+        if self.invalidations.load(Ordering::SeqCst) == seq {
+            return true;
+        }
+        self.known
+            .entry(*digest)
+            .and_compute_with(|current| match current {
+                Some(c) if Arc::ptr_eq(c.value(), &entry) => Op::Remove,
+                _ => Op::Nop,
+            });
+        false
+    }
+
+    /// Remembers an unknown key, on the same terms as [`State::insert_known`]. An unknown key
+    /// is no longer known (it was deleted).
+    pub fn insert_unknown(&self, digest: &KeyDigest, unknown: Unknown, seq: u64) -> bool {
+        self.known.invalidate(digest);
+        self.unknown.insert(*digest, unknown);
+        if self.invalidations.load(Ordering::SeqCst) == seq {
+            return true;
+        }
+        self.unknown.invalidate(digest);
+        false
+    }
+
+    pub fn invalidate(&self, digest: &KeyDigest) {
+        self.invalidations.fetch_add(1, Ordering::SeqCst);
+        self.flights.detach(digest);
+        self.known.invalidate(digest);
+        self.unknown.invalidate(digest);
+        if let Some(shared) = &self.shared {
+            shared.delete(&[*digest]);
+        }
+    }
+
+    pub fn invalidate_if(&self, matches: impl Fn(&KeyMatch) -> bool) {
+        self.invalidations.fetch_add(1, Ordering::SeqCst);
+        self.flights.detach_all();
+        let doomed: Vec<KeyDigest> = self
+            .known
+            .iter()
+            .filter(|(_, entry)| matches(&entry.found))
+            .map(|(digest, _)| *digest)
+            .collect();
+        for digest in &doomed {
+            self.known.invalidate(digest);
+        }
+        if let Some(shared) = &self.shared {
+            for chunk in doomed.chunks(500) {
+                shared.delete(chunk);
+            }
+        }
+    }
+
+    pub fn invalidate_all(&self) {
+        self.epoch.fetch_add(1, Ordering::SeqCst);
+        self.flushed_at_ms.store(unix_ms(), Ordering::SeqCst);
+        self.unknown.invalidate_all();
+        self.counts.flushes.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn stats(&self) -> DirectoryStats {
+        self.known.run_pending_tasks();
+        self.unknown.run_pending_tasks();
+        let c = &self.counts;
+        let free = self.permits.available_permits();
+        DirectoryStats {
+            entries: self.known.entry_count(),
+            negative_entries: self.unknown.entry_count(),
+            evictions: c.evictions.load(Ordering::Relaxed),
+            negative_evictions: c.negative_evictions.load(Ordering::Relaxed),
+            loads_in_flight: self.config.max_concurrent_loads.saturating_sub(free) as u64,
+            keys_loading: self.flights.len() as u64,
+            store_queries: c.store_queries.load(Ordering::Relaxed),
+            store_errors: c.store_errors.load(Ordering::Relaxed),
+            refreshes_skipped: c.refreshes_skipped.load(Ordering::Relaxed),
+            redis_errors: self.shared.as_ref().map_or(0, |s| s.errors()),
+            flushes: c.flushes.load(Ordering::Relaxed),
+            warm: self.warm.load(Ordering::Acquire),
+        }
+    }
+}

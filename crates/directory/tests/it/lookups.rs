@@ -1,0 +1,233 @@
+//! Single flight, stale-while-revalidate, stale-if-error, negative caching, timeouts and
+//! invalidation races.
+
+use std::time::{Duration, Instant};
+
+use spillway_directory::{DirectoryConfig, DirectoryError, Outcome};
+
+use crate::support::{digest, directory, eventually, eventually_async, key_match, ms, FakeStore};
+
+fn short(ttl: Duration, stale_for: Duration) -> DirectoryConfig {
+    DirectoryConfig {
+        ttl,
+        ttl_jitter: 0.0,
+        stale_for,
+        ..DirectoryConfig::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hundred_concurrent_lookups_of_one_missing_key_make_one_store_query() {
+    let store = FakeStore::with_keys(1, "acme");
+    store.set_latency(ms(50));
+    let dir = directory(&store, DirectoryConfig::default()).await;
+    let lookups: Vec<_> = (0..100)
+        .map(|_| {
+            let dir = dir.clone();
+            tokio::spawn(async move { dir.lookup(&digest(0)).await })
+        })
+        .collect();
+    for l in lookups {
+        let found = l.await.unwrap().unwrap();
+        assert_eq!(found.outcome, Outcome::Miss);
+        assert_eq!(found.found.unwrap().tenant.spec.name, "acme");
+    }
+    assert_eq!(store.lookups(), 1);
+    assert_eq!(
+        dir.lookup(&digest(0)).await.unwrap().outcome,
+        Outcome::Fresh
+    );
+    assert_eq!(store.lookups(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_entry_is_served_at_once_and_refreshed_once_in_the_background() {
+    let store = FakeStore::with_keys(1, "acme");
+    // An answer's age counts from when it was asked for, so the TTL is longer than the
+    // store's latency: the refreshed answer is fresh when it lands.
+    let dir = directory(&store, short(ms(1_500), Duration::from_secs(60))).await;
+    dir.lookup(&digest(0)).await.unwrap();
+    assert_eq!(store.lookups(), 1);
+    tokio::time::sleep(ms(1_600)).await; // let the TTL pass
+    store.set_latency(ms(1_000));
+    let started = Instant::now();
+    let lookups: Vec<_> = (0..50)
+        .map(|_| {
+            let dir = dir.clone();
+            tokio::spawn(async move { dir.lookup(&digest(0)).await })
+        })
+        .collect();
+    for l in lookups {
+        let found = l.await.unwrap().unwrap();
+        assert_eq!(found.outcome, Outcome::Stale);
+        assert!(found.found.is_some());
+    }
+    assert!(
+        started.elapsed() < ms(700),
+        "stale answers waited for the store: {:?}",
+        started.elapsed()
+    );
+    eventually(Duration::from_secs(5), "the refresh to land", || {
+        store.lookups() == 2 && store.in_flight() == 0
+    })
+    .await;
+    eventually_async(Duration::from_secs(1), "a fresh answer", || async {
+        dir.lookup(&digest(0)).await.unwrap().outcome == Outcome::Fresh
+    })
+    .await;
+    assert_eq!(store.lookups(), 2, "one refresh, not one per stale lookup");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_entry_is_served_while_the_store_fails() {
+    let store = FakeStore::with_keys(1, "acme");
+    let dir = directory(&store, short(ms(30), Duration::from_secs(60))).await;
+    dir.lookup(&digest(0)).await.unwrap();
+    tokio::time::sleep(ms(60)).await; // let the TTL pass
+    store.set_failing(true);
+    for _ in 0..20 {
+        let found = dir.lookup(&digest(0)).await.unwrap();
+        assert_eq!(found.outcome, Outcome::Stale);
+        assert_eq!(found.found.unwrap().key.id, key_match(0, "acme").key.id);
+    }
+    eventually(Duration::from_secs(2), "the failed refresh", || {
+        dir.stats().store_errors >= 1
+    })
+    .await;
+    // Failed refreshes back off: twenty stale lookups did not make twenty queries.
+    assert!(store.lookups() <= 3, "{} queries", store.lookups());
+    assert_eq!(
+        dir.lookup(&digest(0)).await.unwrap().outcome,
+        Outcome::Stale
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entry_past_its_stale_window_with_the_store_down_is_an_error() {
+    let store = FakeStore::with_keys(1, "acme");
+    let dir = directory(&store, short(ms(20), ms(20))).await;
+    dir.lookup(&digest(0)).await.unwrap();
+    tokio::time::sleep(ms(80)).await; // past ttl + stale_for
+    store.set_failing(true);
+    let err = dir.lookup(&digest(0)).await.unwrap_err();
+    assert!(matches!(err, DirectoryError::Unavailable(_)), "{err}");
+    assert!(err.is_retryable());
+    store.set_failing(false);
+    assert_eq!(dir.lookup(&digest(0)).await.unwrap().outcome, Outcome::Miss);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_slower_than_load_timeout_counts_as_an_error() {
+    let store = FakeStore::with_keys(1, "acme");
+    store.set_latency(ms(1_000));
+    let config = DirectoryConfig {
+        load_timeout: ms(50),
+        ..DirectoryConfig::default()
+    };
+    let dir = directory(&store, config).await;
+    let started = Instant::now();
+    assert!(dir.lookup(&digest(0)).await.is_err());
+    assert!(started.elapsed() < ms(500), "{:?}", started.elapsed());
+    assert_eq!(dir.stats().store_errors, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_key_is_remembered_and_asked_for_once() {
+    let store = FakeStore::new();
+    let dir = directory(&store, DirectoryConfig::default()).await;
+    assert!(!dir.is_warm());
+    let first = dir.lookup(&digest(7)).await.unwrap();
+    assert_eq!(
+        (first.found.is_none(), first.outcome),
+        (true, Outcome::Miss)
+    );
+    assert!(
+        dir.is_warm(),
+        "a store answer, even 'unknown', makes the directory warm"
+    );
+    let second = dir.lookup(&digest(7)).await.unwrap();
+    assert_eq!(
+        (second.found.is_none(), second.outcome),
+        (true, Outcome::Negative)
+    );
+    assert_eq!(store.lookups(), 1);
+    // A key created since is found once it is invalidated (the admin API does that).
+    store.add(digest(7), key_match(7, "acme"));
+    dir.invalidate(&digest(7));
+    assert!(dir.lookup(&digest(7)).await.unwrap().found.is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_keys_cannot_evict_known_ones_and_the_negative_cache_stays_bounded() {
+    let store = FakeStore::with_keys(20, "acme");
+    let config = DirectoryConfig {
+        max_entries: 1_000,
+        max_negative_entries: 50,
+        ..DirectoryConfig::default()
+    };
+    let dir = directory(&store, config).await;
+    for i in 0..20 {
+        dir.lookup(&digest(i)).await.unwrap();
+    }
+    for i in 0..500 {
+        let unknown = dir.lookup(&digest(1_000_000 + i)).await.unwrap();
+        assert!(unknown.found.is_none());
+    }
+    let stats = dir.stats();
+    assert!(stats.negative_entries <= 50, "{stats:?}");
+    assert_eq!(stats.entries, 20, "{stats:?}");
+    let before = store.lookups();
+    for i in 0..20 {
+        assert_eq!(
+            dir.lookup(&digest(i)).await.unwrap().outcome,
+            Outcome::Fresh
+        );
+    }
+    assert_eq!(store.lookups(), before);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoke_during_a_load_does_not_put_the_old_answer_back() {
+    let store = FakeStore::with_keys(1, "acme");
+    store.set_latency(ms(200));
+    let dir = directory(&store, DirectoryConfig::default()).await;
+    let loading = {
+        let dir = dir.clone();
+        tokio::spawn(async move { dir.lookup(&digest(0)).await })
+    };
+    eventually(
+        Duration::from_secs(1),
+        "the load to reach the store",
+        || store.in_flight() == 1,
+    )
+    .await;
+    dir.invalidate(&digest(0));
+    // The lookup that asked before the revoke still gets its answer ...
+    assert!(loading.await.unwrap().unwrap().found.is_some());
+    // ... but the answer was not kept: the next lookup asks the store again.
+    store.set_latency(Duration::ZERO);
+    assert_eq!(dir.lookup(&digest(0)).await.unwrap().outcome, Outcome::Miss);
+    assert_eq!(store.lookups(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalidate_if_forgets_one_tenants_keys_only() {
+    let store = FakeStore::new();
+    for i in 0..10 {
+        store.add(digest(i), key_match(i, if i < 5 { "a" } else { "b" }));
+    }
+    let dir = directory(&store, DirectoryConfig::default()).await;
+    for i in 0..10 {
+        dir.lookup(&digest(i)).await.unwrap();
+    }
+    dir.invalidate_if(|m| m.tenant.spec.name == "a");
+    for i in 0..10 {
+        let expected = if i < 5 { Outcome::Miss } else { Outcome::Fresh };
+        assert_eq!(
+            dir.lookup(&digest(i)).await.unwrap().outcome,
+            expected,
+            "key {i}"
+        );
+    }
+    assert_eq!(store.lookups(), 15);
+}

@@ -1,0 +1,188 @@
+//! Tenants from the store, through the lookup cache: the one way every request is authenticated.
+//!
+//! Tenants declared in the config file are written to the store at start (declarative
+//! bootstrap) and then looked up like any other: there is no second path that skips the store,
+//! the cache or, later, the limits (G3). A cached lookup is judged again on every request
+//! (revocation, expiry, a disabled tenant), so a cached answer never outlives what it says.
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use http::StatusCode;
+use spillway_config::{KeySource, TenantConfig};
+use spillway_directory::Directory;
+use spillway_store::{KeyMatch, Priority, Store, StoreError, TenantSpec};
+use tracing::{info, warn};
+
+use crate::auth::{KeyDigest, LookupError, LookupFuture, Tenant, TenantDirectory};
+
+/// Writes the config file's tenants and keys to the store (creating or updating them).
+pub async fn bootstrap(store: &dyn Store, tenants: &[TenantConfig]) -> Result<(), String> {
+    for t in tenants {
+        let spec = TenantSpec {
+            name: t.name.clone(),
+            requests_per_min: t.requests_per_min,
+            tokens_per_min: t.tokens_per_min,
+            max_concurrency: t.max_concurrency,
+            priority: t.priority.parse::<Priority>()?,
+            allowed_models: t.allowed_models.clone(),
+            pool: t.pool.clone(),
+            enabled: t.enabled,
+        };
+        store
+            .upsert_tenant(&spec)
+            .await
+            .map_err(|e| format!("tenant {:?}: {e}", t.name))?;
+        for (i, key) in t.keys.iter().enumerate() {
+            let digest = match key {
+                KeySource::Sha256(d) => *d,
+                KeySource::Env(var) => {
+                    let key = std::env::var(var)
+                        .ok()
+                        .filter(|k| !k.is_empty())
+                        .ok_or_else(|| {
+                            format!("tenant {:?}: environment variable {var} is not set", t.name)
+                        })?;
+                    spillway_config::key_digest(&key)
+                }
+            };
+            store
+                .ensure_key_digest(&t.name, &digest, &format!("config file, key {i}"))
+                .await
+                .map_err(|e| format!("tenant {:?}: {e}", t.name))?;
+        }
+    }
+    if !tenants.is_empty() {
+        info!(
+            tenants = tenants.len(),
+            "config tenants applied to the store"
+        );
+    }
+    Ok(())
+}
+
+fn unix_now() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
+/// The store-backed tenant directory.
+pub struct StoreDirectory {
+    store: Arc<dyn Store>,
+    cache: Directory,
+    /// Request-path tenants by name, with the record they were made from, so a lookup
+    /// allocates nothing once its tenant is known.
+    interned: RwLock<HashMap<String, (TenantSpec, Arc<Tenant>)>>,
+}
+
+impl StoreDirectory {
+    pub fn new(store: Arc<dyn Store>, cache: Directory) -> Self {
+        Self {
+            store,
+            cache,
+            interned: RwLock::new(HashMap::new()),
+        }
+    }
+
+    pub fn cache(&self) -> &Directory {
+        &self.cache
+    }
+
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    fn tenant_of(&self, found: &KeyMatch) -> Arc<Tenant> {
+        let spec = &found.tenant.spec;
+        if let Some((known_spec, tenant)) = self
+            .interned
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&spec.name)
+        {
+            // Timestamps have one-second resolution: compare what the request path uses.
+            if known_spec == spec {
+                return tenant.clone();
+            }
+        }
+        let tenant = Arc::new(Tenant {
+            name: Arc::from(spec.name.as_str()),
+            allowed_models: spec.allowed_models.clone(),
+            enabled: spec.enabled,
+        });
+        self.interned
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(spec.name.clone(), (spec.clone(), tenant.clone()));
+        tenant
+    }
+
+    /// A key was revoked through the admin API: forget it here at once (other gateway
+    /// instances see it within the cache TTL).
+    pub fn key_revoked(&self, id: &str) {
+        let id = id.to_owned();
+        self.cache.invalidate_if(move |m| m.key.id == id);
+    }
+
+    /// A tenant changed (limits, models, disabled): forget its keys' cached answers.
+    pub fn tenant_changed(&self, name: &str) {
+        let name = name.to_owned();
+        self.cache
+            .invalidate_if(move |m| m.tenant.spec.name == name);
+    }
+
+    /// Drops every cached lookup (the flush of IL-0136; the cache's protections keep the
+    /// store's load bounded afterwards).
+    pub fn flush(&self) {
+        warn!("key cache flushed on request");
+        self.cache.invalidate_all();
+    }
+
+    /// Dependency health for `/healthz/deps`.
+    pub async fn deps(&self) -> (StatusCode, serde_json::Value) {
+        let ping = tokio::time::timeout(std::time::Duration::from_secs(2), self.store.ping()).await;
+        let store = match ping {
+            Ok(Ok(())) => serde_json::json!({ "status": "ok" }),
+            Ok(Err(e)) => serde_json::json!({ "status": "error", "error": e.to_string() }),
+            Err(_) => serde_json::json!({ "status": "error", "error": "no answer within 2s" }),
+        };
+        let healthy = store["status"] == "ok";
+        let body = serde_json::json!({
+            "note": "for dashboards and humans; not a liveness or readiness signal",
+            "store": store,
+            "store_pool": self.store.pool_stats(),
+            "key_cache": self.cache.stats(),
+        });
+        let status = if healthy {
+            StatusCode::OK
+        } else {
+            StatusCode::SERVICE_UNAVAILABLE
+        };
+        (status, body)
+    }
+}
+
+impl TenantDirectory for StoreDirectory {
+    fn lookup<'a>(&'a self, digest: &'a KeyDigest) -> LookupFuture<'a> {
+        Box::pin(async move {
+            let found = self.cache.lookup(digest).await.map_err(|e| {
+                LookupError(match e {
+                    spillway_directory::DirectoryError::Unavailable(why) => why,
+                    other => other.to_string(),
+                })
+            })?;
+            Ok(found
+                .found
+                .filter(|m| m.key.is_valid_at(unix_now()))
+                .map(|m| self.tenant_of(&m)))
+        })
+    }
+}
+
+impl From<StoreError> for LookupError {
+    fn from(e: StoreError) -> Self {
+        LookupError(e.to_string())
+    }
+}

@@ -1,0 +1,247 @@
+//! Tenants and keys in the store: the admin API and CLI, revocation, disabled tenants, probes
+//! that do not depend on the store, and lookups that survive a store outage.
+
+mod support;
+
+use std::process::Command;
+use std::time::Duration;
+
+use support::*;
+
+const ADMIN_TOKEN: &str = "test-admin-token-0123456789";
+const FAST: [&str; 6] = ["--model", "m", "--ttft", "0ms", "--tokens-per-sec", "0"];
+
+fn admin_gateway(mock: &Proc, extra: &str) -> Proc {
+    gateway_with_env(
+        &format!("{extra}\n{}", model("m", &[("b", "r", mock.url("/v1"))])),
+        &[("SPILLWAY_ADMIN_TOKEN", ADMIN_TOKEN)],
+    )
+}
+
+async fn admin(
+    gw: &Proc,
+    method: reqwest::Method,
+    path: &str,
+    body: Option<serde_json::Value>,
+) -> reqwest::Response {
+    let mut req = client()
+        .request(method, gw.admin_url(path))
+        .bearer_auth(ADMIN_TOKEN);
+    if let Some(b) = body {
+        req = req.json(&b);
+    }
+    req.send().await.unwrap()
+}
+
+async fn chat_as(gw: &Proc, key: &str) -> reqwest::Response {
+    client()
+        .post(gw.url("/v1/chat/completions"))
+        .bearer_auth(key)
+        .json(&chat_body("m", false))
+        .send()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn admin_api_creates_tenants_and_keys_and_revocation_is_immediate_here() {
+    let mock = mock(&FAST);
+    let gw = admin_gateway(&mock, "");
+    let post = reqwest::Method::POST;
+    let r = admin(
+        &gw,
+        post.clone(),
+        "/admin/tenants",
+        Some(serde_json::json!({"name": "team-x", "requests_per_min": 600, "priority": "batch"})),
+    )
+    .await;
+    assert_eq!(r.status(), 201);
+    let again = admin(
+        &gw,
+        post.clone(),
+        "/admin/tenants",
+        Some(serde_json::json!({"name": "team-x"})),
+    )
+    .await;
+    assert_eq!(again.status(), 409);
+    let r = admin(
+        &gw,
+        post.clone(),
+        "/admin/tenants/team-x/keys",
+        Some(serde_json::json!({"description": "ci"})),
+    )
+    .await;
+    assert_eq!(r.status(), 201);
+    let v: serde_json::Value = r.json().await.unwrap();
+    let secret = v["secret"].as_str().unwrap().to_owned();
+    let id = v["key"]["id"].as_str().unwrap().to_owned();
+    assert!(secret.starts_with("sk-spw-"), "{v}");
+    assert!(secret.len() >= 40, "{v}");
+    assert_eq!(chat_as(&gw, &secret).await.status(), 200);
+    // Listing never shows the secret.
+    let list = admin(
+        &gw,
+        reqwest::Method::GET,
+        "/admin/tenants/team-x/keys",
+        None,
+    )
+    .await
+    .text()
+    .await
+    .unwrap();
+    assert!(list.contains(&id) && !list.contains(&secret), "{list}");
+    // Revoked through this gateway's admin API: refused at once, though the key was cached.
+    let r = admin(&gw, post.clone(), &format!("/admin/keys/{id}/revoke"), None).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(chat_as(&gw, &secret).await.status(), 401);
+    // A disabled tenant's other keys are refused with 403.
+    let v: serde_json::Value = admin(&gw, post.clone(), "/admin/tenants/team-x/keys", None)
+        .await
+        .json()
+        .await
+        .unwrap();
+    let second = v["secret"].as_str().unwrap().to_owned();
+    assert_eq!(chat_as(&gw, &second).await.status(), 200);
+    assert_eq!(
+        admin(&gw, post.clone(), "/admin/tenants/team-x/disable", None)
+            .await
+            .status(),
+        200
+    );
+    let r = chat_as(&gw, &second).await;
+    assert_eq!(r.status(), 403);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "tenant_disabled");
+    // Unknown ids and tenants are 404s, bad bodies 400s.
+    assert_eq!(
+        admin(&gw, post.clone(), "/admin/keys/key_nope/revoke", None)
+            .await
+            .status(),
+        404
+    );
+    assert_eq!(
+        admin(&gw, reqwest::Method::GET, "/admin/tenants/nobody", None)
+            .await
+            .status(),
+        404
+    );
+    let bad = client()
+        .post(gw.admin_url("/admin/tenants"))
+        .bearer_auth(ADMIN_TOKEN)
+        .body("{nope")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad.status(), 400);
+}
+
+#[tokio::test]
+async fn admin_api_needs_its_token_and_is_off_without_one() {
+    let mock = mock(&FAST);
+    let gw = admin_gateway(&mock, "");
+    let c = client();
+    let r = c.get(gw.admin_url("/admin/tenants")).send().await.unwrap();
+    assert_eq!(r.status(), 401);
+    let r = c
+        .get(gw.admin_url("/admin/tenants"))
+        .bearer_auth("wrong")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    // The admin API is not on the main listener.
+    let r = c
+        .get(gw.url("/admin/tenants"))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    let off = gateway(&model("m", &[("b", "r", mock.url("/v1"))]));
+    let r = c
+        .get(off.admin_url("/admin/tenants"))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "admin_api_disabled");
+}
+
+#[tokio::test]
+async fn cli_manages_the_store_a_gateway_then_serves_from() {
+    let mock = mock(&FAST);
+    let db = std::env::temp_dir().join(format!("spillway-cli-{}.db", std::process::id()));
+    let url = format!("sqlite://{}", db.display());
+    let cli = |args: &[&str]| {
+        let out = Command::new(bin())
+            .args(args)
+            .args(["--store", &url])
+            .output()
+            .unwrap();
+        (
+            out.status,
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (ok, _, err) = cli(&[
+        "tenants", "add", "cli-team", "--rpm", "100", "--models", "m",
+    ]);
+    assert!(ok.success(), "{err}");
+    let (ok, out, err) = cli(&[
+        "keys",
+        "create",
+        "cli-team",
+        "--description",
+        "from the CLI",
+    ]);
+    assert!(ok.success(), "{err}");
+    let secret = out.trim().to_owned();
+    assert!(secret.starts_with("sk-spw-"), "{out}");
+    let (_, listed, _) = cli(&["keys", "list", "cli-team"]);
+    assert!(
+        !listed.contains(&secret) && listed.contains("sk-spw-"),
+        "{listed}"
+    );
+    let (ok, _, err) = cli(&["tenants", "add", "bad name!"]);
+    assert!(!ok.success());
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+
+    let gw = gateway(&format!(
+        "{}\n[store]\nurl = \"{url}\"\n",
+        model("m", &[("b", "r", mock.url("/v1"))])
+    ));
+    assert_eq!(chat_as(&gw, &secret).await.status(), 200);
+    // Config tenants were bootstrapped into the same store.
+    let (_, tenants, _) = cli(&["tenants", "list"]);
+    assert!(
+        tenants.contains("tenant-a") && tenants.contains("cli-team"),
+        "{tenants}"
+    );
+    drop(gw);
+    for ext in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{ext}", db.display()));
+    }
+}
+
+#[tokio::test]
+async fn probes_never_depend_on_the_store_and_deps_are_reported_apart() {
+    let mock = mock(&FAST);
+    let gw = admin_gateway(&mock, "");
+    let c = client();
+    eventually(Duration::from_secs(5), "ready", || async {
+        matches!(c.get(gw.url("/readyz")).send().await, Ok(r) if r.status() == 200)
+    })
+    .await;
+    let deps = get_json(&gw.admin_url("/healthz/deps")).await;
+    assert_eq!(deps["store"]["status"], "ok", "{deps}");
+    assert!(
+        deps["store_pool"]["max_size"].as_u64().unwrap() > 0,
+        "{deps}"
+    );
+    let m = metrics(&gw).await;
+    assert!(m.contains("spillway_store_pool_max_connections"), "{m}");
+    assert!(m.contains("spillway_store_queries_total"), "{m}");
+}

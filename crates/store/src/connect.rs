@@ -1,0 +1,121 @@
+//! Opening a store from its URL: the one entry point that picks a backend.
+//!
+//! The URL's scheme selects SQLite or PostgreSQL; everything after that is the backend's
+//! business (`sqlite.rs`, `postgres.rs`). What both share is here: the pool settings and the
+//! last step of opening, applying the backend's migrations and wrapping the pool in the one
+//! [`Store`] implementation. A URL may carry a password, so no error message repeats it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::migrate::{Migrate, MigrateError, Migrator};
+use sqlx::{Connection, Database};
+
+use crate::sql_store::SqlStore;
+use crate::{db_error, Store, StoreError};
+
+/// Connection-pool settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolOptions {
+    /// Most connections open at once (default 16). Bounds what one gateway can ask of the
+    /// database, however many cache misses arrive together.
+    pub max_connections: u32,
+    /// How long a query waits for a free connection before failing `Unavailable`
+    /// (default 2 s). Short on purpose: a caller that waits longer is better served stale.
+    pub acquire_timeout: Duration,
+    /// Closes connections idle this long (default 10 min; `None`: keep them).
+    pub idle_timeout: Option<Duration>,
+}
+
+impl Default for PoolOptions {
+    fn default() -> PoolOptions {
+        PoolOptions {
+            max_connections: 16,
+            acquire_timeout: Duration::from_secs(2),
+            idle_timeout: Some(Duration::from_secs(600)),
+        }
+    }
+}
+
+/// Opens the store at `url` and applies its migrations.
+///
+/// `sqlite://PATH` or `sqlite:PATH` (the file and its directory are created on first run), or
+/// `postgres://…` / `postgresql://…`. Anything else is `Invalid`; an unreachable database is
+/// `Unavailable`.
+pub async fn open(url: &str, options: &PoolOptions) -> Result<Arc<dyn Store>, StoreError> {
+    if options.max_connections == 0 {
+        return Err(StoreError::Invalid(
+            "store pool: max_connections must be at least 1".to_owned(),
+        ));
+    }
+    if options.acquire_timeout.is_zero() {
+        return Err(StoreError::Invalid(
+            "store pool: acquire_timeout must be longer than zero".to_owned(),
+        ));
+    }
+    if let Some(path) = url
+        .strip_prefix("sqlite://")
+        .or_else(|| url.strip_prefix("sqlite:"))
+    {
+        return crate::sqlite::open(path, options).await;
+    }
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        return crate::postgres::open(url, options).await;
+    }
+    let scheme = match url.split_once(':') {
+        Some((scheme, _)) if scheme.len() <= 16 => format!("scheme {scheme:?}"),
+        _ => "no scheme".to_owned(),
+    };
+    Err(StoreError::Invalid(format!(
+        "store URL with {scheme}: use sqlite://PATH, sqlite:PATH, postgres://… or \
+         postgresql://…"
+    )))
+}
+
+/// Connects a pool of `options` with `connect`, applies `migrator`, and makes it a [`Store`].
+/// `what` names the database for errors (a path or "postgres", never a URL).
+pub(crate) async fn connect_and_migrate<DB>(
+    options: &PoolOptions,
+    connect: <DB::Connection as Connection>::Options,
+    migrator: &Migrator,
+    what: &str,
+) -> Result<Arc<dyn Store>, StoreError>
+where
+    DB: Database,
+    DB::Connection: Migrate,
+    SqlStore<DB>: Store,
+{
+    let pool = sqlx::pool::PoolOptions::<DB>::new()
+        .max_connections(options.max_connections)
+        .acquire_timeout(options.acquire_timeout)
+        .idle_timeout(options.idle_timeout)
+        // A connection is already tested when it is returned to the pool; testing it again on
+        // every acquire would double the round trips the database sees, which is exactly the
+        // load that matters when a cache flush sends every lookup to it (IL-0136).
+        .test_before_acquire(false)
+        .connect_with(connect)
+        .await
+        .map_err(|err| {
+            tracing::warn!(store = what, error = %err, "cannot open the store");
+            StoreError::Unavailable(format!("opening {what}: {err}"))
+        })?;
+    migrator.run(&pool).await.map_err(|err| match err {
+        MigrateError::Execute(err) => db_error::read(err, "migrate"),
+        // A database migrated by a newer spillway, or edited by hand: not something a retry
+        // fixes.
+        other => StoreError::Invalid(format!("migrations of {what}: {other}")),
+    })?;
+    Ok(Arc::new(SqlStore::new(pool)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_the_documented_ones() {
+        let options = PoolOptions::default();
+        assert_eq!(options.max_connections, 16);
+        assert_eq!(options.acquire_timeout, Duration::from_secs(2));
+    }
+}

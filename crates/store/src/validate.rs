@@ -1,0 +1,105 @@
+//! What the store accepts as names and text, checked once before any query.
+//!
+//! Tenant names end up in metric labels, log lines, URLs of the admin API and CLI output, so they
+//! are short and drawn from a small alphabet; free text (descriptions, model and pool names) is
+//! bounded and has no control characters, so a value can never forge a log line or a table row.
+//! Both backends get the same answer for the same input because neither is asked.
+
+use crate::StoreError;
+
+/// Longest tenant name, in characters.
+pub const MAX_TENANT_NAME_CHARS: usize = 64;
+/// Longest key description, in characters.
+pub const MAX_DESCRIPTION_CHARS: usize = 200;
+/// Longest model or pool name, in characters.
+const MAX_REFERENCE_CHARS: usize = 256;
+
+/// 1 to 64 characters of `A-Z a-z 0-9 . _ -`.
+pub(crate) fn tenant_name(name: &str) -> Result<(), StoreError> {
+    let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
+    if name.is_empty() || name.len() > MAX_TENANT_NAME_CHARS || !name.chars().all(allowed) {
+        return Err(StoreError::Invalid(format!(
+            "tenant name {name:?}: use 1 to {MAX_TENANT_NAME_CHARS} characters of A-Z, a-z, \
+             0-9, '.', '_' and '-'"
+        )));
+    }
+    Ok(())
+}
+
+/// Up to 200 characters, none of them control characters.
+pub(crate) fn description(text: &str) -> Result<(), StoreError> {
+    let chars = text.chars().count();
+    if chars > MAX_DESCRIPTION_CHARS {
+        return Err(StoreError::Invalid(format!(
+            "description of {chars} characters: at most {MAX_DESCRIPTION_CHARS} are allowed"
+        )));
+    }
+    if text.chars().any(char::is_control) {
+        return Err(StoreError::Invalid(
+            "description: control characters (such as newlines) are not allowed".to_owned(),
+        ));
+    }
+    Ok(())
+}
+
+/// A model or pool name: what the config calls it, so only its size and characters are checked.
+pub(crate) fn reference(kind: &str, name: &str) -> Result<(), StoreError> {
+    if name.is_empty()
+        || name.chars().count() > MAX_REFERENCE_CHARS
+        || name.chars().any(char::is_control)
+    {
+        return Err(StoreError::Invalid(format!(
+            "{kind} name {name:?}: use 1 to {MAX_REFERENCE_CHARS} characters, no control characters"
+        )));
+    }
+    Ok(())
+}
+
+/// The optional lists and names of a tenant.
+pub(crate) fn tenant_references(
+    allowed_models: Option<&[String]>,
+    pool: Option<&str>,
+) -> Result<(), StoreError> {
+    for model in allowed_models.unwrap_or_default() {
+        reference("model", model)?;
+    }
+    if let Some(pool) = pool {
+        reference("pool", pool)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tenant_names() {
+        for ok in ["a", "team-a", "Team_A.prod", &"x".repeat(64)] {
+            assert_eq!(tenant_name(ok), Ok(()), "{ok}");
+        }
+        for bad in ["", "a b", "a/b", "é", "a\n", &"x".repeat(65)] {
+            assert!(
+                matches!(tenant_name(bad), Err(StoreError::Invalid(_))),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn descriptions() {
+        assert_eq!(description(""), Ok(()));
+        assert_eq!(description(&"é".repeat(200)), Ok(()));
+        assert!(description(&"x".repeat(201)).is_err());
+        assert!(description("two\nlines").is_err());
+    }
+
+    #[test]
+    fn references() {
+        let models = ["gpt-4o".to_owned(), "org/model:v1".to_owned()];
+        assert_eq!(tenant_references(Some(&models), Some("eu-pool")), Ok(()));
+        assert!(tenant_references(Some(&[String::new()]), None).is_err());
+        assert!(tenant_references(None, Some("a\tb")).is_err());
+        assert_eq!(tenant_references(None, None), Ok(()));
+    }
+}

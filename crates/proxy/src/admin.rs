@@ -169,14 +169,7 @@ async fn update_tenant(
     Path(name): Path<String>,
     body: axum::body::Bytes,
 ) -> Result<Response, ApiError> {
-    let update: TenantUpdate = json_body(&body)?;
-    let tenant = api
-        .store
-        .update_tenant(&name, &update)
-        .await
-        .map_err(store_error)?;
-    api.directory.tenant_changed(&name);
-    Ok(Json(tenant).into_response())
+    apply(&api, &name, &json_body(&body)?).await
 }
 
 async fn disable_tenant(
@@ -187,12 +180,17 @@ async fn disable_tenant(
         enabled: Some(false),
         ..TenantUpdate::default()
     };
+    apply(&api, &name, &update).await
+}
+
+/// Updates a tenant and forgets its keys' cached lookups, so the change holds here at once.
+async fn apply(api: &AdminApi, name: &str, update: &TenantUpdate) -> Result<Response, ApiError> {
     let tenant = api
         .store
-        .update_tenant(&name, &update)
+        .update_tenant(name, update)
         .await
         .map_err(store_error)?;
-    api.directory.tenant_changed(&name);
+    api.directory.tenant_changed(name);
     Ok(Json(tenant).into_response())
 }
 

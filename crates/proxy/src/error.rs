@@ -1,9 +1,8 @@
 //! The one error type of the request path, and its one mapping to HTTP.
 //!
-//! Each error records what went wrong (`ErrorKind`) and who is to blame: the caller (a 4xx, never
-//! worth retrying unchanged), the gateway, or an upstream. The mapping to a status, an
-//! OpenAI-style body and the retry headers lives in a single `match`, so callers and SDKs always
-//! get the same honest answer for the same cause.
+//! Each error records what went wrong (`ErrorKind`). The mapping to a status, an OpenAI-style
+//! body and the retry headers lives in one place, so callers and SDKs always get the same
+//! honest answer for the same cause.
 
 use std::time::Duration;
 
@@ -48,14 +47,6 @@ pub enum ErrorKind {
     Internal,
 }
 
-/// Who caused an error: decides whether anyone should retry.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Blame {
-    Client,
-    Gateway,
-    Upstream,
-}
-
 /// An error on the request path, ready to become an OpenAI-style response.
 #[derive(Debug, Clone)]
 pub struct ApiError {
@@ -76,18 +67,6 @@ impl ApiError {
     pub fn retry_after(mut self, after: Duration) -> Self {
         self.retry_after = Some(after);
         self
-    }
-
-    pub fn blame(&self) -> Blame {
-        use ErrorKind::*;
-        match self.kind {
-            MalformedRequest | BodyTooLarge | MissingApiKey | InvalidApiKey | ModelNotFound
-            | ModelNotAllowed | RouteNotFound | MethodNotAllowed | AdminUnauthorized
-            | AdminDisabled | NotFound | Conflict | TenantDisabled => Blame::Client,
-            NoCapacity | RetryBudgetExhausted | ClientRetryShed | ShuttingDown | Internal
-            | StoreUnavailable => Blame::Gateway,
-            UpstreamTimeout | UpstreamUnavailable => Blame::Upstream,
-        }
     }
 
     /// Status, OpenAI error `type` and `code`.

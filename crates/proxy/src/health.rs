@@ -112,11 +112,6 @@ impl BackendHealth {
             .as_ref()
             .and_then(|o| lock(o).health_check(now, ok, may_eject))
     }
-
-    /// Whether the limit is adaptive, for the metrics.
-    pub fn is_adaptive(&self) -> bool {
-        self.aimd.is_some()
-    }
 }
 
 impl ModelPool {
@@ -166,6 +161,11 @@ impl ModelPool {
             .iter()
             .filter(|b| b.health.health(now) == Health::Healthy)
             .count();
+        self.panics_with(healthy)
+    }
+
+    /// Panic mode given how many backends are healthy.
+    pub fn panics_with(&self, healthy: usize) -> bool {
         spillway_policy::outlier::panic_mode(self.backends.len(), healthy, self.panic_threshold)
     }
 }

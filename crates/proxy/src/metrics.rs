@@ -93,6 +93,7 @@ fn describe() {
         "Responses abandoned by the client before their end."
     );
     describe_counter!(SPILLOVERS, "Requests served outside the preferred region.");
+    spillway_directory::metrics::describe();
     describe_gauge!(OUTSTANDING, "Requests in flight to a backend.");
     describe_gauge!(
         STORE_POOL_CONNECTIONS,
@@ -144,7 +145,9 @@ pub fn render(
     handle: &PrometheusHandle,
     models: &Models,
     pool: spillway_store::PoolStats,
+    cache: &spillway_directory::Directory,
 ) -> String {
+    cache.stats(); // sets the key cache's gauges
     gauge!(STORE_POOL_CONNECTIONS, "state" => "idle").set(f64::from(pool.idle));
     gauge!(STORE_POOL_CONNECTIONS, "state" => "in_use")
         .set(f64::from(pool.size.saturating_sub(pool.idle)));

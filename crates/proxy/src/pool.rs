@@ -235,12 +235,11 @@ impl ModelPool {
         avoid_region: Option<&str>,
     ) -> Option<(usize, InFlight, bool)> {
         let now = Instant::now();
-        let panic = self.in_panic(now);
-        let states: Vec<(Health, bool)> = if panic {
-            Vec::new()
-        } else {
-            self.backends.iter().map(|b| b.health.state(now)).collect()
-        };
+        // One look at each backend's health per pick: panic mode is derived from it.
+        let states: Vec<(Health, bool)> =
+            self.backends.iter().map(|b| b.health.state(now)).collect();
+        let healthy = states.iter().filter(|(h, _)| *h == Health::Healthy).count();
+        let panic = self.panics_with(healthy);
         let usable = |i: usize, b: &Backend| {
             !exclude.contains(&i)
                 && !b.skipped(now)

@@ -405,6 +405,7 @@ fn admin_router(state: AdminState) -> Router {
                         &s.metrics,
                         &s.gateway.models,
                         s.gateway.tenants.store().pool_stats(),
+                        s.gateway.tenants.cache(),
                     ),
                 )
             }),

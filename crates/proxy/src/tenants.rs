@@ -12,7 +12,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use http::StatusCode;
 use spillway_config::{KeySource, TenantConfig};
 use spillway_directory::Directory;
-use spillway_store::{KeyMatch, Priority, Store, StoreError, TenantSpec};
+use spillway_store::{KeyMatch, Priority, Store, TenantSpec};
 use tracing::{info, warn};
 
 use crate::auth::{KeyDigest, LookupError, LookupFuture, Tenant, TenantDirectory};
@@ -178,11 +178,5 @@ impl TenantDirectory for StoreDirectory {
                 .filter(|m| m.key.is_valid_at(unix_now()))
                 .map(|m| self.tenant_of(&m)))
         })
-    }
-}
-
-impl From<StoreError> for LookupError {
-    fn from(e: StoreError) -> Self {
-        LookupError(e.to_string())
     }
 }

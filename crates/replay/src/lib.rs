@@ -33,41 +33,20 @@ pub use args::{ReplayArgs, RetryStormArgs, Scenario};
 pub use error::ReplayError;
 
 /// Runs the chosen scenario: progress lines on stderr, the results table on stdout, and the raw
-/// figures as JSON when asked. Interrupted by SIGINT or SIGTERM, it stops every child process
-/// it started and returns [`ReplayError::Interrupted`].
-pub async fn run(args: ReplayArgs) -> Result<(), ReplayError> {
+/// figures as JSON when asked. When `interrupted` resolves (the binary passes its SIGINT/SIGTERM
+/// future), the scenario's future is dropped, which kills every child process by its PID, and
+/// the result is [`ReplayError::Interrupted`].
+pub async fn run(
+    args: ReplayArgs,
+    interrupted: impl std::future::Future<Output = ()>,
+) -> Result<(), ReplayError> {
     match args.scenario {
         Scenario::RetryStorm(storm) => {
             let plan = storm.check()?;
             tokio::select! {
                 result = storm::run(plan) => result,
-                () = interrupted() => Err(ReplayError::Interrupted),
+                () = interrupted => Err(ReplayError::Interrupted),
             }
         }
-    }
-}
-
-/// Resolves on SIGINT or SIGTERM. Dropping the scenario's future then drops its processes,
-/// which kills each one by its PID.
-async fn interrupted() {
-    let ctrl_c = async {
-        if tokio::signal::ctrl_c().await.is_err() {
-            std::future::pending::<()>().await;
-        }
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {},
-        () = term => {},
     }
 }

@@ -129,7 +129,7 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Replay(args) => {
-            runtime(None)?.block_on(spillway_replay::run(args))?;
+            runtime(None)?.block_on(spillway_replay::run(args, shutdown_signal()))?;
             Ok(ExitCode::SUCCESS)
         }
     }

@@ -198,3 +198,35 @@ async fn a_failing_backend_is_ejected_and_readmitted_by_health_checks() {
     )
     .await;
 }
+
+#[tokio::test]
+async fn a_full_backends_retry_after_keeps_requests_away_from_it() {
+    let mut flags = FAST.to_vec();
+    flags.extend_from_slice(&[
+        "--error-rate",
+        "1",
+        "--error-status",
+        "503",
+        "--retry-after",
+        "30s",
+    ]);
+    let full = mock(&flags);
+    let healthy = mock(&FAST);
+    let gw = gateway(&format!(
+        "home_region = \"region-a\"\n{}",
+        model(
+            "m",
+            &[
+                ("a1", "region-a", full.url("/v1")),
+                ("b1", "region-b", healthy.url("/v1")),
+            ]
+        )
+    ));
+    for _ in 0..3 {
+        assert_eq!(chat(&gw, &chat_body("m", false)).await.status(), 200);
+    }
+    // Only the first request reached the full backend: its Retry-After kept the others away,
+    // although the home region prefers it and one failure does not eject it.
+    assert_eq!(chats_received(&full).await, 1);
+    assert_eq!(chats_received(&healthy).await, 3);
+}

@@ -130,6 +130,10 @@ pub struct CacheConfig {
     pub snapshot: Option<std::path::PathBuf>,
     pub warm_batch: u32,
     pub warm_max_keys: u64,
+    /// Re-reads after a flush are spread over this; default the TTL.
+    pub flush_spread: Duration,
+    /// Every protection of the cache off (for `spillway replay cache-flush --naive`).
+    pub naive: bool,
 }
 
 /// `[admin]`: the admin API's protection.

@@ -114,6 +114,9 @@ pub struct RawCache {
     pub snapshot: Option<String>,
     pub warm_batch: Option<u32>,
     pub warm_max_keys: Option<u64>,
+    #[serde(default, with = "humantime_serde")]
+    pub flush_spread: Option<Duration>,
+    pub naive: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -44,6 +44,14 @@ pub struct DirectoryConfig {
     pub redis_timeout: Duration,
     /// Where the cache is saved for warm restarts. Default none.
     pub snapshot: Option<PathBuf>,
+    /// After a flush, each cached answer is re-read at a time spread uniformly over this
+    /// window, so a flush at peak costs the store about one TTL's worth of refreshes rather
+    /// than every key at once. Zero re-reads every answer at its next lookup. Default 30 s.
+    pub flush_spread: Duration,
+    /// Turns every protection off, to show what they prevent (`spillway replay cache-flush
+    /// --naive`): no single flight, no cap on store queries, no stale answers, no Redis, and a
+    /// flush that re-reads every answer at its next lookup. Never for production. Default off.
+    pub naive: bool,
 }
 
 impl Default for DirectoryConfig {
@@ -61,6 +69,8 @@ impl Default for DirectoryConfig {
             redis: None,
             redis_timeout: Duration::from_millis(50),
             snapshot: None,
+            flush_spread: Duration::from_secs(30),
+            naive: false,
         }
     }
 }

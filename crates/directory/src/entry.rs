@@ -21,8 +21,10 @@ pub(crate) struct Entry {
     pub window: Window,
     /// Unix milliseconds at which the store query that produced it started.
     pub fetched_at_ms: u64,
-    /// The flush epoch the query started in; older epochs are only a fallback.
+    /// The flush epoch the query started in; after a flush, an answer of an older epoch is
+    /// re-read once this share of `flush_spread` has passed.
     pub epoch: u64,
+    flush_share: f64,
     refresh: Mutex<RefreshFailures>,
 }
 
@@ -39,12 +41,19 @@ impl Entry {
             window,
             fetched_at_ms,
             epoch,
+            flush_share: rand::random::<f64>(),
             refresh: Mutex::new(RefreshFailures::default()),
         }
     }
 
-    pub fn state(&self, now: Instant, epoch: u64) -> State {
-        freshness::judge(self.window, now, self.epoch == epoch)
+    /// What a lookup does with it at `now`; `flush` is the current epoch and, when it moved
+    /// past this entry's, the last flush's time and spread.
+    pub fn state(&self, now: Instant, epoch: u64, flush: Option<(Instant, Duration)>) -> State {
+        let current = self.epoch == epoch
+            || flush.is_some_and(|(at, spread)| {
+                now < freshness::flush_due(at, spread, self.flush_share)
+            });
+        freshness::judge(self.window, now, current)
     }
 
     /// Whether it may still stand in for an answer the store could not give.

@@ -99,6 +99,13 @@ pub fn restored_window(
     })
 }
 
+/// When an answer cached before a flush at `flushed_at` must be re-read: `share` (uniform in
+/// `[0, 1)`, drawn once per answer) of the way through `spread`. Spreading the re-reads keeps a
+/// flush at peak from sending every key to the store in the same second (IL-0136).
+pub fn flush_due(flushed_at: Instant, spread: Duration, share: f64) -> Instant {
+    flushed_at + spread.mul_f64(unit(share))
+}
+
 /// Until when "no such key", answered `age` ago, is believed; `None` once it is too old.
 pub fn negative_until(now: Instant, age: Duration, negative_ttl: Duration) -> Option<Instant> {
     let left = negative_ttl.checked_sub(age)?;

@@ -12,13 +12,16 @@
 //!   cannot get a slot within `load_wait` serves what it has instead of queueing;
 //! - **stale-while-revalidate and stale-if-error** ([`freshness`]): a stale answer is served at
 //!   once while one background refresh runs, and stands in when the store fails or is slow;
-//!   a flush marks answers for re-reading but keeps them as that fallback;
+//!   a flush marks answers for re-reading, spread over `flush_spread`, and keeps them as that
+//!   fallback;
 //! - **jittered TTLs** so answers loaded together do not fall due together;
 //! - **negative caching** in a cache of its own, so unknown keys do not reach the store on every
 //!   request and random keys cannot evict real ones;
 //! - **a warm snapshot** ([`snapshot`]) and a bounded **warm-up** ([`warm`]) so a restart starts
-//!   with a full cache rather than a stampede;
+//!   with a full cache rather than a stampede, its entries falling due spread over one TTL;
 //! - **metrics** ([`metrics`]) for the hit ratio, every store query, and Redis errors.
+//!
+//! `DirectoryConfig::naive` turns all of this off, so a replay can show what it prevents.
 //!
 //! The cached value is the store's raw [`KeyMatch`]: revoked, expired and disabled are judged by
 //! the caller at each use, so a cached answer is judged again as time passes.
@@ -38,6 +41,7 @@ mod entry;
 mod flight;
 mod load;
 mod log_gate;
+mod naive;
 mod state;
 
 use std::sync::atomic::Ordering;
@@ -132,8 +136,10 @@ impl Directory {
     ) -> Result<Self, DirectoryError> {
         config.check()?;
         let shared = match &config.redis {
-            Some(url) => Some(shared::SharedLayer::start(url, config.redis_timeout).await?),
-            None => None,
+            Some(url) if !config.naive => {
+                Some(shared::SharedLayer::start(url, config.redis_timeout).await?)
+            }
+            _ => None,
         };
         Ok(Self {
             state: Arc::new(State::new(store, config, shared)),

@@ -44,11 +44,14 @@ enum FromShared {
 
 impl State {
     pub async fn lookup(self: &Arc<Self>, digest: &KeyDigest) -> Result<Lookup, DirectoryError> {
+        if self.config.naive {
+            return self.lookup_naive(digest).await;
+        }
         let now = Instant::now();
         let epoch = self.epoch.load(Ordering::SeqCst);
         let mut fallback = None;
         if let Some(entry) = self.known.get(digest) {
-            match entry.state(now, epoch) {
+            match self.judge(&entry, now, epoch) {
                 Freshness::Fresh => return Ok(served(&entry, Outcome::Fresh)),
                 Freshness::Stale => {
                     self.start_refresh(digest, &entry, now);
@@ -229,7 +232,7 @@ impl State {
                 }
             }
         };
-        match self.query_store(digest, permit).await {
+        match self.query_store(digest, Some(permit)).await {
             Ok(found) => self.adopt_store(digest, found, epoch, seq),
             Err(why) => Answer::Failed {
                 why,
@@ -238,12 +241,13 @@ impl State {
         }
     }
 
-    /// One store query under a load slot, counted, timed and bounded by `load_timeout`.
-    /// Returns the answer with the time it was asked (Unix ms) and how long it took.
-    async fn query_store(
+    /// One store query under a load slot (none only in naive mode), counted, timed and
+    /// bounded by `load_timeout`. Returns the answer with the time it was asked (Unix ms) and
+    /// how long it took.
+    pub(crate) async fn query_store(
         &self,
         digest: &KeyDigest,
-        permit: OwnedSemaphorePermit,
+        permit: Option<OwnedSemaphorePermit>,
     ) -> Result<Option<(KeyMatch, u64, Duration)>, String> {
         let limit = self.config.load_timeout;
         let asked_at_ms = unix_ms();
@@ -282,7 +286,7 @@ impl State {
         }
     }
 
-    fn adopt_store(
+    pub(crate) fn adopt_store(
         &self,
         digest: &KeyDigest,
         found: Option<(KeyMatch, u64, Duration)>,
@@ -368,7 +372,7 @@ impl State {
     }
 }
 
-fn served(entry: &Entry, outcome: Outcome) -> Lookup {
+pub(crate) fn served(entry: &Entry, outcome: Outcome) -> Lookup {
     Lookup {
         found: Some(entry.found.clone()),
         outcome,

@@ -13,7 +13,8 @@
 //! invalidation counts *then* removes, one of the two always removes the answer.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use moka::notification::RemovalCause;
 use moka::ops::compute::Op;
@@ -23,6 +24,7 @@ use tokio::sync::Semaphore;
 
 use crate::entry::{Entry, Unknown, UntilUnusable};
 use crate::flight::Flights;
+use crate::freshness::State as Freshness;
 use crate::log_gate::LogGate;
 use crate::shared::{self, SharedLayer};
 use crate::{metrics, unix_ms, DirectoryConfig, DirectoryStats};
@@ -39,6 +41,8 @@ pub(crate) struct State {
     pub epoch: AtomicU64,
     /// Unix ms of the last flush: Redis answers fetched before it are only a fallback.
     pub flushed_at_ms: AtomicU64,
+    /// When the last flush happened, for spreading the re-reads it asks for.
+    pub flushed_at: Mutex<Option<Instant>>,
     pub invalidations: AtomicU64,
     pub warm: AtomicBool,
     pub counts: Counts,
@@ -95,6 +99,7 @@ impl State {
             shared,
             epoch: AtomicU64::new(0),
             flushed_at_ms: AtomicU64::new(0),
+            flushed_at: Mutex::new(None),
             invalidations: AtomicU64::new(0),
             warm: AtomicBool::new(false),
             counts,
@@ -161,10 +166,25 @@ impl State {
     }
 
     pub fn invalidate_all(&self) {
+        *self.flushed_at.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
         self.epoch.fetch_add(1, Ordering::SeqCst);
         self.flushed_at_ms.store(unix_ms(), Ordering::SeqCst);
         self.unknown.invalidate_all();
         self.counts.flushes.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// What a lookup at `now` does with `entry`, in the current flush epoch.
+    pub fn judge(&self, entry: &Entry, now: Instant, epoch: u64) -> Freshness {
+        if entry.epoch == epoch {
+            return entry.state(now, epoch, None);
+        }
+        let spread = if self.config.naive {
+            Duration::ZERO
+        } else {
+            self.config.flush_spread
+        };
+        let flushed_at = *self.flushed_at.lock().unwrap_or_else(|e| e.into_inner());
+        entry.state(now, epoch, flushed_at.map(|at| (at, spread)))
     }
 
     pub fn stats(&self) -> DirectoryStats {

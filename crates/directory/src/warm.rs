@@ -66,9 +66,8 @@ pub(crate) async fn from_store(
         for (digest, found) in page {
             after = Some(digest);
             let u = rand::random::<f64>();
-            let Some(window) =
-                freshness::window_for_age(now, took, c.ttl, c.ttl_jitter, c.stale_for, u)
-            else {
+            // Spread like a restored snapshot: keys warmed together must not fall due together.
+            let Some(window) = freshness::restored_window(now, took, c.ttl, c.stale_for, u) else {
                 continue;
             };
             let entry = Entry::new(Arc::new(found), window, asked_at_ms, epoch);

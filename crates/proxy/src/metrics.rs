@@ -108,6 +108,11 @@ fn describe() {
         STORE_POOL_TIMEOUTS,
         "Store queries that gave up waiting for a pooled connection."
     );
+    describe_histogram!(
+        spillway_store::POOL_ACQUIRE_SECONDS,
+        metrics::Unit::Seconds,
+        "Time store queries waited for a pooled connection."
+    );
     describe_gauge!(
         CONCURRENCY_LIMIT,
         "A backend's current (adaptive) concurrency limit."

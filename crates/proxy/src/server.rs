@@ -258,10 +258,15 @@ async fn open_tenants(config: &Config) -> Result<StoreDirectory, StartError> {
             redis: c.redis.clone(),
             redis_timeout: c.redis_timeout,
             snapshot: c.snapshot.clone(),
+            flush_spread: c.flush_spread,
+            naive: c.naive,
         },
     )
     .await
     .map_err(|e| StartError::Setup(format!("key cache: {e}")))?;
+    if c.naive {
+        warn!("cache.naive is set: the key cache has no single flight, no load cap and no stale answers; for demonstrations only");
+    }
     if c.snapshot.is_some() {
         match cache.load_snapshot().await {
             Ok(n) => info!(entries = n, "key cache loaded from its snapshot"),

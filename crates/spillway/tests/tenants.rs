@@ -243,6 +243,10 @@ async fn probes_never_depend_on_the_store_and_deps_are_reported_apart() {
     );
     let m = metrics(&gw).await;
     assert!(m.contains("spillway_store_pool_max_connections"), "{m}");
+    assert!(
+        m.contains("spillway_store_pool_acquire_seconds_count"),
+        "{m}"
+    );
     assert!(m.contains("spillway_store_queries_total"), "{m}");
     // The key cache's size is on the page, set when it is rendered.
     assert!(m.contains("spillway_key_cache_entries{"), "{m}");

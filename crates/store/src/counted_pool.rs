@@ -8,11 +8,15 @@
 //! of this crate acquires its connection here and nowhere else.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
 
 use sqlx::pool::PoolConnection;
 use sqlx::{Database, Pool};
 
 use crate::{PoolStats, StoreError};
+
+/// Histogram of the time a query waited for a pooled connection, in seconds.
+pub const POOL_ACQUIRE_SECONDS: &str = "spillway_store_pool_acquire_seconds";
 
 pub(crate) struct CountedPool<DB: Database> {
     pool: Pool<DB>,
@@ -32,12 +36,16 @@ impl<DB: Database> CountedPool<DB> {
     /// A connection, or `Unavailable` once the pool's acquire timeout has passed. `op` names the
     /// store method, for the log line.
     pub async fn acquire(&self, op: &'static str) -> Result<PoolConnection<DB>, StoreError> {
+        let started = Instant::now();
         let acquired = {
             // Counted down on drop, so a caller that gives up (a request timing out, a client
             // going away) while queued does not leave a phantom waiter behind.
             let _waiting = Waiting::enter(&self.waiters);
             self.pool.acquire().await
         };
+        // Timeouts included (as their limit): the tail of this histogram is what exhaustion
+        // looks like before the timeouts start.
+        metrics::histogram!(POOL_ACQUIRE_SECONDS).record(started.elapsed().as_secs_f64());
         acquired.map_err(|err| self.acquire_error(err, op))
     }
 

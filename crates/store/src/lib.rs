@@ -29,6 +29,7 @@ mod sqlite;
 mod validate;
 
 pub use connect::{open, PoolOptions};
+pub use counted_pool::POOL_ACQUIRE_SECONDS;
 pub use keys::{digest_secret, SECRET_PREFIX};
 pub use sql_store::MAX_PAGE_KEYS;
 pub use sqlite::BUSY_TIMEOUT as SQLITE_BUSY_TIMEOUT;

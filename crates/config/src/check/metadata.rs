@@ -70,8 +70,9 @@ pub(super) fn check_cache(raw: RawCache, p: &mut Problems) -> CacheConfig {
             p.add("cache.redis", "must start with redis:// or rediss://");
         }
     }
+    let ttl = nonzero(raw.ttl, s(30), "cache.ttl", p);
     CacheConfig {
-        ttl: nonzero(raw.ttl, s(30), "cache.ttl", p),
+        ttl,
         ttl_jitter: jitter.clamp(0.0, 0.9),
         stale_for: raw.stale_for.unwrap_or(s(600)),
         negative_ttl: nonzero(raw.negative_ttl, s(30), "cache.negative_ttl", p),
@@ -107,6 +108,8 @@ pub(super) fn check_cache(raw: RawCache, p: &mut Problems) -> CacheConfig {
         warm_batch: count(raw.warm_batch.map(u64::from), 1000, "cache.warm_batch", p).min(10_000)
             as u32,
         warm_max_keys: raw.warm_max_keys.unwrap_or(100_000),
+        flush_spread: raw.flush_spread.unwrap_or(ttl),
+        naive: raw.naive.unwrap_or(false),
     }
 }
 

@@ -162,3 +162,14 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_flush_spreads_re_reads_over_its_window() {
+    let at = Instant::now();
+    assert_eq!(flush_due(at, secs(30), 0.0), at);
+    assert_eq!(flush_due(at, secs(30), 0.5), at + secs(15));
+    assert_eq!(flush_due(at, Duration::ZERO, 0.9), at);
+    // Out-of-range shares are clamped, never past the window.
+    assert_eq!(flush_due(at, secs(30), 7.0), at + secs(30));
+    assert_eq!(flush_due(at, secs(30), f64::NAN), at);
+}

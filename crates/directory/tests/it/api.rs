@@ -22,6 +22,8 @@ async fn the_interface_the_proxy_uses_holds() {
         redis: None,
         redis_timeout: Duration::from_millis(50),
         snapshot: None,
+        flush_spread: Duration::from_secs(30),
+        naive: false,
     };
     assert_eq!(config, DirectoryConfig::default());
     let store = FakeStore::with_keys(2, "acme");

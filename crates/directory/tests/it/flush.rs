@@ -8,10 +8,12 @@ use spillway_directory::{Directory, DirectoryConfig, DirectoryError, Outcome};
 
 use crate::support::{digest, directory, eventually_async, ms, FakeStore};
 
+/// A flush that re-reads every answer at its next lookup: the hardest case for the store.
 fn capped() -> DirectoryConfig {
     DirectoryConfig {
         max_concurrent_loads: 8,
         load_wait: ms(100),
+        flush_spread: Duration::ZERO,
         ..DirectoryConfig::default()
     }
 }
@@ -127,4 +129,73 @@ async fn a_flush_forgets_unknown_keys() {
     dir.invalidate_all();
     assert_eq!(dir.lookup(&digest(1)).await.unwrap().outcome, Outcome::Miss);
     assert_eq!(store.lookups(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spread_flush_re_reads_each_key_once_over_the_spread_not_at_once() {
+    let store = FakeStore::with_keys(100, "acme");
+    let spread = ms(1_500);
+    let dir = directory(
+        &store,
+        DirectoryConfig {
+            flush_spread: spread,
+            ..capped()
+        },
+    )
+    .await;
+    for i in 0..100 {
+        dir.lookup(&digest(i)).await.unwrap();
+    }
+    dir.invalidate_all();
+    let flushed = std::time::Instant::now();
+    for i in 0..100 {
+        dir.lookup(&digest(i)).await.unwrap();
+    }
+    // Only the keys whose share of the spread has passed were re-read: a few, not all 100.
+    let early = store.lookups() - 100;
+    let share = flushed.elapsed().as_secs_f64() / spread.as_secs_f64();
+    assert!(
+        (early as f64) <= 100.0 * share + 15.0,
+        "{early} re-reads after {:.0}% of the spread",
+        share * 100.0
+    );
+    // Once the spread has passed, every key has been re-read exactly once.
+    eventually_async(Duration::from_secs(10), "all keys re-read", || async {
+        for i in 0..100 {
+            dir.lookup(&digest(i)).await.unwrap();
+        }
+        store.lookups() - 100 == 100 && flushed.elapsed() > spread
+    })
+    .await;
+    for i in 0..100 {
+        assert_eq!(
+            dir.lookup(&digest(i)).await.unwrap().outcome,
+            Outcome::Fresh
+        );
+    }
+    assert_eq!(store.lookups() - 100, 100, "one re-read per key");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn naive_mode_has_no_single_flight_and_no_stale_answers() {
+    let store = FakeStore::with_keys(10, "acme");
+    let naive = DirectoryConfig {
+        naive: true,
+        ..capped()
+    };
+    let dir = directory(&store, naive).await;
+    for i in 0..10 {
+        dir.lookup(&digest(i)).await.unwrap();
+    }
+    store.set_latency(ms(20));
+    dir.invalidate_all();
+    let results = stampede(&dir).await;
+    assert!(results.iter().all(|r| r.is_ok()));
+    // Ten concurrent lookups of a key after the flush are (up to) ten queries, uncapped.
+    assert!(store.lookups() - 10 > 100, "{} queries", store.lookups());
+    assert!(store.high_water() > 8, "high water {}", store.high_water());
+    // With the store down, an answer from before the flush does not stand in.
+    store.set_failing(true);
+    dir.invalidate_all();
+    assert!(dir.lookup(&digest(0)).await.is_err());
 }

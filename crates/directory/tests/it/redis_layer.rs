@@ -99,7 +99,11 @@ async fn a_flush_does_not_take_answers_from_before_it_out_of_redis() {
     let d = random_digest();
     let store = FakeStore::new();
     store.add(d, key_match(3, "acme"));
-    let dir = directory(&store, with_redis(REDIS)).await;
+    let config = DirectoryConfig {
+        flush_spread: Duration::ZERO,
+        ..with_redis(REDIS)
+    };
+    let dir = directory(&store, config).await;
     dir.lookup(&d).await.unwrap();
     eventually_async(Duration::from_secs(2), "the answer in Redis", || exists(&d)).await;
     tokio::time::sleep(Duration::from_millis(5)).await;

@@ -8,12 +8,19 @@ pub mod balance;
 pub mod budget;
 pub mod classify;
 pub mod concurrency;
+pub mod fair;
 pub mod outlier;
+pub mod rate;
 pub mod retry;
 
 pub use balance::{pick, Candidate, Pick};
 pub use budget::{BudgetConfig, Refusal, RetryBudget};
 pub use classify::{classify, Class, Outcome, Pushback, Rules};
 pub use concurrency::{Aimd, AimdConfig};
+pub use fair::{FairQueue, Offer, Priority, QueueBounds, Rejection, Released, Ticket, Waiter};
 pub use outlier::{may_eject, panic_mode, Health, Outlier, OutlierConfig};
+pub use rate::{
+    Dimension, Gcra, Quota, RateDecision, RateHeaders, RateLimit, RateLimitError, RateRefusal,
+    Reservation, TenantLimiter,
+};
 pub use retry::{Backoff, Decision, RetryPolicy, Stop};

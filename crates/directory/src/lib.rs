@@ -150,11 +150,13 @@ impl Directory {
     /// does not know it. `Err` only when there is no usable answer and the store failed, timed
     /// out or had no free load slot within `load_wait`.
     pub async fn lookup(&self, digest: &KeyDigest) -> Result<Lookup, DirectoryError> {
+        let started = std::time::Instant::now();
         let result = self.state.lookup(digest).await;
-        metrics::lookup(match &result {
+        let outcome = match &result {
             Ok(found) => found.outcome,
             Err(_) => Outcome::StoreError,
-        });
+        };
+        metrics::lookup(outcome, started.elapsed());
         result
     }
 

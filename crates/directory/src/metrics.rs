@@ -13,6 +13,14 @@ use crate::Outcome;
 /// Counter, label `outcome`: `fresh_hit`, `stale_hit`, `miss`, `negative_hit`, `redis_hit`,
 /// `store_error`.
 pub const KEY_LOOKUPS_TOTAL: &str = "spillway_key_lookups_total";
+/// Histogram of lookups' durations, in seconds, however they were answered.
+pub const KEY_LOOKUP_SECONDS: &str = "spillway_key_lookup_seconds";
+/// Buckets for [`KEY_LOOKUP_SECONDS`]: a cache hit takes microseconds, a store query
+/// milliseconds, a lookup that waited for a failing store up to `load_timeout`.
+pub const KEY_LOOKUP_BUCKETS: &[f64] = &[
+    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0, 2.5, 5.0,
+];
 /// Counter, label `result`: `ok`, `not_found`, `error`. Counts queries that reached the store
 /// (lookups, refreshes and warm-up pages), not lookups.
 pub const STORE_QUERIES_TOTAL: &str = "spillway_store_queries_total";
@@ -28,6 +36,11 @@ pub const REDIS_ERRORS_TOTAL: &str = "spillway_redis_errors_total";
 /// Registers the descriptions with the installed recorder (call once, after installing it).
 pub fn describe() {
     metrics::describe_counter!(KEY_LOOKUPS_TOTAL, "Key lookups by how they were answered.");
+    metrics::describe_histogram!(
+        KEY_LOOKUP_SECONDS,
+        metrics::Unit::Seconds,
+        "Duration of key lookups, cache hits included."
+    );
     metrics::describe_counter!(
         STORE_QUERIES_TOTAL,
         "Queries that reached the metadata store, by result."
@@ -48,8 +61,9 @@ pub fn describe() {
     );
 }
 
-pub(crate) fn lookup(outcome: Outcome) {
+pub(crate) fn lookup(outcome: Outcome, took: Duration) {
     metrics::counter!(KEY_LOOKUPS_TOTAL, "outcome" => outcome.as_str()).increment(1);
+    metrics::histogram!(KEY_LOOKUP_SECONDS).record(took.as_secs_f64());
 }
 
 /// One store query's result: `ok`, `not_found` or `error`.

@@ -49,6 +49,11 @@ pub fn recorder() -> PrometheusHandle {
     HANDLE
         .get_or_init(|| {
             let recorder = PrometheusBuilder::new()
+                .set_buckets_for_metric(
+                    Matcher::Full(spillway_directory::metrics::KEY_LOOKUP_SECONDS.into()),
+                    spillway_directory::metrics::KEY_LOOKUP_BUCKETS,
+                )
+                .expect("bucket list is not empty")
                 .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), LATENCY_BUCKETS)
                 .expect("bucket list is not empty")
                 .set_buckets_for_metric(Matcher::Full(ATTEMPTS.into()), &[1.0, 2.0, 3.0, 4.0, 5.0])

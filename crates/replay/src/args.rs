@@ -28,6 +28,15 @@ pub enum Scenario {
     /// and once as a naive gateway, switches the fault on and off on a schedule (steady, fault,
     /// recovery), and prints per phase what the callers and the backends saw.
     RetryStorm(RetryStormArgs),
+    /// IL-0136: the key cache flushed at peak, the gateway restarted, the store gone for 30 s.
+    ///
+    /// Creates a tenant and 10,000 keys in a new schema of PostgreSQL, runs a gateway that
+    /// reaches it through a link that counts SQL statements and can be cut, sends requests
+    /// spread over the keys, and prints per phase (steady, flush, restart, outage, recovery)
+    /// requests/s, errors, store queries/s, lookup p99 and restarts: once with spillway's
+    /// protections and once naive (no single flight, no stale answers, a supervisor that
+    /// restarts the gateway when its store probe fails).
+    CacheFlush(crate::flush::CacheFlushArgs),
 }
 
 /// Flags of `spillway replay retry-storm`.
@@ -196,8 +205,10 @@ mod tests {
 
     fn parse(args: &[&str]) -> Result<RetryStormArgs, clap::Error> {
         let cli = Cli::try_parse_from(["replay", "retry-storm"].iter().chain(args))?;
-        let Scenario::RetryStorm(a) = cli.scenario;
-        Ok(a)
+        match cli.scenario {
+            Scenario::RetryStorm(a) => Ok(a),
+            other => panic!("parsed as {other:?}"),
+        }
     }
 
     #[test]

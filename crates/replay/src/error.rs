@@ -36,6 +36,9 @@ pub enum ReplayError {
         #[source]
         source: io::Error,
     },
+    /// The scenario's database could not be prepared or cleaned up.
+    #[error("replay store: {0}")]
+    Store(String),
     /// The JSON figures could not be written.
     #[error("cannot write {}: {source}", path.display())]
     Output {

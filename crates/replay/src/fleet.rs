@@ -51,7 +51,7 @@ const MOCK_FLAGS: [&str; 12] = [
 const KEY_ENV: &str = "SPILLWAY_REPLAY_KEY";
 
 /// Deadline for a child to print its address, and for the gateway to report ready.
-const START_DEADLINE: Duration = Duration::from_secs(15);
+pub(crate) const START_DEADLINE: Duration = Duration::from_secs(15);
 /// Deadline for one control or counter request to a mock or the gateway.
 const CONTROL_TIMEOUT: Duration = Duration::from_secs(2);
 const READY_POLL: Duration = Duration::from_millis(20);
@@ -216,9 +216,19 @@ async fn wait_ready(
     addr: SocketAddr,
     control: &HttpClient,
 ) -> Result<(), ReplayError> {
+    wait_for(gateway, addr, "/readyz", control).await
+}
+
+/// Polls `GET PATH` until it answers 200, the gateway exits, or the deadline passes.
+pub(crate) async fn wait_for(
+    gateway: &mut ChildProcess,
+    addr: SocketAddr,
+    path: &str,
+    control: &HttpClient,
+) -> Result<(), ReplayError> {
     let end = Instant::now() + START_DEADLINE;
     loop {
-        if let Ok((StatusCode::OK, _)) = control.get(uri(addr, "/readyz"), READY_POLL * 10).await {
+        if let Ok((StatusCode::OK, _)) = control.get(uri(addr, path), READY_POLL * 10).await {
             return Ok(());
         }
         if gateway.exited().is_some() {
@@ -226,7 +236,7 @@ async fn wait_ready(
         }
         if Instant::now() >= end {
             let why = format!(
-                "GET /readyz did not answer 200 within {}",
+                "GET {path} did not answer 200 within {}",
                 humantime::format_duration(START_DEADLINE)
             );
             return Err(gateway.startup_error(&why).await);
@@ -280,12 +290,12 @@ fn client_key() -> String {
 }
 
 /// A directory of this process's own, removed when dropped.
-struct Scratch {
-    path: PathBuf,
+pub(crate) struct Scratch {
+    pub(crate) path: PathBuf,
 }
 
 impl Scratch {
-    fn create(mode: Mode) -> Result<Scratch, ReplayError> {
+    pub(crate) fn create(mode: impl std::fmt::Display) -> Result<Scratch, ReplayError> {
         let path = std::env::temp_dir().join(format!(
             "spillway-replay-{}-{mode}-{}",
             std::process::id(),

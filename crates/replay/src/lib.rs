@@ -9,7 +9,8 @@
 //! and for a naive configuration.
 //!
 //! Scenarios: `retry-storm` (IL-0248, capacity failures surfacing as 500 under callers that
-//! retry immediately, up to 48 times).
+//! retry immediately, up to 48 times) and `cache-flush` (IL-0136, a key cache flushed at peak,
+//! a restart, and the metadata store going away, with PostgreSQL behind a counting link).
 //!
 //! Every child is killed by its own PID when a replay ends, fails or is interrupted, and every
 //! wait has a deadline, so a replay's run time is bounded by its phases plus start-up deadlines.
@@ -21,16 +22,19 @@
 mod args;
 mod error;
 mod fleet;
+mod flush;
 mod http;
 mod load;
 mod process;
 mod report;
 mod rss;
+mod store_link;
 mod storm;
 mod tally;
 
 pub use args::{ReplayArgs, RetryStormArgs, Scenario};
 pub use error::ReplayError;
+pub use flush::CacheFlushArgs;
 
 /// Runs the chosen scenario: progress lines on stderr, the results table on stdout, and the raw
 /// figures as JSON when asked. When `interrupted` resolves (the binary passes its SIGINT/SIGTERM
@@ -45,6 +49,13 @@ pub async fn run(
             let plan = storm.check()?;
             tokio::select! {
                 result = storm::run(plan) => result,
+                () = interrupted => Err(ReplayError::Interrupted),
+            }
+        }
+        Scenario::CacheFlush(flush) => {
+            let plan = flush.check()?;
+            tokio::select! {
+                result = flush::run(plan) => result,
                 () = interrupted => Err(ReplayError::Interrupted),
             }
         }

@@ -29,24 +29,38 @@ pub(crate) const DRAIN_GRACE: Duration = Duration::from_secs(5);
 /// Where the client sends its requests and how it presents itself.
 pub(crate) struct Target {
     pub(crate) uri: Uri,
-    pub(crate) authorization: HeaderValue,
+    /// One per caller; each request chain picks one at random (never empty).
+    authorizations: Vec<HeaderValue>,
     pub(crate) body: Bytes,
 }
 
 impl Target {
-    /// A small non-streaming chat completion for `model` on the gateway at `uri`.
-    pub(crate) fn chat(uri: Uri, key: &str, model: &str) -> Target {
+    /// A small non-streaming chat completion for `model` on the gateway at `uri`, sent with
+    /// one of `keys` (uniformly at random per request), or with no key if there are none.
+    pub(crate) fn chat(uri: Uri, keys: &[String], model: &str) -> Target {
         let body = serde_json::json!({
             "model": model,
             "messages": [{"role": "user", "content": "Summarise the incident in one line."}],
             "max_tokens": 4,
         });
+        let authorizations = keys
+            .iter()
+            .filter_map(|key| HeaderValue::from_str(&format!("Bearer {key}")).ok())
+            .collect();
         Target {
             uri,
-            authorization: HeaderValue::from_str(&format!("Bearer {key}"))
-                .expect("the replay's generated key is printable ASCII"),
+            authorizations,
             body: Bytes::from(body.to_string()),
         }
+    }
+
+    /// One of the callers' credentials, at random.
+    fn authorization(&self) -> Option<&HeaderValue> {
+        if self.authorizations.is_empty() {
+            return None;
+        }
+        self.authorizations
+            .get(rand::random_range(0..self.authorizations.len()))
     }
 }
 
@@ -135,13 +149,14 @@ impl Chain {
     /// records every attempt in the phase it was sent and the chain's end in `started_in`.
     async fn run(self, started_in: usize) {
         let started = Instant::now();
+        let authorization = self.target.authorization();
         let mut resends = 0;
         let end = loop {
             let sent_in = self.schedule.slot(Instant::now());
             let req = request(
                 Method::POST,
                 self.target.uri.clone(),
-                Some(&self.target.authorization),
+                authorization,
                 self.target.body.clone(),
             );
             let attempt = match self.client.exchange(req, self.plan.attempt_timeout).await {

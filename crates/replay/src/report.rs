@@ -270,22 +270,7 @@ pub(crate) fn table(report: &Report) -> String {
             ]);
         }
     }
-    let widths: Vec<usize> = (0..header.len())
-        .map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0))
-        .collect();
-    for row in &rows {
-        let mut line = String::new();
-        for (c, cell) in row.iter().enumerate() {
-            let left_aligned = c < 2 || c == header.len() - 1;
-            let _ = match (left_aligned, c == 0) {
-                (true, true) => write!(line, "{cell:<w$}", w = widths[c]),
-                (true, false) => write!(line, "  {cell:<w$}", w = widths[c]),
-                (false, _) => write!(line, "  {cell:>w$}", w = widths[c]),
-            };
-        }
-        out += line.trim_end();
-        out.push('\n');
-    }
+    out += &layout(&rows, |c| c < 2 || c == header.len() - 1);
     out += "\namplification = upstream attempts / new requests; success = chains ending 2xx / \
             chains started; p99 = first send to final answer of a chain, resends included\n";
     for run in &report.runs {
@@ -296,7 +281,35 @@ pub(crate) fn table(report: &Report) -> String {
     out
 }
 
-fn error_list(errors: &BTreeMap<String, u64>) -> String {
+/// `rows` as aligned columns, two spaces apart; columns for which `left_aligned` is false are
+/// right-aligned (numbers).
+pub(crate) fn layout(rows: &[Vec<String>], left_aligned: impl Fn(usize) -> bool) -> String {
+    let columns = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..columns)
+        .map(|c| {
+            rows.iter()
+                .map(|r| r.get(c).map_or(0, String::len))
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut out = String::new();
+    for row in rows {
+        let mut line = String::new();
+        for (c, cell) in row.iter().enumerate() {
+            let _ = match (left_aligned(c), c == 0) {
+                (true, true) => write!(line, "{cell:<w$}", w = widths[c]),
+                (true, false) => write!(line, "  {cell:<w$}", w = widths[c]),
+                (false, _) => write!(line, "  {cell:>w$}", w = widths[c]),
+            };
+        }
+        out += line.trim_end();
+        out.push('\n');
+    }
+    out
+}
+
+pub(crate) fn error_list(errors: &BTreeMap<String, u64>) -> String {
     if errors.is_empty() {
         return "-".to_owned();
     }
@@ -304,7 +317,7 @@ fn error_list(errors: &BTreeMap<String, u64>) -> String {
     parts.join(" ")
 }
 
-fn latency(ms: f64) -> String {
+pub(crate) fn latency(ms: f64) -> String {
     if ms >= 1000.0 {
         format!("{:.2} s", ms / 1000.0)
     } else {
@@ -316,11 +329,11 @@ fn mebibytes(bytes: u64) -> String {
     format!("{:.1} MiB", bytes as f64 / (1024.0 * 1024.0))
 }
 
-fn millis(ms: u128) -> String {
+pub(crate) fn millis(ms: u128) -> String {
     humantime::format_duration(Duration::from_millis(ms as u64)).to_string()
 }
 
-fn trim_float(x: f64) -> String {
+pub(crate) fn trim_float(x: f64) -> String {
     if x.fract() == 0.0 {
         format!("{x:.0}")
     } else {
@@ -350,7 +363,10 @@ mod tests {
 
     #[test]
     fn figures_divide_by_the_phase_and_leave_empty_ratios_out() {
-        let tally = Tally::new();
+        let tally = Tally::new(&crate::tally::Schedule::new(
+            tokio::time::Instant::now(),
+            &plan().phases,
+        ));
         for _ in 0..4 {
             tally.started(1);
         }

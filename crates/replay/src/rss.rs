@@ -12,7 +12,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, MissedTickBehavior};
 
-use crate::tally::{Schedule, DRAIN};
+use crate::tally::Schedule;
 
 const SAMPLE_EVERY: Duration = Duration::from_millis(250);
 
@@ -40,7 +40,7 @@ impl RssSampler {
         let task = tokio::spawn(async move {
             let mut peaks = RssPeaks {
                 baseline: resident_bytes(pid),
-                per_slot: vec![None; DRAIN + 1],
+                per_slot: vec![None; schedule.drain() + 1],
                 overall: None,
             };
             let mut ticks = tokio::time::interval(SAMPLE_EVERY);

@@ -85,12 +85,12 @@ async fn drive(
     control: &HttpClient,
 ) -> Result<RunReport, ReplayError> {
     let before = fleet.received(control).await?;
-    let schedule = Schedule::new(Instant::now(), plan.phases);
-    let tally = Arc::new(Tally::new());
+    let schedule = Schedule::new(Instant::now(), &plan.phases);
+    let tally = Arc::new(Tally::new(&schedule));
     let rss = RssSampler::start(fleet.gateway_pid, schedule);
     let target = Arc::new(Target::chat(
         uri(fleet.gateway_addr, "/v1/chat/completions"),
-        &fleet.key,
+        std::slice::from_ref(&fleet.key),
         MODEL,
     ));
     let load = load::offer(plan.load, target, schedule, Arc::clone(&tally));

@@ -17,28 +17,33 @@ use tokio::time::Instant;
 
 use crate::http::Failure;
 
-/// The phases of a run, in order.
+/// The phases of a retry-storm run, in order.
 pub(crate) const PHASES: [&str; 3] = ["steady", "fault", "recovery"];
-/// The slot of attempts sent after the last phase ended.
-pub(crate) const DRAIN: usize = PHASES.len();
+/// The most phases a schedule has.
+pub(crate) const MAX_PHASES: usize = 8;
 /// Latencies are kept in microseconds up to an hour, to three significant figures.
 const MAX_LATENCY_US: u64 = 3_600_000_000;
 
-/// When each phase ends.
+/// When each phase ends: one to [`MAX_PHASES`] phases, then the drain slot.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Schedule {
     start: Instant,
-    ends: [Instant; 3],
+    ends: [Instant; MAX_PHASES],
+    count: usize,
 }
 
 impl Schedule {
-    pub(crate) fn new(start: Instant, lengths: [Duration; 3]) -> Schedule {
+    /// Phases of these lengths from `start`; lengths past [`MAX_PHASES`] are ignored (the
+    /// flags' checks never build more), and no lengths at all make one empty phase.
+    pub(crate) fn new(start: Instant, lengths: &[Duration]) -> Schedule {
+        let count = lengths.len().clamp(1, MAX_PHASES);
+        let mut ends = [start; MAX_PHASES];
         let mut at = start;
-        let ends = lengths.map(|length| {
-            at += length;
-            at
-        });
-        Schedule { start, ends }
+        for (end, length) in ends.iter_mut().zip(lengths) {
+            at += *length;
+            *end = at;
+        }
+        Schedule { start, ends, count }
     }
 
     pub(crate) fn start(&self) -> Instant {
@@ -46,18 +51,26 @@ impl Schedule {
     }
 
     pub(crate) fn end_of(&self, phase: usize) -> Instant {
-        self.ends[phase.min(DRAIN - 1)]
+        self.ends[phase.min(self.count - 1)]
     }
 
     /// The end of the last phase.
     pub(crate) fn end(&self) -> Instant {
-        self.ends[DRAIN - 1]
+        self.ends[self.count - 1]
     }
 
-    /// The phase (or [`DRAIN`]) that `at` falls in; instants before the start count as the
-    /// first phase.
+    /// The index of the drain slot: the number of phases.
+    pub(crate) fn drain(&self) -> usize {
+        self.count
+    }
+
+    /// The phase (or the drain slot) that `at` falls in; instants before the start count as
+    /// the first phase.
     pub(crate) fn slot(&self, at: Instant) -> usize {
-        self.ends.iter().position(|end| at < *end).unwrap_or(DRAIN)
+        self.ends[..self.count]
+            .iter()
+            .position(|end| at < *end)
+            .unwrap_or(self.count)
     }
 }
 
@@ -143,9 +156,10 @@ pub(crate) struct Tally {
 }
 
 impl Tally {
-    pub(crate) fn new() -> Tally {
+    /// Tallies for every phase of `schedule` and its drain slot.
+    pub(crate) fn new(schedule: &Schedule) -> Tally {
         Tally {
-            slots: Mutex::new((0..=DRAIN).map(|_| SlotTally::new()).collect()),
+            slots: Mutex::new((0..=schedule.drain()).map(|_| SlotTally::new()).collect()),
         }
     }
 
@@ -207,19 +221,20 @@ mod tests {
     #[test]
     fn instants_fall_in_the_phase_they_are_in_and_then_in_the_drain() {
         let start = Instant::now();
-        let s = Schedule::new(start, [1, 2, 3].map(Duration::from_secs));
+        let s = Schedule::new(start, &[1, 2, 3].map(Duration::from_secs));
         assert_eq!(s.slot(start), 0);
         assert_eq!(s.slot(start + Duration::from_millis(999)), 0);
         assert_eq!(s.slot(start + Duration::from_secs(1)), 1);
         assert_eq!(s.slot(start + Duration::from_secs(5)), 2);
-        assert_eq!(s.slot(start + Duration::from_secs(6)), DRAIN);
+        assert_eq!(s.slot(start + Duration::from_secs(6)), s.drain());
+        assert_eq!(s.drain(), 3);
         assert_eq!(s.end(), start + Duration::from_secs(6));
         assert_eq!(s.end_of(0), start + Duration::from_secs(1));
     }
 
     #[test]
     fn chains_count_where_they_started_and_unfinished_ones_are_the_rest() {
-        let t = Tally::new();
+        let t = Tally::new(&Schedule::new(Instant::now(), &[Duration::from_secs(1); 3]));
         for _ in 0..3 {
             t.started(1);
         }

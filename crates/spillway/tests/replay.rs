@@ -1,5 +1,6 @@
-//! Black-box tests of `spillway replay retry-storm`: the real binary replays IL-0248 with its
-//! own child processes on 127.0.0.1, and the figures are read back from its `--json` file.
+//! Black-box tests of `spillway replay`: the real binary replays IL-0248 (`retry-storm`) and
+//! IL-0136 (`cache-flush`, against the PostgreSQL on 127.0.0.1:5432) with its own child
+//! processes on 127.0.0.1, and the figures are read back from its `--json` file.
 //!
 //! The replay bounds its own run time; the tests bound it again from outside (the process is
 //! killed past a deadline) so a hang fails the test instead of stalling the suite.
@@ -172,4 +173,83 @@ fn retry_storm_refuses_bad_flags_on_one_line_without_starting_anything() {
         "{stderr}"
     );
     assert!(out.stdout.is_empty());
+}
+
+/// A whole cache-flush replay takes two runs of 90 s of phases, plus start-ups.
+const FLUSH_RUN_DEADLINE: Duration = Duration::from_secs(420);
+
+/// IL-0136 end to end, in PostgreSQL mode: 10,000 keys in the store, requests spread across
+/// them, then a flush and a restart at peak and the store gone for 30 s. With its protections
+/// the gateway's store load after a flush or a restart stays within twice the steady rate,
+/// requests for known keys keep succeeding while the store is gone, `/livez` never fails and
+/// the supervisor never restarts it; the naive gateway's store probe fails and it is restarted.
+#[test]
+fn cache_flush_at_peak_and_a_store_outage_leave_the_protected_gateway_serving() {
+    let path = json_path("flush");
+    let path_arg = path.to_str().unwrap().to_owned();
+    let args = [
+        "replay",
+        "cache-flush",
+        "--keys",
+        "10000",
+        "--rate",
+        "500",
+        "--steady",
+        "20s",
+        "--recovery",
+        "10s",
+        "--json",
+        &path_arg,
+    ];
+    let out = run(&args, FLUSH_RUN_DEADLINE);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{args:?} failed: {stderr}\n{table}");
+    let json = std::fs::read(&path).unwrap_or_else(|e| panic!("no JSON at {path:?}: {e}"));
+    let _ = std::fs::remove_file(&path);
+    let report: Value = serde_json::from_slice(&json).unwrap();
+    let run_of = |mode: &str| {
+        let run = report["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["mode"] == mode)
+            .unwrap_or_else(|| panic!("no {mode} run in {report}"))
+            .clone();
+        assert_eq!(run["completed"], true, "{run}");
+        run
+    };
+    let (protected, naive) = (run_of("protected"), run_of("naive"));
+    let f = |run: &Value, name: &str, field: &str| phase(run, name)[field].clone();
+
+    let steady = f(&protected, "steady", "store_statements_per_s");
+    assert!(steady.as_f64().unwrap() > 0.0, "{table}");
+    for name in ["flush", "restart"] {
+        let ratio = f(&protected, name, "store_vs_steady").as_f64().unwrap();
+        assert!(ratio <= 2.0, "{name}: store at {ratio:.2}x steady\n{table}");
+    }
+    let outage = phase(&protected, "outage");
+    assert!(outage["offered"].as_u64().unwrap() > 0, "{table}");
+    assert_eq!(outage["succeeded"], outage["offered"], "{table}");
+    assert_eq!(outage["livez"]["failed"], 0, "{table}");
+    assert!(outage["livez"]["probes"].as_u64().unwrap() > 100, "{table}");
+    for p in protected["phases"].as_array().unwrap() {
+        assert_eq!(p["supervisor_restarts"], 0, "{table}");
+        // Only the deliberate restart may leave /livez unanswered, between two processes.
+        if p["phase"] != "restart" {
+            assert_eq!(p["livez"]["failed"], 0, "{table}");
+        }
+    }
+    // The restart phase's one restart is the deliberate one.
+    assert_eq!(f(&protected, "restart", "restarts"), 1, "{table}");
+
+    let naive_outage = phase(&naive, "outage");
+    assert!(
+        naive_outage["supervisor_restarts"].as_u64().unwrap() >= 1,
+        "the naive gateway's store probe should have had it restarted\n{table}"
+    );
+    assert!(
+        naive_outage["error_rate"].as_f64().unwrap() > 0.5,
+        "{table}"
+    );
 }

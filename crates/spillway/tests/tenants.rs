@@ -241,6 +241,8 @@ async fn probes_never_depend_on_the_store_and_deps_are_reported_apart() {
         deps["store_pool"]["max_size"].as_u64().unwrap() > 0,
         "{deps}"
     );
+    // One lookup, of a key nobody has, so the lookup histogram has a sample.
+    assert_eq!(chat_as(&gw, "sk-spw-unknown").await.status(), 401);
     let m = metrics(&gw).await;
     assert!(m.contains("spillway_store_pool_max_connections"), "{m}");
     assert!(
@@ -248,6 +250,11 @@ async fn probes_never_depend_on_the_store_and_deps_are_reported_apart() {
         "{m}"
     );
     assert!(m.contains("spillway_store_queries_total"), "{m}");
+    // Lookups have their own, finer buckets (a cache hit takes microseconds).
+    assert!(
+        m.contains("spillway_key_lookup_seconds_bucket{le=\"0.00005\"}"),
+        "{m}"
+    );
     // The key cache's size is on the page, set when it is rendered.
     assert!(m.contains("spillway_key_cache_entries{"), "{m}");
 }

@@ -1,0 +1,329 @@
+//! `spillway replay cache-flush`: IL-0136 with real processes on 127.0.0.1.
+//!
+//! In IL-0136 a deployment flushed a service's caches at peak and lookups bypassed the cache;
+//! the metadata database took about twenty times its usual load, its connections ran out, and
+//! health checks that needed the database restarted instances in a loop for hours. This replay
+//! puts a gateway in front of PostgreSQL holding one tenant and `--keys` API keys, sends
+//! `--rate` requests per second spread uniformly over the keys, and runs six phases:
+//!
+//! 1. **start**: from the gateway's first start, how it fills its cache;
+//! 2. **steady**: the store's usual query rate, the baseline of every "vs steady" figure;
+//! 3. **flush**: `POST /admin/cache/flush` at its start;
+//! 4. **restart**: the gateway is restarted (SIGTERM, then a new process on the same ports);
+//! 5. **outage**: the store's port is closed and its connections broken;
+//! 6. **recovery**: the store is back.
+//!
+//! The gateway reaches PostgreSQL through the replay's [`StoreLink`], which counts the SQL
+//! statements on the wire (so counts survive restarts and include every query the gateway
+//! makes) and takes the store away. A supervisor probes the gateway like an orchestrator and
+//! restarts it after three failed probes. Each mode runs once: `protected` (spillway's
+//! defaults, a cache snapshot, the supervisor on `/livez`) and `naive` (`cache.naive`, no
+//! snapshot or warm-up, the supervisor on `/healthz/deps`).
+//!
+//! Architecture Invariant: as elsewhere in this crate the gateway is a child process known by
+//! its command line, config and HTTP API; only the fixture (schema, tenant, keys) is made
+//! through `spillway-store`, as an operator provisioning keys would.
+
+mod args;
+mod gateway;
+mod keyring;
+mod report;
+mod watch;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderValue, Method};
+use tokio::time::Instant;
+
+use crate::args::{LoadPlan, Mode};
+use crate::fleet::Scratch;
+use crate::http::{request, uri, HttpClient};
+use crate::load::{self, Target};
+use crate::store_link::StoreLink;
+use crate::tally::{Schedule, Tally};
+use crate::ReplayError;
+
+pub use args::CacheFlushArgs;
+pub(crate) use args::FlushPlan;
+use args::PHASES;
+use gateway::{free_port, Gateway, Probe};
+use keyring::Keyring;
+use report::{FlushReport, Mark, RunReport};
+use watch::LivezWatch;
+
+/// The model the client asks for, served by an in-process mock backend of the gateway.
+const MODEL: &str = "gpt-flush";
+/// The environment variable the gateway reads its admin token from.
+const ADMIN_TOKEN_ENV: &str = "SPILLWAY_ADMIN_TOKEN";
+/// Requests in flight at most; more are dropped and counted, never queued.
+const MAX_OUTSTANDING: usize = 1024;
+/// Time allowed for one request, body included.
+const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(5);
+const CONTROL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Prepares the store, runs every mode of `plan`, prints the table, writes the JSON if asked,
+/// and drops the schema whatever happened.
+pub(crate) async fn run(plan: FlushPlan) -> Result<(), ReplayError> {
+    let pg = keyring::server_addr(&plan.store)?;
+    eprintln!(
+        "replay: creating tenant {:?} and {} keys in a new schema of {pg}",
+        keyring::TENANT,
+        plan.keys
+    );
+    let started = Instant::now();
+    let keyring = Keyring::create(&plan.store, plan.keys).await?;
+    eprintln!(
+        "replay: schema {} ready in {:.1} s",
+        keyring.schema(),
+        started.elapsed().as_secs_f64()
+    );
+    let outcome = run_modes(&plan, &keyring, pg).await;
+    keyring.drop_schema().await;
+    let runs = outcome?;
+    let report = FlushReport::new(&plan, runs);
+    if report.runs.iter().any(|r| r.completed) {
+        print!("{}", report::table(&report));
+    }
+    if let Some(path) = &plan.json {
+        let json = serde_json::to_vec_pretty(&report).map_err(std::io::Error::other);
+        json.and_then(|bytes| std::fs::write(path, bytes))
+            .map_err(|source| ReplayError::Output {
+                path: path.clone(),
+                source,
+            })?;
+    }
+    match report.runs.iter().find(|r| !r.completed) {
+        Some(run) => Err(ReplayError::mode_failed(
+            run.mode,
+            run.error.as_deref().unwrap_or("unknown"),
+        )),
+        None => Ok(()),
+    }
+}
+
+async fn run_modes(
+    plan: &FlushPlan,
+    keyring: &Keyring,
+    pg: std::net::SocketAddr,
+) -> Result<Vec<RunReport>, ReplayError> {
+    let link = StoreLink::start(pg)
+        .await
+        .map_err(|e| ReplayError::Store(format!("cannot start the store link: {e}")))?;
+    let mut runs = Vec::with_capacity(plan.modes.len());
+    for &mode in &plan.modes {
+        let outcome = run_mode(plan, mode, keyring, &link).await;
+        runs.push(outcome.unwrap_or_else(|e| {
+            say(mode, &format!("did not complete: {e}"));
+            RunReport::failed(mode, e.to_string())
+        }));
+    }
+    Ok(runs)
+}
+
+fn say(mode: Mode, message: &str) {
+    eprintln!("replay: {mode}: {message}");
+}
+
+async fn run_mode(
+    plan: &FlushPlan,
+    mode: Mode,
+    keyring: &Keyring,
+    link: &StoreLink,
+) -> Result<RunReport, ReplayError> {
+    link.restore()
+        .await
+        .map_err(|e| ReplayError::Store(format!("cannot reopen the store link: {e}")))?;
+    let scratch = Scratch::create(format!("flush-{mode}"))?;
+    let (api, admin) = (free_port()?, free_port()?);
+    let config = scratch.path.join("gateway.toml");
+    let toml = gateway_config(
+        mode,
+        api,
+        admin,
+        &keyring.url_via(link.addr()),
+        &scratch.path,
+    );
+    std::fs::write(&config, toml).map_err(|source| ReplayError::Scratch {
+        what: config.display().to_string(),
+        source,
+    })?;
+    let token = admin_token();
+    let control = HttpClient::new(8);
+    say(mode, "starting the gateway");
+    let env = vec![(ADMIN_TOKEN_ENV.to_owned(), token.clone())];
+    let gateway = Gateway::start(api, admin, config, env, &control).await?;
+    say(
+        mode,
+        &format!("gateway ready on http://{api} (admin http://{admin})"),
+    );
+    let outcome = drive(plan, mode, keyring, link, &gateway, &control, &token).await;
+    gateway.stop().await;
+    link.restore()
+        .await
+        .map_err(|e| ReplayError::Store(format!("cannot reopen the store link: {e}")))?;
+    say(mode, "stopped the gateway");
+    drop(scratch);
+    outcome
+}
+
+async fn drive(
+    plan: &FlushPlan,
+    mode: Mode,
+    keyring: &Keyring,
+    link: &StoreLink,
+    gateway: &Arc<Gateway>,
+    control: &HttpClient,
+    token: &str,
+) -> Result<RunReport, ReplayError> {
+    let schedule = Schedule::new(Instant::now(), &plan.phases);
+    let tally = Arc::new(Tally::new(&schedule));
+    let target = Arc::new(Target::chat(
+        uri(gateway.api, "/v1/chat/completions"),
+        &keyring.keys,
+        MODEL,
+    ));
+    let load_plan = LoadPlan {
+        rate: plan.rate,
+        max_outstanding: MAX_OUTSTANDING,
+        client_retries: 0,
+        attempt_timeout: ATTEMPT_TIMEOUT,
+    };
+    let load = load::offer(load_plan, target, schedule, Arc::clone(&tally));
+    let livez = LivezWatch::start(gateway.api, schedule);
+    let probe = match mode {
+        Mode::Protected => Probe::Livez,
+        Mode::Naive => Probe::Deps,
+    };
+    let supervisor = gateway.supervise(probe, control.clone());
+    let phases = async {
+        let mut marks = vec![Mark::take(link, gateway, control).await];
+        for (i, name) in PHASES.iter().enumerate() {
+            match i {
+                2 => flush(gateway, control, token).await?,
+                3 => gateway.restart().await?,
+                4 => link.cut().await,
+                5 => link
+                    .restore()
+                    .await
+                    .map_err(|e| ReplayError::Store(format!("cannot reopen the link: {e}")))?,
+                _ => {}
+            }
+            say(
+                mode,
+                &format!("{name} ({})", humantime::format_duration(plan.phases[i])),
+            );
+            tokio::time::sleep_until(schedule.end_of(i)).await;
+            let mark = Mark::take(link, gateway, control).await;
+            let before = &marks[marks.len() - 1];
+            say(
+                mode,
+                &format!(
+                    "{name} done: {} store statements, {} restarts",
+                    mark.statements - before.statements,
+                    mark.restarts - before.restarts
+                ),
+            );
+            marks.push(mark);
+        }
+        Ok::<_, ReplayError>(marks)
+    };
+    let (marks, drained) = tokio::try_join!(phases, async { Ok(load.await) })?;
+    supervisor.stop().await;
+    let livez = livez.stop().await;
+    Ok(RunReport::completed(
+        mode,
+        &plan.phases,
+        &tally.snapshot(),
+        &marks,
+        &livez,
+        drained,
+    ))
+}
+
+/// `POST /admin/cache/flush` with the admin token.
+async fn flush(gateway: &Gateway, control: &HttpClient, token: &str) -> Result<(), ReplayError> {
+    let bearer = HeaderValue::from_str(&format!("Bearer {token}"))
+        .map_err(|e| ReplayError::Store(format!("admin token: {e}")))?;
+    let req = request(
+        Method::POST,
+        uri(gateway.admin, "/admin/cache/flush"),
+        Some(&bearer),
+        Bytes::new(),
+    );
+    match control.exchange(req, CONTROL_TIMEOUT).await {
+        Ok((status, _)) if status.is_success() => Ok(()),
+        Ok((status, body)) => Err(ReplayError::Control {
+            what: "POST /admin/cache/flush".to_owned(),
+            detail: format!("{status}: {}", String::from_utf8_lossy(&body)),
+        }),
+        Err(failure) => Err(ReplayError::Control {
+            what: "POST /admin/cache/flush".to_owned(),
+            detail: failure.to_string(),
+        }),
+    }
+}
+
+/// The gateway's config: fixed ports (kept across restarts), the store through the link, an
+/// in-process mock backend, and the cache as `mode` wants it.
+fn gateway_config(
+    mode: Mode,
+    api: std::net::SocketAddr,
+    admin: std::net::SocketAddr,
+    store_url: &str,
+    scratch: &std::path::Path,
+) -> String {
+    let cache = match mode {
+        Mode::Protected => format!(
+            "snapshot = \"{}\"\n",
+            scratch.join("key-cache.snapshot").display()
+        ),
+        Mode::Naive => "naive = true\nwarm_max_keys = 0\n".to_owned(),
+    };
+    format!(
+        "# Written by `spillway replay cache-flush` ({mode} mode).\n\
+         [server]\n\
+         listen = \"{api}\"\n\
+         admin_listen = \"{admin}\"\n\
+         shutdown_grace = \"1s\"\n\n\
+         [store]\n\
+         url = \"{store_url}\"\n\n\
+         [cache]\n\
+         {cache}\n\
+         [[models]]\n\
+         name = \"{MODEL}\"\n\n\
+         [[models.backends]]\n\
+         name = \"mock\"\n\
+         kind = \"mock\"\n\
+         region = \"local\"\n\
+         mock = {{ ttft = \"0ms\", tokens_per_sec = 0.0, capacity = 4096 }}\n"
+    )
+}
+
+/// A token for this run only.
+fn admin_token() -> String {
+    format!("replay-admin-{:032x}", rand::random::<u128>())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_modes_differ_only_in_their_cache() {
+        let a = "127.0.0.1:1".parse().unwrap();
+        let b = "127.0.0.1:2".parse().unwrap();
+        let dir = std::path::Path::new("/tmp/x");
+        let protected = gateway_config(Mode::Protected, a, b, "postgres://l/test", dir);
+        let naive = gateway_config(Mode::Naive, a, b, "postgres://l/test", dir);
+        assert!(protected.contains("snapshot = \"/tmp/x/key-cache.snapshot\""));
+        assert!(!protected.contains("naive"));
+        assert!(naive.contains("naive = true\nwarm_max_keys = 0"));
+        assert!(!naive.contains("snapshot"));
+        for toml in [protected, naive] {
+            assert!(toml.contains("listen = \"127.0.0.1:1\""), "{toml}");
+            assert!(toml.contains("url = \"postgres://l/test\""), "{toml}");
+        }
+    }
+}

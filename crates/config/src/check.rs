@@ -8,6 +8,7 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+mod admission;
 mod metadata;
 mod resilience;
 
@@ -54,6 +55,7 @@ pub(crate) fn check(raw: RawConfig) -> Result<Config, Vec<Problem>> {
     let store = metadata::check_store(raw.store, &mut p);
     let cache = metadata::check_cache(raw.cache, &mut p);
     let admin = metadata::check_admin(raw.admin, &mut p);
+    let admission = admission::check_admission(raw.admission, server.max_body_bytes, &mut p);
     let retry = resilience::check_retry(raw.retry, &mut p);
     let outlier = resilience::check_outlier(raw.outlier, &mut p);
     let health_check = resilience::check_health(raw.health_check, &mut p);
@@ -85,6 +87,7 @@ pub(crate) fn check(raw: RawConfig) -> Result<Config, Vec<Problem>> {
             store,
             cache,
             admin,
+            admission,
             retry,
             outlier,
             health_check,

@@ -48,6 +48,7 @@ pub struct Config {
     pub store: StoreConfig,
     pub cache: CacheConfig,
     pub admin: AdminConfig,
+    pub admission: AdmissionConfig,
     pub retry: RetryConfig,
     pub outlier: OutlierSettings,
     pub health_check: HealthCheckConfig,
@@ -134,6 +135,24 @@ pub struct CacheConfig {
     pub flush_spread: Duration,
     /// Every protection of the cache off (for `spillway replay cache-flush --naive`).
     pub naive: bool,
+}
+
+/// `[admission]`: the caps every request passes, whatever its tenant.
+#[derive(Debug, Clone)]
+pub struct AdmissionConfig {
+    /// Requests being served at once, all tenants together; beyond it: 503 at once.
+    pub max_in_flight: usize,
+    /// Request bodies being read or held at once, in bytes; beyond it: 503 at once.
+    pub max_buffered_body_bytes: u64,
+    /// Completion tokens assumed for a request that sets no `max_tokens`, when reserving
+    /// tokens against a tokens-per-minute limit.
+    pub default_completion_tokens: u64,
+    /// `redis://...`: tenant limits shared by every instance using it.
+    pub redis: Option<String>,
+    pub redis_timeout: Duration,
+    /// Instances sharing the limits: each enforces `1 / instances` of a limit while Redis is
+    /// unreachable.
+    pub instances: u32,
 }
 
 /// `[admin]`: the admin API's protection.

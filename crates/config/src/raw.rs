@@ -23,6 +23,8 @@ pub struct RawConfig {
     #[serde(default)]
     pub admin: RawAdmin,
     #[serde(default)]
+    pub admission: RawAdmission,
+    #[serde(default)]
     pub retry: RawRetry,
     #[serde(default)]
     pub outlier: RawOutlier,
@@ -117,6 +119,18 @@ pub struct RawCache {
     #[serde(default, with = "humantime_serde")]
     pub flush_spread: Option<Duration>,
     pub naive: Option<bool>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAdmission {
+    pub max_in_flight: Option<u64>,
+    pub max_buffered_body_bytes: Option<u64>,
+    pub default_completion_tokens: Option<u64>,
+    pub redis: Option<String>,
+    #[serde(default, with = "humantime_serde")]
+    pub redis_timeout: Option<Duration>,
+    pub instances: Option<u32>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -21,6 +21,17 @@ pub struct Tenant {
     pub allowed_models: Option<Vec<String>>,
     /// A disabled tenant's keys are refused (403).
     pub enabled: bool,
+    /// What admission holds the tenant to.
+    pub limits: TenantLimits,
+}
+
+/// A tenant's limits from its record; `None`: no limit of that kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TenantLimits {
+    pub requests_per_min: Option<u32>,
+    pub tokens_per_min: Option<u32>,
+    pub max_concurrency: Option<u32>,
+    pub priority: spillway_policy::Priority,
 }
 
 impl Tenant {

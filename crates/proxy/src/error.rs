@@ -44,6 +44,17 @@ pub enum ErrorKind {
     Conflict,
     /// The tenant store cannot be reached.
     StoreUnavailable,
+    /// The tenant is over its requests-per-minute limit.
+    RequestRateLimited,
+    /// The tenant is over its tokens-per-minute limit.
+    TokenRateLimited,
+    /// The request alone needs more tokens than the tenant's limit allows at once: it can
+    /// never pass, so it is not worth retrying.
+    TokensOverLimit,
+    /// The tenant has its maximum of requests in flight.
+    ConcurrencyLimited,
+    /// The gateway is at one of its global caps (requests in flight, buffered bytes).
+    GatewayOverloaded,
     Internal,
 }
 
@@ -53,6 +64,8 @@ pub struct ApiError {
     pub kind: ErrorKind,
     pub message: String,
     pub retry_after: Option<Duration>,
+    /// Sent with the error (`x-ratelimit-*` on a 429); boxed, as most errors have none.
+    pub headers: Option<Box<http::HeaderMap>>,
 }
 
 impl ApiError {
@@ -61,7 +74,28 @@ impl ApiError {
             kind,
             message: message.into(),
             retry_after: None,
+            headers: None,
         }
+    }
+
+    pub fn with_headers(mut self, headers: http::HeaderMap) -> Self {
+        self.headers = Some(Box::new(headers));
+        self
+    }
+
+    /// Whether a retry after `Retry-After` may succeed, so the caller is not told otherwise:
+    /// limits and caps that free up with time, and a gateway going away (another instance
+    /// can serve).
+    pub fn retry_may_help(&self) -> bool {
+        use ErrorKind::*;
+        matches!(
+            self.kind,
+            ShuttingDown
+                | RequestRateLimited
+                | TokenRateLimited
+                | ConcurrencyLimited
+                | GatewayOverloaded
+        )
     }
 
     pub fn retry_after(mut self, after: Duration) -> Self {
@@ -161,6 +195,27 @@ impl ApiError {
                 "server_error",
                 "store_unavailable",
             ),
+            RequestRateLimited => (
+                StatusCode::TOO_MANY_REQUESTS,
+                "requests",
+                "rate_limit_exceeded",
+            ),
+            TokenRateLimited => (
+                StatusCode::TOO_MANY_REQUESTS,
+                "tokens",
+                "rate_limit_exceeded",
+            ),
+            TokensOverLimit => (StatusCode::TOO_MANY_REQUESTS, "tokens", "request_too_large"),
+            ConcurrencyLimited => (
+                StatusCode::TOO_MANY_REQUESTS,
+                "requests",
+                "concurrency_limit_exceeded",
+            ),
+            GatewayOverloaded => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                "gateway_overloaded",
+            ),
             Internal => (
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "server_error",
@@ -186,11 +241,15 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut response = (self.status(), axum::Json(self.body())).into_response();
         let headers = response.headers_mut();
+        if let Some(extra) = &self.headers {
+            headers.extend((**extra).clone());
+        }
         // A client error fails the same way again; anything else spillway gives up on has had
         // its retries here already, within the budget, so a retry stacked on top would only
-        // multiply load (IL-0248). A gateway that is shutting down is the exception: another
-        // instance can serve the retry.
-        if self.kind != ErrorKind::ShuttingDown {
+        // multiply load (IL-0248). Limits and caps that free up with time are the exception,
+        // and so is a gateway shutting down (another instance can serve the retry): those say
+        // when to come back with `Retry-After`.
+        if !self.retry_may_help() {
             headers.insert("x-should-retry", HeaderValue::from_static("false"));
         }
         if let Some(after) = self.retry_after {

@@ -13,15 +13,17 @@ use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
 use tracing::{debug, warn};
 
+use crate::admission::{insert_rate_headers, Admitted, Ask};
 use crate::attempts::{discourage_retry, is_client_retry, is_sse, Attempts, Chosen, Counted};
 use crate::auth::{presented_key, Tenant};
 use crate::error::{ApiError, ErrorKind};
 use crate::metrics::{BodyMetrics, RequestLabels};
 use crate::pool::Endpoint;
-use crate::relay::RelayBody;
+use crate::relay::{BodyEnd, EndObserver, RelayBody};
 use crate::request::{read_body, summarize};
 use crate::server::Gateway;
 use crate::upstream;
+use crate::usage::UsageScanner;
 
 pub async fn chat_completions(state: State<Arc<Gateway>>, req: Request) -> Response {
     forward(state, Endpoint::ChatCompletions, req).await
@@ -88,7 +90,7 @@ async fn route(
     let (parts, body) = req.into_parts();
     let tenant = authenticate(gw, &parts.headers).await?;
     labels.tenant = tenant.name.clone();
-    let body = read_body(body, gw.server.max_body_bytes).await?;
+    let (body, _body_hold) = read_body(body, gw.server.max_body_bytes, &gw.body_budget).await?;
     let summary = summarize(&body)?;
     let pool = gw.models.get(&summary.model).ok_or_else(|| {
         ApiError::new(
@@ -103,6 +105,14 @@ async fn route(
             format!("this API key may not use the model {:?}", summary.model),
         ));
     }
+    let admitted = gw.admission.admit(
+        &tenant,
+        Ask {
+            summary: &summary,
+            body_len: body.len(),
+            completes: endpoint != Endpoint::Embeddings,
+        },
+    )?;
     let region = parts
         .headers
         .get(&gw.server.region_header)
@@ -160,7 +170,18 @@ async fn route(
         discourage_retry(&mut head.headers);
     }
     let sse = is_sse(&head.headers);
-    let observer = BodyMetrics { backend, started };
+    insert_rate_headers(&mut head.headers, &admitted.headers);
+    let observer = Finish {
+        metrics: BodyMetrics { backend, started },
+        usage: tenant
+            .limits
+            .tokens_per_min
+            .is_some()
+            .then(|| UsageScanner::new(sse)),
+        data_frames: 0,
+        sse,
+        admitted: Some(admitted),
+    };
     let relay = RelayBody::new(
         incoming,
         sse,
@@ -169,4 +190,47 @@ async fn route(
         observer,
     );
     Ok(Response::from_parts(head, Body::new(relay)))
+}
+
+/// The end of a relayed response: its metrics, and the admission it settles, with the tokens
+/// the backend reported (read from the body as it passes, only for tenants with a
+/// tokens-per-minute limit).
+struct Finish {
+    metrics: BodyMetrics,
+    usage: Option<UsageScanner>,
+    data_frames: u64,
+    sse: bool,
+    admitted: Option<Admitted>,
+}
+
+impl EndObserver for Finish {
+    fn frame(&mut self, data: &bytes::Bytes) {
+        if let Some(scanner) = &mut self.usage {
+            scanner.feed(data);
+            self.data_frames += 1;
+        }
+    }
+
+    fn ended(&mut self, end: BodyEnd) {
+        self.metrics.ended(end);
+        let Some(admitted) = self.admitted.take() else {
+            return;
+        };
+        let reported = self
+            .usage
+            .as_ref()
+            .and_then(UsageScanner::usage)
+            .map(|u| u.total_tokens);
+        let used = match (reported, end) {
+            (Some(tokens), _) => Some(tokens),
+            // Without a report the estimate stands for a response that completed; a stream cut
+            // short is charged its prompt and about a token per event it carried.
+            (None, BodyEnd::Complete) => None,
+            (None, _) if self.sse && self.usage.is_some() => {
+                Some(admitted.prompt_estimate() + self.data_frames)
+            }
+            (None, _) => None,
+        };
+        admitted.settle(used);
+    }
 }

@@ -6,6 +6,7 @@
 //! place.
 
 mod admin;
+mod admission;
 mod attempts;
 pub mod auth;
 pub mod error;
@@ -16,7 +17,9 @@ pub mod pool;
 mod relay;
 pub mod request;
 mod server;
+pub mod shared_limits;
 pub mod tenants;
 mod upstream;
+pub mod usage;
 
 pub use server::{BoundGateway, StartError};

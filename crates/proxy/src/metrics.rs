@@ -99,6 +99,7 @@ fn describe() {
     );
     describe_counter!(SPILLOVERS, "Requests served outside the preferred region.");
     spillway_directory::metrics::describe();
+    crate::admission::metrics::describe();
     describe_gauge!(OUTSTANDING, "Requests in flight to a backend.");
     describe_gauge!(
         STORE_POOL_CONNECTIONS,

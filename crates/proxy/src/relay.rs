@@ -35,8 +35,9 @@ pub enum BodyEnd {
     ClientGone,
 }
 
-/// Told once how the body ended, with the time since the request started.
+/// Shown every data frame as it passes, and told once how the body ended.
 pub trait EndObserver: Send + Sync + Unpin + 'static {
+    fn frame(&mut self, _data: &Bytes) {}
     fn ended(&mut self, end: BodyEnd);
 }
 
@@ -112,6 +113,9 @@ impl<O: EndObserver> Body for RelayBody<O> {
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
                 this.last_frame = Instant::now();
+                if let (Some(data), Some((_, observer))) = (frame.data_ref(), this.state.as_mut()) {
+                    observer.frame(data);
+                }
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(e))) => this.broken(BodyEnd::UpstreamBroke, e.to_string()),

@@ -5,17 +5,24 @@
 //! OpenAI parameters, vendor extensions, `encoding_format`) pass through untouched. Only `model`
 //! and `stream` are read.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
 use bytes::Bytes;
 use http_body_util::{BodyExt, Limited};
 use serde::Deserialize;
 
 use crate::error::{ApiError, ErrorKind};
 
-/// The fields of a request body that routing needs.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// The fields of a request body that routing and admission need.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct RequestSummary {
     pub model: String,
     pub stream: bool,
+    /// `max_completion_tokens`, else `max_tokens`: the most output tokens the caller allows.
+    pub max_tokens: Option<u64>,
+    /// Choices asked for (`n`), at least 1.
+    pub choices: u64,
 }
 
 #[derive(Deserialize)]
@@ -24,21 +31,108 @@ struct Peek<'a> {
     model: Option<std::borrow::Cow<'a, str>>,
     #[serde(default)]
     stream: Option<bool>,
+    // Any JSON value: a field of the wrong type is the backend's to refuse, not ours.
+    #[serde(default)]
+    max_tokens: Option<serde_json::Value>,
+    #[serde(default)]
+    max_completion_tokens: Option<serde_json::Value>,
+    #[serde(default)]
+    n: Option<serde_json::Value>,
 }
 
-/// Reads the whole body, refusing it with 413 as soon as it passes `cap` bytes.
-pub async fn read_body(body: axum::body::Body, cap: usize) -> Result<Bytes, ApiError> {
-    match Limited::new(body, cap).collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(ApiError::new(
-            ErrorKind::BodyTooLarge,
-            format!("request body is larger than the limit of {cap} bytes"),
-        )),
-        Err(e) => Err(ApiError::new(
-            ErrorKind::MalformedRequest,
-            format!("could not read the request body: {e}"),
-        )),
+/// Request body bytes read or held by every request at once, under a cap: a flood of large
+/// bodies is refused at once (503) rather than held until memory runs out (IL-0110).
+#[derive(Debug)]
+pub struct BodyBudget {
+    held: AtomicU64,
+    max: u64,
+}
+
+impl BodyBudget {
+    pub fn new(max: u64) -> Arc<BodyBudget> {
+        Arc::new(BodyBudget {
+            held: AtomicU64::new(0),
+            max,
+        })
     }
+
+    /// Bytes held now, and the cap.
+    pub fn usage(&self) -> (u64, u64) {
+        (self.held.load(Ordering::Relaxed), self.max)
+    }
+}
+
+/// One body's bytes in the budget, given back on drop.
+#[derive(Debug)]
+pub struct BodyHold {
+    budget: Arc<BodyBudget>,
+    bytes: u64,
+}
+
+impl BodyHold {
+    fn grow(&mut self, more: u64) -> bool {
+        let before = self.budget.held.fetch_add(more, Ordering::AcqRel);
+        if before.saturating_add(more) > self.budget.max {
+            self.budget.held.fetch_sub(more, Ordering::AcqRel);
+            return false;
+        }
+        self.bytes += more;
+        true
+    }
+}
+
+impl Drop for BodyHold {
+    fn drop(&mut self) {
+        self.budget.held.fetch_sub(self.bytes, Ordering::AcqRel);
+    }
+}
+
+/// Reads the whole body, refusing it with 413 as soon as it passes `cap` bytes and with 503
+/// when the bytes held by all requests would pass the budget's cap. The hold keeps the body's
+/// bytes counted until it is dropped.
+pub async fn read_body(
+    body: axum::body::Body,
+    cap: usize,
+    budget: &Arc<BodyBudget>,
+) -> Result<(Bytes, BodyHold), ApiError> {
+    let mut hold = BodyHold {
+        budget: budget.clone(),
+        bytes: 0,
+    };
+    let mut body = Limited::new(body, cap);
+    let mut chunks: Vec<Bytes> = Vec::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| {
+            if e.is::<http_body_util::LengthLimitError>() {
+                ApiError::new(
+                    ErrorKind::BodyTooLarge,
+                    format!("request body is larger than the limit of {cap} bytes"),
+                )
+            } else {
+                ApiError::new(
+                    ErrorKind::MalformedRequest,
+                    format!("could not read the request body: {e}"),
+                )
+            }
+        })?;
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        if !hold.grow(data.len() as u64) {
+            return Err(ApiError::new(
+                ErrorKind::GatewayOverloaded,
+                "the gateway holds its maximum of request body bytes; try again shortly",
+            )
+            .retry_after(std::time::Duration::from_secs(1)));
+        }
+        chunks.push(data);
+    }
+    let bytes = match chunks.len() {
+        0 => Bytes::new(),
+        1 => chunks.pop().unwrap_or_default(),
+        _ => Bytes::from(chunks.concat()),
+    };
+    Ok((bytes, hold))
 }
 
 /// Checks that `body` is a JSON object with a string `model` and reads what routing needs.
@@ -55,9 +149,22 @@ pub fn summarize(body: &[u8]) -> Result<RequestSummary, ApiError> {
             "request body needs a non-empty string field `model`",
         )
     })?;
+    let max_tokens = peek
+        .max_completion_tokens
+        .as_ref()
+        .and_then(serde_json::Value::as_u64)
+        .or_else(|| peek.max_tokens.as_ref().and_then(serde_json::Value::as_u64));
+    let choices = peek
+        .n
+        .as_ref()
+        .and_then(serde_json::Value::as_u64)
+        .unwrap_or(1)
+        .clamp(1, 128);
     Ok(RequestSummary {
         model: model.into_owned(),
         stream: peek.stream.unwrap_or(false),
+        max_tokens,
+        choices,
     })
 }
 
@@ -87,17 +194,25 @@ mod tests {
             s,
             RequestSummary {
                 model: "m".into(),
-                stream: true
+                stream: true,
+                max_tokens: None,
+                choices: 1,
             }
         );
         let s = summarize(br#"{"model":"m\u00e9"}"#).unwrap();
-        assert_eq!(
-            s,
-            RequestSummary {
-                model: "mé".into(),
-                stream: false
-            }
-        );
+        assert_eq!(s.model, "mé");
+        assert!(!s.stream);
+    }
+
+    #[test]
+    fn reads_what_a_token_estimate_needs() {
+        let s = summarize(br#"{"model":"m","max_tokens":50,"n":3}"#).unwrap();
+        assert_eq!((s.max_tokens, s.choices), (Some(50), 3));
+        let s = summarize(br#"{"model":"m","max_tokens":50,"max_completion_tokens":70}"#).unwrap();
+        assert_eq!(s.max_tokens, Some(70));
+        // Wrong types are left for the backend to refuse.
+        let s = summarize(br#"{"model":"m","max_tokens":"lots","n":-1}"#).unwrap();
+        assert_eq!((s.max_tokens, s.choices), (None, 1));
     }
 
     #[test]
@@ -134,14 +249,31 @@ mod tests {
 
     #[tokio::test]
     async fn body_over_the_cap_is_413() {
-        let e = read_body(axum::body::Body::from(vec![b' '; 11]), 10)
+        let budget = BodyBudget::new(1000);
+        let e = read_body(axum::body::Body::from(vec![b' '; 11]), 10, &budget)
             .await
             .unwrap_err();
         assert_eq!(e.kind, ErrorKind::BodyTooLarge);
-        let ok = read_body(axum::body::Body::from(vec![b' '; 10]), 10)
+        let (ok, _hold) = read_body(axum::body::Body::from(vec![b' '; 10]), 10, &budget)
             .await
             .unwrap();
         assert_eq!(ok.len(), 10);
+    }
+
+    #[tokio::test]
+    async fn bodies_held_together_stay_under_the_budget_and_are_given_back() {
+        let budget = BodyBudget::new(25);
+        let read = |n: usize| read_body(axum::body::Body::from(vec![b'x'; n]), 100, &budget);
+        let (_, first) = read(10).await.unwrap();
+        let (_, second) = read(10).await.unwrap();
+        assert_eq!(budget.usage(), (20, 25));
+        let e = read(10).await.unwrap_err();
+        assert_eq!(e.kind, ErrorKind::GatewayOverloaded);
+        assert!(e.retry_after.is_some());
+        assert_eq!(budget.usage().0, 20, "a refused body holds nothing");
+        drop((first, second));
+        assert_eq!(budget.usage().0, 0);
+        assert!(read(25).await.is_ok());
     }
 
     proptest! {

@@ -59,6 +59,8 @@ pub struct Gateway {
     pub(crate) client: HttpClient,
     health_check: HealthCheckConfig,
     ready: AtomicBool,
+    pub(crate) admission: crate::admission::Admission,
+    pub(crate) body_budget: Arc<crate::request::BodyBudget>,
 }
 
 /// How long a caller refused for lack of capacity is told to wait.
@@ -114,6 +116,8 @@ impl BoundGateway {
             admin_token: admin_token(&config.admin.token_env),
             models,
             ready: AtomicBool::new(false),
+            admission: crate::admission::Admission::new(&config.admission),
+            body_budget: crate::request::BodyBudget::new(config.admission.max_buffered_body_bytes),
         });
         Ok(Self {
             gateway,
@@ -406,12 +410,18 @@ fn admin_router(state: AdminState) -> Router {
             get(|State(s): State<AdminState>| async move {
                 (
                     [(http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-                    crate::metrics::render(
-                        &s.metrics,
-                        &s.gateway.models,
-                        s.gateway.tenants.store().pool_stats(),
-                        s.gateway.tenants.cache(),
-                    ),
+                    {
+                        crate::admission::metrics::caps(
+                            s.gateway.admission.in_flight(),
+                            s.gateway.body_budget.usage(),
+                        );
+                        crate::metrics::render(
+                            &s.metrics,
+                            &s.gateway.models,
+                            s.gateway.tenants.store().pool_stats(),
+                            s.gateway.tenants.cache(),
+                        )
+                    },
                 )
             }),
         )

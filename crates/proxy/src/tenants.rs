@@ -15,7 +15,7 @@ use spillway_directory::Directory;
 use spillway_store::{KeyMatch, Priority, Store, TenantSpec};
 use tracing::{info, warn};
 
-use crate::auth::{KeyDigest, LookupError, LookupFuture, Tenant, TenantDirectory};
+use crate::auth::{KeyDigest, LookupError, LookupFuture, Tenant, TenantDirectory, TenantLimits};
 
 /// Writes the config file's tenants and keys to the store (creating or updating them).
 pub async fn bootstrap(store: &dyn Store, tenants: &[TenantConfig]) -> Result<(), String> {
@@ -111,6 +111,16 @@ impl StoreDirectory {
             name: Arc::from(spec.name.as_str()),
             allowed_models: spec.allowed_models.clone(),
             enabled: spec.enabled,
+            limits: TenantLimits {
+                requests_per_min: spec.requests_per_min,
+                tokens_per_min: spec.tokens_per_min,
+                max_concurrency: spec.max_concurrency,
+                priority: match spec.priority {
+                    Priority::Critical => spillway_policy::Priority::Critical,
+                    Priority::Standard => spillway_policy::Priority::Standard,
+                    Priority::Batch => spillway_policy::Priority::Batch,
+                },
+            },
         });
         self.interned
             .write()

@@ -1,0 +1,75 @@
+//! The `[admission]` section: the gateway-wide caps every request passes, how tokens are
+//! estimated for tokens-per-minute limits, and the optional Redis that shares tenant limits
+//! between instances.
+
+use std::time::Duration;
+
+use super::Problems;
+use crate::raw::RawAdmission;
+use crate::AdmissionConfig;
+
+pub(super) fn check_admission(
+    raw: RawAdmission,
+    max_body: usize,
+    p: &mut Problems,
+) -> AdmissionConfig {
+    let in_range = |v: Option<u64>, default: u64, max: u64, at: &str, p: &mut Problems| {
+        let v = v.unwrap_or(default);
+        if v == 0 || v > max {
+            p.add(at, format!("must be between 1 and {max}, got {v}"));
+            return default;
+        }
+        v
+    };
+    let max_in_flight = in_range(
+        raw.max_in_flight,
+        2048,
+        1_000_000,
+        "admission.max_in_flight",
+        p,
+    );
+    let max_buffered = in_range(
+        raw.max_buffered_body_bytes,
+        256 * 1024 * 1024,
+        64 * 1024 * 1024 * 1024,
+        "admission.max_buffered_body_bytes",
+        p,
+    );
+    if max_buffered < max_body as u64 {
+        p.add(
+            "admission.max_buffered_body_bytes",
+            format!("must be at least server.max_body_bytes ({max_body}), or no large body could ever be read"),
+        );
+    }
+    let default_completion_tokens = in_range(
+        raw.default_completion_tokens,
+        1024,
+        10_000_000,
+        "admission.default_completion_tokens",
+        p,
+    );
+    let instances = in_range(
+        raw.instances.map(u64::from),
+        1,
+        10_000,
+        "admission.instances",
+        p,
+    ) as u32;
+    if let Some(url) = &raw.redis {
+        if !url.starts_with("redis://") && !url.starts_with("rediss://") {
+            p.add("admission.redis", "must start with redis:// or rediss://");
+        }
+    }
+    let redis_timeout = raw.redis_timeout.unwrap_or(Duration::from_millis(50));
+    if redis_timeout.is_zero() {
+        p.add("admission.redis_timeout", "must be greater than zero");
+    }
+    AdmissionConfig {
+        max_in_flight: max_in_flight as usize,
+        max_buffered_body_bytes: max_buffered.max(max_body as u64),
+        default_completion_tokens,
+        redis: raw.redis,
+        redis_timeout: redis_timeout.max(Duration::from_millis(1)),
+        instances,
+    }
+}

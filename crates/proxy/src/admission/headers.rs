@@ -1,0 +1,99 @@
+//! The `x-ratelimit-*` headers, as OpenAI and Azure OpenAI send them, so that clients written
+//! for those APIs (and their SDKs) pace themselves against spillway's limits unchanged.
+//!
+//! `x-ratelimit-limit-requests` / `-tokens`: the limit per minute; `x-ratelimit-remaining-*`:
+//! what could be taken now; `x-ratelimit-reset-*`: how long until the bucket is full again, in
+//! OpenAI's duration format (`20ms`, `1.5s`, `6m0s`). A dimension the tenant has no limit on is
+//! left out.
+
+use std::time::Duration;
+
+use http::{HeaderMap, HeaderName, HeaderValue};
+use spillway_policy::{Quota, RateHeaders};
+
+/// Adds the headers of every limited dimension to `headers`.
+pub(crate) fn insert_rate_headers(headers: &mut HeaderMap, quotas: &RateHeaders) {
+    for (suffix, quota) in [("requests", quotas.requests), ("tokens", quotas.tokens)] {
+        if let Some(q) = quota {
+            insert(headers, suffix, q);
+        }
+    }
+}
+
+fn insert(headers: &mut HeaderMap, suffix: &str, q: Quota) {
+    let pairs = [
+        ("limit", q.limit.to_string()),
+        ("remaining", q.remaining.to_string()),
+        ("reset", duration_text(q.reset)),
+    ];
+    for (what, value) in pairs {
+        if let (Ok(name), Ok(value)) = (
+            HeaderName::try_from(format!("x-ratelimit-{what}-{suffix}")),
+            HeaderValue::try_from(value),
+        ) {
+            headers.insert(name, value);
+        }
+    }
+}
+
+/// OpenAI's format: `0s`, `20ms` under a second, `1.5s` under a minute, `6m0s` above.
+pub(crate) fn duration_text(d: Duration) -> String {
+    let ms = d.as_millis();
+    if ms == 0 {
+        return "0s".to_owned();
+    }
+    if ms < 1000 {
+        return format!("{ms}ms");
+    }
+    let secs = d.as_secs_f64();
+    if secs < 60.0 {
+        return trimmed(secs);
+    }
+    let minutes = d.as_secs() / 60;
+    let rest = secs - (minutes * 60) as f64;
+    format!("{minutes}m{}", trimmed(rest))
+}
+
+/// Seconds with at most three decimals and no trailing zeros: `1.5s`, `2s`.
+fn trimmed(secs: f64) -> String {
+    let text = format!("{secs:.3}");
+    let text = text.trim_end_matches('0').trim_end_matches('.');
+    format!("{text}s")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_read_like_openai_s() {
+        let ms = Duration::from_millis;
+        assert_eq!(duration_text(ms(0)), "0s");
+        assert_eq!(duration_text(ms(20)), "20ms");
+        assert_eq!(duration_text(ms(1500)), "1.5s");
+        assert_eq!(duration_text(ms(2000)), "2s");
+        assert_eq!(duration_text(ms(360_000)), "6m0s");
+        assert_eq!(duration_text(ms(72_500)), "1m12.5s");
+    }
+
+    #[test]
+    fn only_limited_dimensions_get_headers() {
+        let mut h = HeaderMap::new();
+        let quota = Quota {
+            limit: 60,
+            remaining: 59,
+            reset: Duration::from_secs(1),
+        };
+        insert_rate_headers(
+            &mut h,
+            &RateHeaders {
+                requests: Some(quota),
+                tokens: None,
+            },
+        );
+        assert_eq!(h["x-ratelimit-limit-requests"], "60");
+        assert_eq!(h["x-ratelimit-remaining-requests"], "59");
+        assert_eq!(h["x-ratelimit-reset-requests"], "1s");
+        assert!(!h.contains_key("x-ratelimit-limit-tokens"));
+    }
+}

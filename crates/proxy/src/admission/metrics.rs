@@ -1,0 +1,60 @@
+//! Admission's metric names and where they are recorded: what was admitted and refused, by
+//! tenant, class and reason; tokens reserved against what backends reported; and the global
+//! caps against their use.
+
+use metrics::{counter, describe_counter, describe_gauge, gauge};
+use spillway_policy::Priority;
+
+/// Counter, labels `tenant`, `class`, `outcome`: `admitted`, `gateway_overloaded`,
+/// `concurrency_limited`, `rate_limited_requests`, `rate_limited_tokens`, `tokens_over_limit`.
+pub const ADMISSIONS: &str = "spillway_admissions_total";
+/// Counter, label `tenant`: tokens reserved at admission (estimates).
+pub const TOKENS_RESERVED: &str = "spillway_tokens_reserved_total";
+/// Counter, label `tenant`: tokens backends reported (or streamed, when they reported none).
+pub const TOKENS_REPORTED: &str = "spillway_tokens_reported_total";
+/// Gauges: requests admitted and not finished, and the cap.
+pub const IN_FLIGHT: &str = "spillway_requests_in_flight";
+pub const IN_FLIGHT_MAX: &str = "spillway_requests_in_flight_max";
+/// Gauges: request body bytes being read or held, and the cap.
+pub const BUFFERED_BYTES: &str = "spillway_buffered_body_bytes";
+pub const BUFFERED_BYTES_MAX: &str = "spillway_buffered_body_bytes_max";
+
+pub(crate) fn describe() {
+    describe_counter!(
+        ADMISSIONS,
+        "Admission decisions, by tenant, priority class and outcome."
+    );
+    describe_counter!(TOKENS_RESERVED, "Tokens reserved at admission (estimates).");
+    describe_counter!(
+        TOKENS_REPORTED,
+        "Tokens backends reported for admitted requests."
+    );
+    describe_gauge!(IN_FLIGHT, "Requests admitted and not yet finished.");
+    describe_gauge!(IN_FLIGHT_MAX, "The cap on requests in flight.");
+    describe_gauge!(BUFFERED_BYTES, "Request body bytes being read or held.");
+    describe_gauge!(
+        BUFFERED_BYTES_MAX,
+        "The cap on buffered request body bytes."
+    );
+}
+
+pub(crate) fn admission(tenant: &str, class: Priority, outcome: &'static str) {
+    counter!(ADMISSIONS, "tenant" => tenant.to_owned(), "class" => class.as_str(), "outcome" => outcome)
+        .increment(1);
+}
+
+pub(crate) fn tokens_reserved(tenant: &str, tokens: u64) {
+    counter!(TOKENS_RESERVED, "tenant" => tenant.to_owned()).increment(tokens);
+}
+
+pub(crate) fn tokens_reported(tenant: &str, tokens: u64) {
+    counter!(TOKENS_REPORTED, "tenant" => tenant.to_owned()).increment(tokens);
+}
+
+/// Sets the cap gauges when `/metrics` is rendered.
+pub(crate) fn caps(in_flight: (usize, usize), buffered: (u64, u64)) {
+    gauge!(IN_FLIGHT).set(in_flight.0 as f64);
+    gauge!(IN_FLIGHT_MAX).set(in_flight.1 as f64);
+    gauge!(BUFFERED_BYTES).set(buffered.0 as f64);
+    gauge!(BUFFERED_BYTES_MAX).set(buffered.1 as f64);
+}

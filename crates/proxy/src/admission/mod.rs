@@ -1,0 +1,290 @@
+//! Admission: the one gate every request passes before it may use a backend, whoever its
+//! tenant (G3).
+//!
+//! In IL-0248 an internal workload skipped the rate limits and overload controls external
+//! callers had, and its amplified traffic took the shared routing layer down; in IL-0110 one
+//! memory-hungry neighbour took a node down. So there is no path around this gate, "internal"
+//! tenants included, and it checks, in order:
+//!
+//! 1. the gateway's own cap on requests in flight (`admission.max_in_flight`): past it every
+//!    request is refused at once with 503 and `Retry-After`, whoever sends it, instead of the
+//!    gateway growing until it falls over;
+//! 2. the tenant's `max_concurrency`: requests in flight for this tenant, streams included until
+//!    their last byte;
+//! 3. the tenant's requests-per-minute and tokens-per-minute limits (GCRA, `spillway-policy`),
+//!    both or neither: tokens are estimated from the body and `max_tokens`, reserved, and
+//!    reconciled with the usage the backend reports when the response ends ([`Admitted`]).
+//!
+//! A refusal is a 429 with `Retry-After` and the `x-ratelimit-*` headers OpenAI and Azure OpenAI
+//! send; an admitted request carries the same headers on its response.
+
+mod headers;
+pub(crate) mod metrics;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use spillway_config::AdmissionConfig;
+use spillway_policy::{Dimension, RateHeaders, RateLimit, TenantLimiter};
+
+use crate::auth::{Tenant, TenantLimits};
+use crate::error::{ApiError, ErrorKind};
+use crate::request::RequestSummary;
+
+pub(crate) use headers::insert_rate_headers;
+
+/// How long a caller refused by a global cap is told to wait.
+const OVERLOADED_RETRY_AFTER: Duration = Duration::from_secs(1);
+/// How long a caller at its concurrency limit is told to wait.
+const CONCURRENCY_RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// The gateway's admission state: global counters and one gate per tenant seen.
+pub(crate) struct Admission {
+    gates: RwLock<HashMap<Arc<str>, Arc<Gate>>>,
+    in_flight: Arc<AtomicUsize>,
+    max_in_flight: usize,
+    default_completion_tokens: u64,
+}
+
+/// One tenant's admission state.
+struct Gate {
+    tenant: Arc<str>,
+    in_flight: Arc<AtomicUsize>,
+    /// The limits the limiter enforces, and the limiter.
+    rate: Mutex<(TenantLimits, TenantLimiter)>,
+}
+
+/// What an admission needs to know about the request.
+pub(crate) struct Ask<'a> {
+    pub summary: &'a RequestSummary,
+    pub body_len: usize,
+    /// Embeddings produce no completion tokens.
+    pub completes: bool,
+}
+
+impl Admission {
+    pub(crate) fn new(config: &AdmissionConfig) -> Admission {
+        Admission {
+            gates: RwLock::new(HashMap::new()),
+            in_flight: Arc::new(AtomicUsize::new(0)),
+            max_in_flight: config.max_in_flight,
+            default_completion_tokens: config.default_completion_tokens,
+        }
+    }
+
+    /// Requests admitted and not yet finished, and the cap.
+    pub(crate) fn in_flight(&self) -> (usize, usize) {
+        (self.in_flight.load(Ordering::Relaxed), self.max_in_flight)
+    }
+
+    /// Admits the request or says why not, as the error to answer with.
+    pub(crate) fn admit(&self, tenant: &Tenant, ask: Ask<'_>) -> Result<Admitted, ApiError> {
+        let refused = |outcome, e: ApiError| {
+            metrics::admission(&tenant.name, tenant.limits.priority, outcome);
+            Err(e)
+        };
+        let Some(global) = Slot::take(&self.in_flight, self.max_in_flight) else {
+            let e = ApiError::new(
+                ErrorKind::GatewayOverloaded,
+                format!(
+                    "the gateway is serving its maximum of {} requests; try again shortly",
+                    self.max_in_flight
+                ),
+            )
+            .retry_after(OVERLOADED_RETRY_AFTER);
+            return refused("gateway_overloaded", e);
+        };
+        let gate = self.gate(tenant);
+        let mut own = None;
+        if let Some(max) = tenant.limits.max_concurrency {
+            own = Slot::take(&gate.in_flight, max as usize);
+            if own.is_none() {
+                let e = ApiError::new(
+                    ErrorKind::ConcurrencyLimited,
+                    format!("this tenant already has its maximum of {max} requests in flight"),
+                )
+                .retry_after(CONCURRENCY_RETRY_AFTER);
+                return refused("concurrency_limited", e);
+            }
+        }
+        let estimate = self.estimate(&ask);
+        let now = Instant::now();
+        let decision = {
+            let mut rate = gate.rate.lock().unwrap_or_else(|e| e.into_inner());
+            if rate.0 != tenant.limits {
+                let (requests, tokens) = limits_of(&tenant.limits);
+                rate.1.set_limits(now, requests, tokens);
+                rate.0 = tenant.limits;
+            }
+            rate.1.admit(now, estimate)
+        };
+        match decision {
+            Ok(reservation) => {
+                metrics::admission(&tenant.name, tenant.limits.priority, "admitted");
+                metrics::tokens_reserved(&tenant.name, reservation.tokens);
+                Ok(Admitted {
+                    gate,
+                    reserved: reservation.tokens,
+                    prompt: self.prompt_estimate(ask.body_len),
+                    headers: reservation.headers,
+                    _global: global,
+                    _own: own,
+                    settled: false,
+                })
+            }
+            Err(refusal) => {
+                let mut headers = http::HeaderMap::new();
+                insert_rate_headers(&mut headers, &refusal.headers);
+                let (kind, outcome, what) = match (refusal.which, refusal.retry_after) {
+                    (Dimension::Tokens, None) => {
+                        (ErrorKind::TokensOverLimit, "tokens_over_limit", "tokens")
+                    }
+                    (Dimension::Tokens, Some(_)) => {
+                        (ErrorKind::TokenRateLimited, "rate_limited_tokens", "tokens")
+                    }
+                    (Dimension::Requests, _) => (
+                        ErrorKind::RequestRateLimited,
+                        "rate_limited_requests",
+                        "requests",
+                    ),
+                };
+                let message = match refusal.retry_after {
+                    Some(after) => format!(
+                        "rate limit reached for {what} per minute; try again in {}",
+                        headers::duration_text(after)
+                    ),
+                    None => format!(
+                        "this request needs about {estimate} tokens, more than this tenant's \
+                         tokens-per-minute limit allows at once; lower max_tokens or the input"
+                    ),
+                };
+                let mut e = ApiError::new(kind, message).with_headers(headers);
+                if let Some(after) = refusal.retry_after {
+                    e = e.retry_after(after);
+                }
+                refused(outcome, e)
+            }
+        }
+    }
+
+    /// About one token per four bytes of body (which over-counts JSON syntax a little).
+    fn prompt_estimate(&self, body_len: usize) -> u64 {
+        (body_len as u64 / 4).max(1)
+    }
+
+    /// Tokens to reserve: the prompt plus the completion the caller allows, per choice.
+    fn estimate(&self, ask: &Ask<'_>) -> u64 {
+        let prompt = self.prompt_estimate(ask.body_len);
+        if !ask.completes {
+            return prompt;
+        }
+        let completion = ask
+            .summary
+            .max_tokens
+            .unwrap_or(self.default_completion_tokens);
+        prompt.saturating_add(completion.saturating_mul(ask.summary.choices))
+    }
+
+    fn gate(&self, tenant: &Tenant) -> Arc<Gate> {
+        if let Some(gate) = self
+            .gates
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&tenant.name)
+        {
+            return gate.clone();
+        }
+        let mut gates = self.gates.write().unwrap_or_else(|e| e.into_inner());
+        gates
+            .entry(tenant.name.clone())
+            .or_insert_with(|| {
+                let (requests, tokens) = limits_of(&tenant.limits);
+                Arc::new(Gate {
+                    tenant: tenant.name.clone(),
+                    in_flight: Arc::new(AtomicUsize::new(0)),
+                    rate: Mutex::new((
+                        tenant.limits,
+                        TenantLimiter::new(Instant::now(), requests, tokens),
+                    )),
+                })
+            })
+            .clone()
+    }
+}
+
+/// The policy's rate limits for a tenant's record.
+fn limits_of(limits: &TenantLimits) -> (Option<RateLimit>, Option<RateLimit>) {
+    let rate =
+        |per_min: Option<u32>| per_min.and_then(|n| RateLimit::try_new(u64::from(n), None).ok());
+    (rate(limits.requests_per_min), rate(limits.tokens_per_min))
+}
+
+/// An admitted request: holds its places in the in-flight counts and its token reservation
+/// until the response ends. Settle it with the usage the backend reported; dropped unsettled
+/// (the request failed before a response), its reserved tokens are refunded.
+pub(crate) struct Admitted {
+    gate: Arc<Gate>,
+    reserved: u64,
+    prompt: u64,
+    /// The tenant's quotas after this admission, for the response's `x-ratelimit-*` headers.
+    pub(crate) headers: RateHeaders,
+    _global: Slot,
+    _own: Option<Slot>,
+    settled: bool,
+}
+
+impl Admitted {
+    /// The prompt's share of the reservation.
+    pub(crate) fn prompt_estimate(&self) -> u64 {
+        self.prompt
+    }
+
+    /// The request is over: `used` tokens if known (the backend's report, or a count of what
+    /// was streamed); `None` keeps the reservation as it is.
+    pub(crate) fn settle(mut self, used: Option<u64>) {
+        if let Some(used) = used {
+            metrics::tokens_reported(&self.gate.tenant, used);
+            self.reconcile(used);
+        }
+        self.settled = true;
+    }
+
+    fn reconcile(&self, used: u64) {
+        let mut rate = self.gate.rate.lock().unwrap_or_else(|e| e.into_inner());
+        rate.1.reconcile(Instant::now(), self.reserved, used);
+    }
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        if !self.settled {
+            // Nothing was generated: give the tokens back (the request itself still counts).
+            self.reconcile(0);
+        }
+    }
+}
+
+/// One place in a counter with a cap, given back on drop.
+struct Slot(Arc<AtomicUsize>);
+
+impl Slot {
+    fn take(counter: &Arc<AtomicUsize>, max: usize) -> Option<Slot> {
+        let before = counter.fetch_add(1, Ordering::AcqRel);
+        if before >= max {
+            counter.fetch_sub(1, Ordering::AcqRel);
+            return None;
+        }
+        Some(Slot(counter.clone()))
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+#[cfg(test)]
+mod tests;

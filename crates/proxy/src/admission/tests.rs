@@ -1,0 +1,175 @@
+use super::*;
+
+fn config(max_in_flight: usize) -> AdmissionConfig {
+    AdmissionConfig {
+        max_in_flight,
+        max_buffered_body_bytes: 1 << 20,
+        default_completion_tokens: 100,
+        redis: None,
+        redis_timeout: Duration::from_millis(50),
+        instances: 1,
+    }
+}
+
+fn tenant(name: &str, limits: TenantLimits) -> Tenant {
+    Tenant {
+        name: Arc::from(name),
+        allowed_models: None,
+        enabled: true,
+        limits,
+    }
+}
+
+fn summary(max_tokens: Option<u64>) -> RequestSummary {
+    RequestSummary {
+        model: "m".into(),
+        max_tokens,
+        choices: 1,
+        ..RequestSummary::default()
+    }
+}
+
+fn ask(s: &RequestSummary) -> Ask<'_> {
+    Ask {
+        summary: s,
+        body_len: 400,
+        completes: true,
+    }
+}
+
+#[test]
+fn a_tenant_over_its_requests_per_minute_gets_429_with_the_openai_headers() {
+    let a = Admission::new(&config(100));
+    let t = tenant(
+        "a",
+        TenantLimits {
+            requests_per_min: Some(2),
+            ..TenantLimits::default()
+        },
+    );
+    let s = summary(Some(10));
+    let first = a.admit(&t, ask(&s)).unwrap();
+    assert_eq!(first.headers.requests.unwrap().remaining, 1);
+    let _second = a.admit(&t, ask(&s)).unwrap();
+    let e = a.admit(&t, ask(&s)).err().unwrap();
+    assert_eq!(e.kind, ErrorKind::RequestRateLimited);
+    assert_eq!(e.status(), http::StatusCode::TOO_MANY_REQUESTS);
+    let after = e.retry_after.unwrap();
+    assert!(
+        after > Duration::from_secs(29) && after <= Duration::from_secs(30),
+        "{after:?}"
+    );
+    assert_eq!(
+        e.headers.as_deref().unwrap()["x-ratelimit-limit-requests"],
+        "2"
+    );
+    assert_eq!(
+        e.headers.as_deref().unwrap()["x-ratelimit-remaining-requests"],
+        "0"
+    );
+    assert!(e.retry_may_help());
+    // Another tenant is not affected.
+    assert!(a.admit(&tenant("b", t.limits), ask(&s)).is_ok());
+}
+
+#[test]
+fn concurrency_is_held_until_the_admission_is_dropped() {
+    let a = Admission::new(&config(100));
+    let t = tenant(
+        "a",
+        TenantLimits {
+            max_concurrency: Some(1),
+            ..TenantLimits::default()
+        },
+    );
+    let s = summary(None);
+    let held = a.admit(&t, ask(&s)).unwrap();
+    let e = a.admit(&t, ask(&s)).err().unwrap();
+    assert_eq!(e.kind, ErrorKind::ConcurrencyLimited);
+    assert_eq!(a.in_flight().0, 1, "a refusal holds no place");
+    held.settle(None);
+    assert_eq!(a.in_flight().0, 0);
+    assert!(a.admit(&t, ask(&s)).is_ok());
+}
+
+#[test]
+fn the_global_cap_refuses_every_tenant_with_503() {
+    let a = Admission::new(&config(2));
+    let s = summary(None);
+    let t = tenant("a", TenantLimits::default());
+    let _one = a.admit(&t, ask(&s)).unwrap();
+    let _two = a
+        .admit(&tenant("b", TenantLimits::default()), ask(&s))
+        .unwrap();
+    let e = a
+        .admit(&tenant("c", TenantLimits::default()), ask(&s))
+        .err()
+        .unwrap();
+    assert_eq!(e.kind, ErrorKind::GatewayOverloaded);
+    assert_eq!(e.status(), http::StatusCode::SERVICE_UNAVAILABLE);
+    assert!(e.retry_after.is_some());
+}
+
+#[test]
+fn tokens_are_estimated_reserved_and_reconciled_with_the_report() {
+    let a = Admission::new(&config(100));
+    let t = tenant(
+        "a",
+        TenantLimits {
+            tokens_per_min: Some(1000),
+            ..TenantLimits::default()
+        },
+    );
+    // 400 bytes of body is about 100 prompt tokens, plus 300 allowed completion tokens.
+    let s = summary(Some(300));
+    let admitted = a.admit(&t, ask(&s)).unwrap();
+    assert_eq!(admitted.headers.tokens.unwrap().remaining, 600);
+    admitted.settle(Some(150));
+    let next = a.admit(&t, ask(&s)).unwrap();
+    // 1000 - 150 - 400, give or take the refill of a few microseconds.
+    let left = next.headers.tokens.unwrap().remaining;
+    assert!((450..=451).contains(&left), "{left}");
+    // Dropped unsettled (the request failed): its 400 tokens come back.
+    drop(next);
+    let again = a.admit(&t, ask(&s)).unwrap();
+    let left = again.headers.tokens.unwrap().remaining;
+    assert!((450..=452).contains(&left), "{left}");
+}
+
+#[test]
+fn a_request_larger_than_the_token_limit_is_refused_without_a_retry_time() {
+    let a = Admission::new(&config(100));
+    let t = tenant(
+        "a",
+        TenantLimits {
+            tokens_per_min: Some(500),
+            ..TenantLimits::default()
+        },
+    );
+    let s = summary(Some(1000));
+    let e = a.admit(&t, ask(&s)).err().unwrap();
+    assert_eq!(e.kind, ErrorKind::TokensOverLimit);
+    assert!(e.retry_after.is_none());
+    assert!(!e.retry_may_help());
+    assert_eq!(
+        e.headers.as_deref().unwrap()["x-ratelimit-limit-tokens"],
+        "500"
+    );
+}
+
+#[test]
+fn changed_limits_apply_to_the_next_request() {
+    let a = Admission::new(&config(100));
+    let s = summary(None);
+    let strict = tenant(
+        "a",
+        TenantLimits {
+            requests_per_min: Some(1),
+            ..TenantLimits::default()
+        },
+    );
+    let _first = a.admit(&strict, ask(&s)).unwrap();
+    assert!(a.admit(&strict, ask(&s)).is_err());
+    let relaxed = tenant("a", TenantLimits::default());
+    assert!(a.admit(&relaxed, ask(&s)).is_ok());
+}

@@ -1,0 +1,296 @@
+//! Token usage reported by backends, read from response bodies as they are relayed.
+//!
+//! Tokens-per-minute limits admit a request by reserving an estimate of its tokens; the estimate
+//! is then reconciled with the `usage` object the backend reports, for plain JSON responses and
+//! for SSE streams alike (a stream reports it once, in its last event, when the request asked for
+//! `stream_options: {"include_usage": true}`). The count has to come from the backend: a client
+//! has every reason to under-report. OpenAI, Azure OpenAI, vLLM and SGLang all use the same shape
+//! for chat completions, completions and embeddings.
+//!
+//! The relay passes each frame on unchanged and shows it to a [`UsageScanner`] on the way. A
+//! gateway's memory must not grow with the size of what it relays, so the scanner never holds the
+//! body: it is a byte-at-a-time state machine whose only carry-over between chunks is its state
+//! (how much of the key `"usage"` it has matched), plus the `usage` object itself while it is
+//! being read, capped at [`MAX_USAGE_BYTES`]. Each byte costs constant work.
+//!
+//! What is matched, and the edge cases accepted:
+//! - The key is the literal `"usage"` followed by optional whitespace, `:`, optional whitespace
+//!   and `{`. In valid JSON that can only be an object key: inside a string value every quote is
+//!   escaped (`\"usage\"`), so the text `"content":"the \"usage\": {...}"` never matches.
+//! - A key named `usage` at any depth counts, not only the top-level one: a vendor extension
+//!   nesting its own `"usage": {...}` deeper in a body is read as the report if it comes last.
+//! - A key spelled with escapes (`"\u0075sage"`) is not recognised; no backend writes that.
+//! - A body that is not JSON at all (an HTML error page) is scanned like any other: a
+//!   `"usage": {` in it is captured, fails to parse and is ignored.
+//! - In an SSE body only `data:` lines are read, and a blank line (the end of an event) drops any
+//!   half-read object, so one truncated event cannot swallow the next. Comment, `event:` and `id:`
+//!   lines are skipped; a JSON value spread over several `data:` lines is read as the SSE spec
+//!   joins them (with a line feed, which JSON treats as whitespace).
+//! - An object larger than [`MAX_USAGE_BYTES`] is given up on and scanning resumes at the next
+//!   byte, so a body can never keep the scanner capturing for more than that many bytes.
+//! - An object whose counts are not non-negative integers is ignored, as is `"usage": null`
+//!   (sent in every stream chunk by some backends and settings). The last object read wins.
+
+use serde::Deserialize;
+
+/// The most bytes a `usage` object may take. Real ones, details included, are a few hundred.
+pub const MAX_USAGE_BYTES: usize = 4096;
+
+/// Token usage as a backend reported it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Usage {
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    pub total_tokens: u64,
+}
+
+/// Finds the last `usage` object in a response body fed to it chunk by chunk.
+#[derive(Debug)]
+pub struct UsageScanner {
+    sse: bool,
+    /// Where the scanner is in the current line of an SSE body.
+    line: Line,
+    /// The previous byte was a CR ending an SSE line, so an LF right after it ends nothing.
+    after_cr: bool,
+    json: Json,
+    /// The `usage` object being read, at most [`MAX_USAGE_BYTES`].
+    object: Vec<u8>,
+    last: Option<Usage>,
+}
+
+impl UsageScanner {
+    /// `sse`: the body is a text/event-stream.
+    pub fn new(sse: bool) -> Self {
+        Self {
+            sse,
+            line: Line::Start(0),
+            after_cr: false,
+            json: Json::SEEKING,
+            object: Vec::new(),
+            last: None,
+        }
+    }
+
+    /// Looks at the next chunk of the body (chunks split anywhere, even inside a key or a number).
+    pub fn feed(&mut self, chunk: &[u8]) {
+        for &byte in chunk {
+            if self.sse {
+                self.sse_step(byte);
+            } else {
+                self.json_step(byte);
+            }
+        }
+    }
+
+    /// The last complete non-null `usage` object seen, if any.
+    pub fn usage(&self) -> Option<Usage> {
+        self.last
+    }
+
+    /// The usage to reconcile with once the body has ended; an object still half read is dropped.
+    pub fn finish(self) -> Option<Usage> {
+        self.last
+    }
+
+    fn sse_step(&mut self, byte: u8) {
+        let line = self.line;
+        if byte == b'\n' && self.after_cr {
+            // The second half of a CRLF.
+            self.after_cr = false;
+            return;
+        }
+        self.after_cr = byte == b'\r';
+        if byte == b'\n' || byte == b'\r' {
+            match line {
+                Line::Start(0) => self.reset(),
+                Line::AfterField | Line::Data => self.json_step(b'\n'),
+                Line::Start(_) | Line::Other => {}
+            }
+            self.line = Line::Start(0);
+            return;
+        }
+        self.line = match line {
+            Line::Start(n) if DATA_FIELD.get(n) == Some(&byte) => {
+                if n + 1 == DATA_FIELD.len() {
+                    Line::AfterField
+                } else {
+                    Line::Start(n + 1)
+                }
+            }
+            Line::Start(_) => Line::Other,
+            Line::AfterField => {
+                // One space after the colon belongs to the field syntax, not to the data.
+                if byte != b' ' {
+                    self.json_step(byte);
+                }
+                Line::Data
+            }
+            Line::Data => {
+                self.json_step(byte);
+                Line::Data
+            }
+            Line::Other => Line::Other,
+        };
+    }
+
+    fn json_step(&mut self, byte: u8) {
+        self.json = match self.json {
+            Json::Seeking {
+                matched,
+                after_backslash,
+            } => {
+                let matched =
+                    if KEY.get(matched) == Some(&byte) && (matched > 0 || !after_backslash) {
+                        matched + 1
+                    } else {
+                        // No proper prefix of the key ends in a quote, so a mismatch can only restart
+                        // the match at a new opening quote.
+                        usize::from(byte == b'"' && !after_backslash)
+                    };
+                if matched == KEY.len() {
+                    Json::BeforeColon
+                } else {
+                    Json::Seeking {
+                        matched,
+                        after_backslash: byte == b'\\',
+                    }
+                }
+            }
+            Json::BeforeColon if is_json_space(byte) => Json::BeforeColon,
+            Json::BeforeColon if byte == b':' => Json::BeforeValue,
+            Json::BeforeValue if is_json_space(byte) => Json::BeforeValue,
+            Json::BeforeValue if byte == b'{' => {
+                self.object.clear();
+                self.object.push(byte);
+                Json::Object {
+                    depth: 1,
+                    in_string: false,
+                    escaped: false,
+                }
+            }
+            // Not an object after all (`null`, or not a key): look at this byte afresh.
+            Json::BeforeColon | Json::BeforeValue => return self.rescan(byte),
+            Json::Object {
+                mut depth,
+                mut in_string,
+                mut escaped,
+            } => {
+                if self.object.len() >= MAX_USAGE_BYTES {
+                    return self.rescan(byte);
+                }
+                self.object.push(byte);
+                if escaped {
+                    escaped = false;
+                } else if in_string {
+                    match byte {
+                        b'\\' => escaped = true,
+                        b'"' => in_string = false,
+                        _ => {}
+                    }
+                } else {
+                    match byte {
+                        b'"' => in_string = true,
+                        b'{' => depth += 1,
+                        b'}' => depth -= 1,
+                        _ => {}
+                    }
+                }
+                if depth > 0 {
+                    Json::Object {
+                        depth,
+                        in_string,
+                        escaped,
+                    }
+                } else {
+                    if let Some(usage) = parse(&self.object) {
+                        self.last = Some(usage);
+                    }
+                    self.object.clear();
+                    Json::SEEKING
+                }
+            }
+        };
+    }
+
+    /// Drops any partial match or object and looks at `byte` as if scanning had just begun.
+    fn rescan(&mut self, byte: u8) {
+        self.reset();
+        self.json_step(byte);
+    }
+
+    fn reset(&mut self) {
+        self.json = Json::SEEKING;
+        self.object.clear();
+    }
+}
+
+const KEY: &[u8] = b"\"usage\"";
+const DATA_FIELD: &[u8] = b"data:";
+
+/// Where the scanner is in an SSE line.
+#[derive(Debug, Clone, Copy)]
+enum Line {
+    /// At the start of a line, with this many bytes of `data:` matched.
+    Start(usize),
+    /// Just after `data:`, where one space may follow.
+    AfterField,
+    /// In a data field's value: JSON.
+    Data,
+    /// In a line that is not a data field (a comment, `event:`, `id:`, `retry:`): ignored.
+    Other,
+}
+
+/// Where the scanner is in the JSON text.
+#[derive(Debug, Clone, Copy)]
+enum Json {
+    /// Looking for the key, `matched` bytes of it seen so far.
+    Seeking {
+        matched: usize,
+        after_backslash: bool,
+    },
+    /// After the key, before the colon.
+    BeforeColon,
+    /// After the colon, before the value.
+    BeforeValue,
+    /// Inside the `usage` object, `depth` braces deep.
+    Object {
+        depth: u32,
+        in_string: bool,
+        escaped: bool,
+    },
+}
+
+impl Json {
+    const SEEKING: Json = Json::Seeking {
+        matched: 0,
+        after_backslash: false,
+    };
+}
+
+fn is_json_space(byte: u8) -> bool {
+    matches!(byte, b' ' | b'\t' | b'\n' | b'\r')
+}
+
+/// The counts of one `usage` object; `None` if it is not JSON or a count is not a `u64`.
+fn parse(object: &[u8]) -> Option<Usage> {
+    // Other fields (`prompt_tokens_details`, `completion_tokens_details`) are ignored.
+    #[derive(Deserialize)]
+    struct Reported {
+        prompt_tokens: Option<u64>,
+        completion_tokens: Option<u64>,
+        total_tokens: Option<u64>,
+    }
+    let reported: Reported = serde_json::from_slice(object).ok()?;
+    let prompt_tokens = reported.prompt_tokens.unwrap_or(0);
+    let completion_tokens = reported.completion_tokens.unwrap_or(0);
+    Some(Usage {
+        prompt_tokens,
+        completion_tokens,
+        total_tokens: reported
+            .total_tokens
+            .unwrap_or(prompt_tokens.saturating_add(completion_tokens)),
+    })
+}
+
+#[cfg(test)]
+mod tests;

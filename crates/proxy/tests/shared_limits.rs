@@ -1,0 +1,402 @@
+//! The shared rate limits against the real Redis on 127.0.0.1:6379, and against Redis servers
+//! that are down or hang. Every test uses its own tenants and deletes their keys.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use redis::AsyncCommands;
+use spillway_policy::{Dimension, RateLimit, TenantLimiter};
+use spillway_proxy::shared_limits::{key, SharedLimits, Unavailable, ERRORS_BEFORE_PAUSE, PAUSE};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+const REDIS: &str = "redis://127.0.0.1:6379";
+const TIMEOUT: Duration = Duration::from_millis(250);
+/// What the test machine may add to a bounded call (a busy CI runner).
+const SLACK: Duration = Duration::from_millis(200);
+
+fn tenant(name: &str) -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    format!("test-{}-{n}-{name}", std::process::id())
+}
+
+fn limit(per_minute: u64, burst: Option<u64>) -> Option<RateLimit> {
+    Some(RateLimit::try_new(per_minute, burst).unwrap())
+}
+
+async fn shared() -> SharedLimits {
+    let limits = SharedLimits::start(REDIS, Duration::from_secs(2))
+        .await
+        .unwrap();
+    assert!(limits.is_up(), "these tests need Redis on 127.0.0.1:6379");
+    limits
+}
+
+async fn redis() -> redis::aio::MultiplexedConnection {
+    let client = redis::Client::open(REDIS).unwrap();
+    client.get_multiplexed_async_connection().await.unwrap()
+}
+
+async fn forget(tenant: &str) {
+    let keys = [Dimension::Requests, Dimension::Tokens].map(|d| key(tenant, d));
+    let _: () = redis().await.del(&keys).await.unwrap();
+}
+
+#[test]
+fn keys_hash_tag_the_tenant_and_escape_anything_unexpected() {
+    assert_eq!(
+        key("acme-1_a.b", Dimension::Requests),
+        "spillway:rl:{acme-1_a.b}:req"
+    );
+    assert_eq!(key("acme", Dimension::Tokens), "spillway:rl:{acme}:tok");
+    assert_eq!(
+        key("a}{:%é", Dimension::Requests),
+        "spillway:rl:{a%7D%7B%3A%25%C3%A9}:req"
+    );
+}
+
+#[tokio::test]
+async fn admits_exactly_the_burst_then_refuses_until_the_exact_gcra_time() {
+    let limits = shared().await;
+    let t = tenant("burst");
+    // One request a second, twenty at once.
+    let requests = limit(60, Some(20));
+    let started = Instant::now();
+    for k in 1..=20 {
+        let d = limits.admit(&t, requests, None, 0).await.unwrap();
+        assert!(d.admitted, "request {k}");
+        let quota = d.headers.requests.unwrap();
+        assert_eq!((quota.limit, quota.remaining), (60, 20 - k));
+        assert!(d.headers.tokens.is_none());
+    }
+    let refused = limits.admit(&t, requests, None, 0).await.unwrap();
+    let elapsed = started.elapsed();
+    assert!(!refused.admitted);
+    let (which, retry_after) = refused.refused.unwrap();
+    assert_eq!(which, Dimension::Requests);
+    // The bucket drained for (at most) `elapsed` since the first request filled it: the 21st
+    // passes one emission interval after the first was admitted.
+    let retry_after = retry_after.unwrap();
+    assert!(retry_after <= Duration::from_secs(1), "{retry_after:?}");
+    assert!(
+        retry_after >= Duration::from_secs(1) - elapsed,
+        "{retry_after:?} {elapsed:?}"
+    );
+    let quota = refused.headers.requests.unwrap();
+    assert_eq!(quota.remaining, 0);
+    assert!(quota.reset <= Duration::from_secs(20) && quota.reset >= Duration::from_secs(19));
+    // The key lives one second past the time its bucket needs to refill.
+    let ttl: i64 = redis()
+        .await
+        .pttl(key(&t, Dimension::Requests))
+        .await
+        .unwrap();
+    assert!((19_000..=21_000).contains(&ttl), "{ttl}");
+    forget(&t).await;
+}
+
+async fn hammer(per_minute: u64, burst: Option<u64>, run_for: Duration) {
+    let instances = [shared().await, shared().await, shared().await];
+    let t = tenant("fleet");
+    let requests = limit(per_minute, burst);
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for limits in &instances {
+        for _ in 0..2 {
+            let (limits, t) = (limits.clone(), t.clone());
+            tasks.push(tokio::spawn(async move {
+                let (mut admitted, mut refused) = (0u64, 0u64);
+                while started.elapsed() < run_for {
+                    let d = limits.admit(&t, requests, None, 0).await.unwrap();
+                    if d.admitted {
+                        admitted += 1;
+                    } else {
+                        refused += 1;
+                    }
+                }
+                (admitted, refused)
+            }));
+        }
+    }
+    let (mut admitted, mut refused) = (0, 0);
+    for task in tasks {
+        let (a, r) = task.await.unwrap();
+        admitted += a;
+        refused += r;
+    }
+    let elapsed = started.elapsed();
+    // GCRA from a full bucket: n admissions need n <= burst + rate * (last - first).
+    let burst = requests.unwrap().burst();
+    let allowed = burst + elapsed.as_micros() as u64 * per_minute / 60_000_000;
+    println!(
+        "per_minute={per_minute} burst={burst} elapsed={elapsed:?}: admitted {admitted} of \
+         {allowed} allowed ({refused} refused)"
+    );
+    // One more for the rounding of doubles at the boundary.
+    assert!(admitted <= allowed + 1, "{admitted} > {allowed}");
+    assert!(
+        admitted * 100 >= allowed * 95,
+        "{admitted} < 95% of {allowed}"
+    );
+    forget(&t).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_instances_admit_one_limit_between_them() {
+    hammer(600, None, Duration::from_secs(3)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_instances_share_the_refill_rate() {
+    hammer(1200, Some(10), Duration::from_secs(3)).await;
+}
+
+#[tokio::test]
+async fn a_request_takes_from_both_dimensions_or_from_neither() {
+    let limits = shared().await;
+    let t = tenant("both");
+    let (requests, tokens) = (limit(60, Some(100)), limit(1000, None));
+    let first = limits.admit(&t, requests, tokens, 600).await.unwrap();
+    assert!(first.admitted);
+    assert_eq!(first.headers.tokens.unwrap().remaining, 400);
+
+    // Tokens refuse: the request is not taken either.
+    let refused = limits.admit(&t, requests, tokens, 600).await.unwrap();
+    let (which, retry_after) = refused.refused.unwrap();
+    assert_eq!(which, Dimension::Tokens);
+    let retry_after = retry_after.unwrap();
+    // 200 tokens at 1000 a minute.
+    assert!(retry_after <= Duration::from_secs(12) && retry_after > Duration::from_secs(11));
+    assert_eq!(refused.headers.requests.unwrap().remaining, 99);
+    let fits = limits.admit(&t, requests, tokens, 400).await.unwrap();
+    assert!(fits.admitted);
+    assert_eq!(fits.headers.requests.unwrap().remaining, 98);
+
+    // Requests refuse: no tokens are taken. A cost above the token burst beats any wait.
+    let one = limit(60, Some(1));
+    let u = tenant("both");
+    assert!(limits.admit(&u, one, tokens, 10).await.unwrap().admitted);
+    let refused = limits.admit(&u, one, tokens, 10).await.unwrap();
+    assert_eq!(refused.refused.unwrap().0, Dimension::Requests);
+    assert_eq!(refused.headers.tokens.unwrap().remaining, 990);
+    let too_large = limits.admit(&u, one, tokens, 1001).await.unwrap();
+    assert_eq!(too_large.refused, Some((Dimension::Tokens, None)));
+    forget(&t).await;
+    forget(&u).await;
+}
+
+#[tokio::test]
+async fn adjust_refunds_make_room_and_charges_leave_debt() {
+    let limits = shared().await;
+    let t = tenant("adjust");
+    let (requests, tokens) = (limit(60, Some(1)), limit(1000, None));
+    assert!(
+        limits
+            .admit(&t, requests, tokens, 1000)
+            .await
+            .unwrap()
+            .admitted
+    );
+    let refused = limits.admit(&t, requests, tokens, 500).await.unwrap();
+    assert_eq!(refused.refused.unwrap().0, Dimension::Tokens);
+
+    // The backend used 400 of the 1000 reserved, and the request is given back.
+    limits
+        .adjust(&t, requests, tokens, -600, true)
+        .await
+        .unwrap();
+    let d = limits.admit(&t, requests, tokens, 500).await.unwrap();
+    assert!(d.admitted, "{d:?}");
+
+    // 2000 more than reserved: the tenant is in debt for two minutes.
+    limits
+        .adjust(&t, requests, tokens, 2000, true)
+        .await
+        .unwrap();
+    let d = limits.admit(&t, requests, tokens, 1).await.unwrap();
+    let (which, retry_after) = d.refused.unwrap();
+    assert_eq!(which, Dimension::Tokens);
+    let retry_after = retry_after.unwrap();
+    assert!(retry_after > Duration::from_secs(119) && retry_after <= Duration::from_secs(126));
+    forget(&t).await;
+}
+
+#[tokio::test]
+async fn decisions_and_headers_match_the_local_limiter() {
+    let limits = shared().await;
+    let t = tenant("local");
+    let (requests, tokens) = (limit(60, Some(5)), limit(120, Some(1000)));
+    let mut local = TenantLimiter::new(Instant::now(), requests, tokens);
+    for est in [300, 0, 500, 300, 200, 0, 1, 1001, 100] {
+        let shared = limits.admit(&t, requests, tokens, est).await.unwrap();
+        match local.admit(Instant::now(), est) {
+            Ok(reservation) => {
+                assert!(shared.admitted, "{est}: {shared:?}");
+                assert_eq!(shared.headers.requests.unwrap().remaining, {
+                    reservation.headers.requests.unwrap().remaining
+                });
+                assert_eq!(shared.headers.tokens.unwrap().remaining, {
+                    reservation.headers.tokens.unwrap().remaining
+                });
+            }
+            Err(refusal) => {
+                let (which, retry_after) = shared.refused.unwrap();
+                assert_eq!(which, refusal.which, "{est}");
+                assert_eq!(retry_after.is_none(), refusal.retry_after.is_none());
+                let close = |a: Duration, b: Duration| a.abs_diff(b) < Duration::from_millis(100);
+                if let (Some(a), Some(b)) = (retry_after, refusal.retry_after) {
+                    assert!(close(a, b), "{a:?} {b:?}");
+                }
+                let (s, l) = (
+                    shared.headers.tokens.unwrap(),
+                    refusal.headers.tokens.unwrap(),
+                );
+                assert_eq!((s.limit, s.remaining), (l.limit, l.remaining));
+                assert!(close(s.reset, l.reset), "{s:?} {l:?}");
+            }
+        }
+    }
+    forget(&t).await;
+}
+
+#[tokio::test]
+async fn a_redis_that_lost_the_script_gets_it_again_in_the_same_call() {
+    let limits = shared().await;
+    let t = tenant("noscript");
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut redis().await)
+        .await
+        .unwrap();
+    let d = limits.admit(&t, limit(60, None), None, 0).await.unwrap();
+    assert!(d.admitted);
+    assert_eq!(limits.errors(), 0);
+    forget(&t).await;
+}
+
+#[tokio::test]
+async fn no_limits_need_no_redis() {
+    let limits = SharedLimits::start("redis://127.0.0.1:1", TIMEOUT)
+        .await
+        .unwrap();
+    let d = limits.admit("acme", None, None, 10).await.unwrap();
+    assert!(d.admitted && d.refused.is_none());
+    limits
+        .adjust("acme", limit(60, None), None, 0, false)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_bad_url_is_an_error_and_a_closed_port_is_unavailable() {
+    assert!(SharedLimits::start("not a url", TIMEOUT).await.is_err());
+    let limits = SharedLimits::start("redis://127.0.0.1:1", TIMEOUT)
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let answer = limits.admit("acme", limit(60, None), None, 0).await;
+    assert!(answer.is_err(), "{answer:?}");
+    assert!(started.elapsed() < TIMEOUT + SLACK);
+    assert!(!limits.is_up());
+    assert!(limits.errors() >= 1);
+}
+
+#[tokio::test]
+async fn a_redis_that_never_answers_is_unavailable_within_the_timeout() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("redis://{}", listener.local_addr().unwrap());
+    let held = tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            open.push(socket);
+        }
+    });
+    let limits = SharedLimits::start(&url, TIMEOUT).await.unwrap();
+    let started = Instant::now();
+    let answer = limits.admit("acme", limit(60, None), None, 0).await;
+    assert!(answer.is_err(), "{answer:?}");
+    assert!(started.elapsed() < TIMEOUT + SLACK);
+    assert!(!limits.is_up());
+    assert!(limits.errors() >= 1);
+    held.abort();
+}
+
+#[tokio::test]
+async fn a_redis_that_hangs_is_left_alone_after_errors_in_a_row() {
+    let url = hangs_after_handshake().await;
+    let limits = SharedLimits::start(&url, TIMEOUT).await.unwrap();
+    assert!(limits.is_up());
+    let requests = limit(60, None);
+    for n in 1..=ERRORS_BEFORE_PAUSE {
+        let started = Instant::now();
+        let answer = limits.admit("acme", requests, None, 0).await;
+        assert_eq!(answer, Err(Unavailable::TimedOut));
+        let took = started.elapsed();
+        assert!(took >= TIMEOUT && took < TIMEOUT + SLACK, "{took:?}");
+        assert!(!limits.is_up());
+        assert_eq!(limits.errors(), u64::from(n));
+    }
+    // Paused: no time spent on Redis at all.
+    let started = Instant::now();
+    let answer = limits.adjust("acme", requests, None, 0, true).await;
+    assert_eq!(answer, Err(Unavailable::Paused));
+    assert!(started.elapsed() < SLACK);
+    assert_eq!(limits.errors(), u64::from(ERRORS_BEFORE_PAUSE));
+    // After the pause, one call tries Redis again.
+    tokio::time::sleep(PAUSE).await;
+    let answer = limits.admit("acme", requests, None, 0).await;
+    assert_eq!(answer, Err(Unavailable::TimedOut));
+    assert_eq!(limits.errors(), u64::from(ERRORS_BEFORE_PAUSE) + 1);
+}
+
+/// A server that completes redis-rs's handshake (`CLIENT SETINFO`) and `SCRIPT LOAD`, then
+/// never answers again: a Redis that hangs while connected.
+async fn hangs_after_handshake() -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("redis://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let (mut seen, mut buf, mut hung) = (Vec::new(), [0u8; 4096], false);
+                while let Ok(n @ 1..) = socket.read(&mut buf).await {
+                    seen.extend_from_slice(&buf[..n]);
+                    while let Some((command, used)) = parse_command(&seen) {
+                        seen.drain(..used);
+                        let verb = command[0].to_ascii_uppercase();
+                        hung |= !matches!(&verb[..], b"CLIENT" | b"SCRIPT");
+                        if !hung {
+                            let reply: &[u8] = if verb == b"SCRIPT" {
+                                b"$40\r\n0123456789012345678901234567890123456789\r\n"
+                            } else {
+                                b"+OK\r\n"
+                            };
+                            socket.write_all(reply).await.unwrap();
+                        }
+                    }
+                }
+            });
+        }
+    });
+    url
+}
+
+/// One RESP command (`*<n>` bulk strings) from the front of `buf`, and the bytes it used.
+fn parse_command(buf: &[u8]) -> Option<(Vec<Vec<u8>>, usize)> {
+    fn line(buf: &[u8], at: usize) -> Option<(usize, usize)> {
+        let end = at + buf.get(at..)?.windows(2).position(|w| w == b"\r\n")?;
+        let n = std::str::from_utf8(buf.get(at + 1..end)?)
+            .ok()?
+            .parse()
+            .ok()?;
+        Some((n, end + 2))
+    }
+    let (count, mut at) = line(buf, 0)?;
+    let mut args = Vec::with_capacity(count);
+    for _ in 0..count {
+        let (len, start) = line(buf, at)?;
+        args.push(buf.get(start..start + len)?.to_vec());
+        at = start + len + 2;
+    }
+    (at <= buf.len()).then_some((args, at))
+}

@@ -147,6 +147,12 @@ pub struct AdmissionConfig {
     /// Completion tokens assumed for a request that sets no `max_tokens`, when reserving
     /// tokens against a tokens-per-minute limit.
     pub default_completion_tokens: u64,
+    /// Requests waiting for a seat, in each model's queue, at most.
+    pub max_queued: usize,
+    /// Requests of one tenant waiting in a model's queue, at most.
+    pub max_queued_per_tenant: usize,
+    /// The longest a request waits for a seat; past it: 503.
+    pub queue_wait: Duration,
     /// `redis://...`: tenant limits shared by every instance using it.
     pub redis: Option<String>,
     pub redis_timeout: Duration,

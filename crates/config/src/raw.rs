@@ -127,6 +127,10 @@ pub struct RawAdmission {
     pub max_in_flight: Option<u64>,
     pub max_buffered_body_bytes: Option<u64>,
     pub default_completion_tokens: Option<u64>,
+    pub max_queued: Option<u64>,
+    pub max_queued_per_tenant: Option<u64>,
+    #[serde(default, with = "humantime_serde")]
+    pub queue_wait: Option<Duration>,
     pub redis: Option<String>,
     #[serde(default, with = "humantime_serde")]
     pub redis_timeout: Option<Duration>,

@@ -105,7 +105,7 @@ async fn route(
             format!("this API key may not use the model {:?}", summary.model),
         ));
     }
-    let admitted = gw.admission.admit(
+    let mut admitted = gw.admission.admit(
         &tenant,
         Ask {
             summary: &summary,
@@ -142,6 +142,7 @@ async fn route(
             .unwrap_or_else(|e| e.into_inner())
             .deposit(now);
     }
+    gw.admission.seat(pool, &tenant, &mut admitted).await?;
     let _in_flight = Counted::new(&pool.in_flight);
     let attempts = Attempts {
         gw,

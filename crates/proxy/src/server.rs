@@ -105,6 +105,14 @@ impl BoundGateway {
                 .map_err(|e| e.to_string()),
         })
         .map_err(StartError::Setup)?;
+        let admission = crate::admission::Admission::new(
+            &config.admission,
+            models
+                .names
+                .iter()
+                .filter_map(|n| models.get(n))
+                .map(|p| &p.name),
+        );
         let gateway = Arc::new(Gateway {
             client: upstream::client(&config.upstream),
             server: config.server,
@@ -116,7 +124,7 @@ impl BoundGateway {
             admin_token: admin_token(&config.admin.token_env),
             models,
             ready: AtomicBool::new(false),
-            admission: crate::admission::Admission::new(&config.admission),
+            admission,
             body_budget: crate::request::BodyBudget::new(config.admission.max_buffered_body_bytes),
         });
         Ok(Self {
@@ -415,6 +423,7 @@ fn admin_router(state: AdminState) -> Router {
                             s.gateway.admission.in_flight(),
                             s.gateway.body_budget.usage(),
                         );
+                        crate::admission::metrics::queues(&s.gateway.admission.queue_figures());
                         crate::metrics::render(
                             &s.metrics,
                             &s.gateway.models,

@@ -172,3 +172,67 @@ async fn a_flooding_tenant_is_shed_and_its_neighbour_keeps_succeeding() {
     // Refused requests never reached the backend.
     assert_eq!(chats_received(&mock).await, u64::from(flood_ok) + 50);
 }
+
+/// Two tenants on one pool of 2 seats. Tenant A floods with 30 concurrent loops that resend
+/// every refusal at once; tenant B sends one request at a time. A's excess is shed at its own
+/// queue bound, and B, queued fairly beside A, gets every request through.
+#[tokio::test]
+async fn fair_queuing_keeps_a_quiet_tenant_served_beside_a_flooding_one() {
+    let slow = mock(&["--model", "m", "--ttft", "50ms", "--tokens-per-sec", "0"]);
+    let config = format!(
+        "[admission]\nmax_queued_per_tenant = 4\nqueue_wait = \"10s\"\n\
+         [[models]]\nname = \"m\"\n[[models.backends]]\nname = \"b\"\nregion = \"r\"\n\
+         url = \"{}\"\nmax_concurrency = 2\n\
+         [[tenants]]\nname = \"flood\"\nkeys = [{{ env = \"FLOOD_KEY\" }}]\n",
+        slow.url("/v1")
+    );
+    let gw = gateway_with_env(&config, &[("FLOOD_KEY", "flood-key")]);
+    let body = chat_body("m", false);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut flood = Vec::new();
+    for _ in 0..30 {
+        let (url, body, stop) = (gw.url("/v1/chat/completions"), body.clone(), stop.clone());
+        flood.push(tokio::spawn(async move {
+            let c = client();
+            let mut seen = (0u32, 0u32);
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let r = c
+                    .post(&url)
+                    .bearer_auth("flood-key")
+                    .json(&body)
+                    .send()
+                    .await;
+                match r.map(|r| r.status().as_u16()) {
+                    Ok(200) => seen.0 += 1,
+                    Ok(503) => seen.1 += 1,
+                    other => panic!("flood got {other:?}"),
+                }
+            }
+            seen
+        }));
+    }
+    let mut quiet_ok = 0;
+    for _ in 0..20 {
+        if chat(&gw, &body).await.status() == 200 {
+            quiet_ok += 1;
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (mut flood_ok, mut flood_shed) = (0, 0);
+    for f in flood {
+        let (ok, shed) = f.await.unwrap();
+        flood_ok += ok;
+        flood_shed += shed;
+    }
+    assert_eq!(quiet_ok, 20, "the quiet tenant lost requests");
+    assert!(
+        flood_ok > 0 && flood_shed > 0,
+        "{flood_ok} ok, {flood_shed} shed"
+    );
+    let m = metrics(&gw).await;
+    assert!(
+        m.contains("spillway_admissions_total{tenant=\"flood\",class=\"standard\",outcome=\"tenant_queue_full\"}"),
+        "{m}"
+    );
+    assert!(m.contains("spillway_pool_seats{model=\"m\"} 2"), "{m}");
+}

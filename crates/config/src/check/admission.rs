@@ -48,6 +48,18 @@ pub(super) fn check_admission(
         "admission.default_completion_tokens",
         p,
     );
+    let max_queued = in_range(raw.max_queued, 1024, 1_000_000, "admission.max_queued", p);
+    let max_queued_per_tenant = in_range(
+        raw.max_queued_per_tenant,
+        256,
+        1_000_000,
+        "admission.max_queued_per_tenant",
+        p,
+    );
+    let queue_wait = raw.queue_wait.unwrap_or(Duration::from_secs(5));
+    if queue_wait > Duration::from_secs(600) {
+        p.add("admission.queue_wait", "must be at most 10m");
+    }
     let instances = in_range(
         raw.instances.map(u64::from),
         1,
@@ -68,6 +80,9 @@ pub(super) fn check_admission(
         max_in_flight: max_in_flight as usize,
         max_buffered_body_bytes: max_buffered.max(max_body as u64),
         default_completion_tokens,
+        max_queued: max_queued as usize,
+        max_queued_per_tenant: max_queued_per_tenant.min(max_queued) as usize,
+        queue_wait: queue_wait.min(Duration::from_secs(600)),
         redis: raw.redis,
         redis_timeout: redis_timeout.max(Duration::from_millis(1)),
         instances,

@@ -18,6 +18,13 @@ pub const IN_FLIGHT_MAX: &str = "spillway_requests_in_flight_max";
 /// Gauges: request body bytes being read or held, and the cap.
 pub const BUFFERED_BYTES: &str = "spillway_buffered_body_bytes";
 pub const BUFFERED_BYTES_MAX: &str = "spillway_buffered_body_bytes_max";
+/// Histogram, label `class`: how long admitted requests waited for a seat.
+pub const QUEUE_WAIT: &str = "spillway_queue_wait_seconds";
+/// Gauge, labels `model`, `class`: requests waiting for a seat.
+pub const QUEUED: &str = "spillway_queued_requests";
+/// Gauges, label `model`: seats in use, and seats (the backends' concurrency limits together).
+pub const SEATS_IN_USE: &str = "spillway_pool_seats_in_use";
+pub const SEATS: &str = "spillway_pool_seats";
 
 pub(crate) fn describe() {
     describe_counter!(
@@ -36,6 +43,14 @@ pub(crate) fn describe() {
         BUFFERED_BYTES_MAX,
         "The cap on buffered request body bytes."
     );
+    metrics::describe_histogram!(
+        QUEUE_WAIT,
+        metrics::Unit::Seconds,
+        "Time admitted requests waited for a seat in their pool."
+    );
+    describe_gauge!(QUEUED, "Requests waiting for a seat, by model and class.");
+    describe_gauge!(SEATS_IN_USE, "Seats in use in a model's pool.");
+    describe_gauge!(SEATS, "Seats in a model's pool.");
 }
 
 pub(crate) fn admission(tenant: &str, class: Priority, outcome: &'static str) {
@@ -57,4 +72,19 @@ pub(crate) fn caps(in_flight: (usize, usize), buffered: (u64, u64)) {
     gauge!(IN_FLIGHT_MAX).set(in_flight.1 as f64);
     gauge!(BUFFERED_BYTES).set(buffered.0 as f64);
     gauge!(BUFFERED_BYTES_MAX).set(buffered.1 as f64);
+}
+
+pub(crate) fn queue_wait(class: Priority, waited: std::time::Duration) {
+    metrics::histogram!(QUEUE_WAIT, "class" => class.as_str()).record(waited.as_secs_f64());
+}
+
+/// Sets the queue gauges when `/metrics` is rendered.
+pub(crate) fn queues(figures: &[(std::sync::Arc<str>, [usize; 3], usize, usize)]) {
+    for (model, queued, in_use, seats) in figures {
+        for (class, n) in Priority::ALL.iter().zip(queued) {
+            gauge!(QUEUED, "model" => model.to_string(), "class" => class.as_str()).set(*n as f64);
+        }
+        gauge!(SEATS_IN_USE, "model" => model.to_string()).set(*in_use as f64);
+        gauge!(SEATS, "model" => model.to_string()).set(*seats as f64);
+    }
 }

@@ -20,6 +20,7 @@
 
 mod headers;
 pub(crate) mod metrics;
+mod queue;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -34,6 +35,8 @@ use crate::error::{ApiError, ErrorKind};
 use crate::request::RequestSummary;
 
 pub(crate) use headers::insert_rate_headers;
+use queue::PoolQueue;
+pub(crate) use queue::{Seat, Shed};
 
 /// How long a caller refused by a global cap is told to wait.
 const OVERLOADED_RETRY_AFTER: Duration = Duration::from_secs(1);
@@ -46,6 +49,8 @@ pub(crate) struct Admission {
     in_flight: Arc<AtomicUsize>,
     max_in_flight: usize,
     default_completion_tokens: u64,
+    /// One queue per model pool, by model name.
+    queues: HashMap<Arc<str>, Arc<PoolQueue>>,
 }
 
 /// One tenant's admission state.
@@ -65,13 +70,80 @@ pub(crate) struct Ask<'a> {
 }
 
 impl Admission {
-    pub(crate) fn new(config: &AdmissionConfig) -> Admission {
+    /// Admission for a gateway serving the models named in `models`.
+    pub(crate) fn new<'a>(
+        config: &AdmissionConfig,
+        models: impl IntoIterator<Item = &'a Arc<str>>,
+    ) -> Admission {
+        let bounds = spillway_policy::QueueBounds {
+            total: config.max_queued,
+            per_tenant: config.max_queued_per_tenant,
+        };
         Admission {
             gates: RwLock::new(HashMap::new()),
             in_flight: Arc::new(AtomicUsize::new(0)),
             max_in_flight: config.max_in_flight,
             default_completion_tokens: config.default_completion_tokens,
+            queues: models
+                .into_iter()
+                .map(|m| (m.clone(), PoolQueue::new(bounds, config.queue_wait)))
+                .collect(),
         }
+    }
+
+    /// Waits for a seat in `pool` for an admitted request (which then holds it until its
+    /// response ends), or sheds it.
+    pub(crate) async fn seat(
+        &self,
+        pool: &crate::pool::ModelPool,
+        tenant: &Tenant,
+        admitted: &mut Admitted,
+    ) -> Result<(), ApiError> {
+        let Some(queue) = self.queues.get(&pool.name) else {
+            return Ok(());
+        };
+        let seats: usize = pool
+            .backends
+            .iter()
+            .map(|b| b.health.limit() as usize)
+            .sum();
+        let class = tenant.limits.priority;
+        match queue.enter(seats, class, tenant.name.clone()).await {
+            Ok((seat, waited)) => {
+                metrics::queue_wait(class, waited);
+                admitted.seat = Some(seat);
+                Ok(())
+            }
+            Err(shed) => {
+                metrics::admission(&tenant.name, class, shed.outcome());
+                let message = match shed {
+                    Shed::Timeout => format!(
+                        "every backend of the model {:?} stayed busy for the longest queue wait",
+                        &*pool.name
+                    ),
+                    Shed::Evicted => {
+                        "shed to make room for a request of a higher priority class".to_owned()
+                    }
+                    Shed::TenantQueueFull => {
+                        "this tenant has its maximum of requests waiting".to_owned()
+                    }
+                    Shed::QueueFull => format!("the queue of the model {:?} is full", &*pool.name),
+                };
+                Err(ApiError::new(ErrorKind::NoCapacity, message)
+                    .retry_after(OVERLOADED_RETRY_AFTER))
+            }
+        }
+    }
+
+    /// Per model: requests queued by class, seats in use, seats.
+    pub(crate) fn queue_figures(&self) -> Vec<(Arc<str>, [usize; 3], usize, usize)> {
+        self.queues
+            .iter()
+            .map(|(m, q)| {
+                let (queued, in_use, seats) = q.figures();
+                (m.clone(), queued, in_use, seats)
+            })
+            .collect()
     }
 
     /// Requests admitted and not yet finished, and the cap.
@@ -131,6 +203,7 @@ impl Admission {
                     headers: reservation.headers,
                     _global: global,
                     _own: own,
+                    seat: None,
                     settled: false,
                 })
             }
@@ -232,6 +305,8 @@ pub(crate) struct Admitted {
     pub(crate) headers: RateHeaders,
     _global: Slot,
     _own: Option<Slot>,
+    /// Its seat in the pool, once it has one.
+    seat: Option<Seat>,
     settled: bool,
 }
 

@@ -5,6 +5,9 @@ fn config(max_in_flight: usize) -> AdmissionConfig {
         max_in_flight,
         max_buffered_body_bytes: 1 << 20,
         default_completion_tokens: 100,
+        max_queued: 16,
+        max_queued_per_tenant: 4,
+        queue_wait: Duration::from_secs(1),
         redis: None,
         redis_timeout: Duration::from_millis(50),
         instances: 1,
@@ -39,7 +42,7 @@ fn ask(s: &RequestSummary) -> Ask<'_> {
 
 #[test]
 fn a_tenant_over_its_requests_per_minute_gets_429_with_the_openai_headers() {
-    let a = Admission::new(&config(100));
+    let a = Admission::new(&config(100), []);
     let t = tenant(
         "a",
         TenantLimits {
@@ -74,7 +77,7 @@ fn a_tenant_over_its_requests_per_minute_gets_429_with_the_openai_headers() {
 
 #[test]
 fn concurrency_is_held_until_the_admission_is_dropped() {
-    let a = Admission::new(&config(100));
+    let a = Admission::new(&config(100), []);
     let t = tenant(
         "a",
         TenantLimits {
@@ -94,7 +97,7 @@ fn concurrency_is_held_until_the_admission_is_dropped() {
 
 #[test]
 fn the_global_cap_refuses_every_tenant_with_503() {
-    let a = Admission::new(&config(2));
+    let a = Admission::new(&config(2), []);
     let s = summary(None);
     let t = tenant("a", TenantLimits::default());
     let _one = a.admit(&t, ask(&s)).unwrap();
@@ -112,7 +115,7 @@ fn the_global_cap_refuses_every_tenant_with_503() {
 
 #[test]
 fn tokens_are_estimated_reserved_and_reconciled_with_the_report() {
-    let a = Admission::new(&config(100));
+    let a = Admission::new(&config(100), []);
     let t = tenant(
         "a",
         TenantLimits {
@@ -138,7 +141,7 @@ fn tokens_are_estimated_reserved_and_reconciled_with_the_report() {
 
 #[test]
 fn a_request_larger_than_the_token_limit_is_refused_without_a_retry_time() {
-    let a = Admission::new(&config(100));
+    let a = Admission::new(&config(100), []);
     let t = tenant(
         "a",
         TenantLimits {
@@ -159,7 +162,7 @@ fn a_request_larger_than_the_token_limit_is_refused_without_a_retry_time() {
 
 #[test]
 fn changed_limits_apply_to_the_next_request() {
-    let a = Admission::new(&config(100));
+    let a = Admission::new(&config(100), []);
     let s = summary(None);
     let strict = tenant(
         "a",
@@ -172,4 +175,77 @@ fn changed_limits_apply_to_the_next_request() {
     assert!(a.admit(&strict, ask(&s)).is_err());
     let relaxed = tenant("a", TenantLimits::default());
     assert!(a.admit(&relaxed, ask(&s)).is_ok());
+}
+
+mod queue {
+    use super::super::queue::{PoolQueue, Shed};
+    use spillway_policy::{Priority, QueueBounds};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    fn queue(total: usize, per_tenant: usize, wait_ms: u64) -> Arc<PoolQueue> {
+        PoolQueue::new(
+            QueueBounds { total, per_tenant },
+            Duration::from_millis(wait_ms),
+        )
+    }
+
+    #[tokio::test]
+    async fn a_freed_seat_goes_to_the_waiter_and_a_gone_waiter_passes_it_on() {
+        let q = queue(8, 8, 5_000);
+        let (held, waited) = q.enter(1, Priority::Standard, "a".into()).await.unwrap();
+        assert_eq!(waited, Duration::ZERO);
+        // A waiter whose client goes away leaves nothing behind.
+        let gone = tokio::time::timeout(
+            Duration::from_millis(20),
+            q.enter(1, Priority::Standard, "b".into()),
+        )
+        .await;
+        assert!(gone.is_err());
+        assert_eq!(q.figures().0, [0, 0, 0]);
+        let q2 = q.clone();
+        let next = tokio::spawn(async move { q2.enter(1, Priority::Standard, "c".into()).await });
+        while q.figures().0[1] == 0 {
+            tokio::task::yield_now().await;
+        }
+        drop(held);
+        let (seat, waited) = next.await.unwrap().unwrap();
+        assert!(waited > Duration::ZERO);
+        assert_eq!(q.figures().1, 1, "the seat moved, it was not duplicated");
+        drop(seat);
+        assert_eq!(q.figures().1, 0);
+    }
+
+    #[tokio::test]
+    async fn waiters_time_out_and_queues_are_bounded_per_tenant() {
+        let q = queue(8, 1, 50);
+        let _held = q.enter(1, Priority::Standard, "a".into()).await.unwrap();
+        let q2 = q.clone();
+        let waiting =
+            tokio::spawn(async move { q2.enter(1, Priority::Standard, "b".into()).await });
+        while q.figures().0[1] == 0 {
+            tokio::task::yield_now().await;
+        }
+        let full = q.enter(1, Priority::Standard, "b".into()).await.err();
+        assert_eq!(full, Some(Shed::TenantQueueFull));
+        assert_eq!(waiting.await.unwrap().err(), Some(Shed::Timeout));
+        assert_eq!(q.figures(), ([0, 0, 0], 1, 1));
+    }
+
+    #[tokio::test]
+    async fn a_full_queue_sheds_its_lowest_class_for_a_higher_one() {
+        let q = queue(1, 1, 5_000);
+        let held = q.enter(1, Priority::Critical, "a".into()).await.unwrap();
+        let q2 = q.clone();
+        let batch = tokio::spawn(async move { q2.enter(1, Priority::Batch, "b".into()).await });
+        while q.figures().0[2] == 0 {
+            tokio::task::yield_now().await;
+        }
+        let q3 = q.clone();
+        let critical =
+            tokio::spawn(async move { q3.enter(1, Priority::Critical, "c".into()).await });
+        assert_eq!(batch.await.unwrap().err(), Some(Shed::Evicted));
+        drop(held);
+        assert!(critical.await.unwrap().is_ok());
+    }
 }

@@ -19,26 +19,29 @@
 //! after its bucket would be full again, so an idle tenant costs no memory.
 //!
 //! Precision: Lua numbers are doubles. Every input is clamped so that levels stay below 1.5e15
-//! units (burst <= 1e12, plus a day's debt at <= 1e12 per minute, plus one cost), under 2^53, so
-//! whole-unit changes are exact; what drains between two calls (`elapsed * per_minute / 6e7`) is
-//! rounded once, a relative error of 2^-53 of the amount. Time resolves to the microsecond (the
-//! local limiter: the nanosecond), and waits and resets are rounded up to it.
+//! units (a burst <= 1e12, plus a day's debt at <= 1e12 per minute, plus one cost), under 2^53:
+//! nothing overflows and whole-unit changes are exact. What drains between two calls
+//! (`elapsed_us * per_minute / 6e7`, a fraction) is rounded to doubles, so each call that drains
+//! may move the level by a few parts in 2^53 of itself (about 1e-7 units at a level of 1e9,
+//! under one unit at the largest debt). Time resolves to the microsecond (the local limiter: the nanosecond), and waits and
+//! resets are rounded up to it.
 //!
 //! When Redis is slow or down, every call here still returns within its timeout, with
 //! [`Unavailable`]; the caller then falls back to each instance enforcing its share of the limit
 //! (`RateLimit::share`) and reports [`SharedLimits::is_up`] and [`SharedLimits::errors`] in its
 //! metrics. Errors are logged at most once per [`LOG_EVERY`], and after [`ERRORS_BEFORE_PAUSE`]
 //! in a row Redis is left alone for [`PAUSE`], so that a hung Redis does not add its timeout to
-//! every request. A Redis that is down at start is not an error: redis's `ConnectionManager`
-//! is made in the background and reconnects by itself.
+//! every request. A Redis that is down at start is not an error: a background task tries to
+//! connect every [`RECONNECT_EVERY`] until it can, and redis's `ConnectionManager` then
+//! reconnects by itself.
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{ErrorKind, FromRedisValue, RedisError};
+use redis::{ErrorKind, FromRedisValue, RedisError, ToRedisArgs};
 use spillway_policy::rate::MAX_PER_MINUTE;
 use spillway_policy::{Dimension, Quota, RateHeaders, RateLimit};
 use tracing::warn;
@@ -116,24 +119,21 @@ pub struct SharedLimits {
 
 impl SharedLimits {
     /// Parses the URL (a bad one is the only error) and tries to connect for up to
-    /// [`CONNECT_TIMEOUT`]; if that fails, calls answer [`Unavailable`] until a later attempt,
-    /// made in the background, works. `timeout` bounds every call.
+    /// [`CONNECT_TIMEOUT`]; if that fails, calls answer [`Unavailable`] while a background task
+    /// tries again every [`RECONNECT_EVERY`]. `timeout` bounds every call.
     pub async fn start(url: &str, timeout: Duration) -> Result<SharedLimits, SharedLimitsError> {
         let client =
             redis::Client::open(url).map_err(|e| SharedLimitsError::InvalidUrl(e.to_string()))?;
         let inner = Arc::new(Inner {
             client,
             connected: OnceLock::new(),
-            connecting: AtomicBool::new(false),
             timeout,
             up: AtomicBool::new(false),
             errors: AtomicU64::new(0),
             health: Mutex::new(Health::default()),
         });
-        if let Some(attempt) = inner.begin_connect(Instant::now()) {
-            // Spawned, so that it finishes even if this call is dropped (a dropped attempt
-            // would leave `connecting` set for good); the attempt bounds itself.
-            let _ = tokio::spawn(attempt).await;
+        if !inner.connect().await {
+            tokio::spawn(reconnect(Arc::downgrade(&inner)));
         }
         Ok(SharedLimits { inner })
     }
@@ -148,21 +148,20 @@ impl SharedLimits {
         est_tokens: u64,
     ) -> Result<SharedDecision, Unavailable> {
         if requests.is_none() && tokens.is_none() {
-            let headers = RateHeaders {
-                requests: None,
-                tokens: None,
-            };
+            let (requests, tokens) = (None, None);
+            let headers = RateHeaders { requests, tokens };
+            let refused = None;
             return Ok(SharedDecision {
                 admitted: true,
                 headers,
-                refused: None,
+                refused,
             });
         }
         // Anything above the burst (at most MAX_PER_MINUTE) is refused for good anyway.
-        let cost = clamp(i128::from(est_tokens), 0, i128::from(MAX_PER_MINUTE) + 1);
+        let cost = (est_tokens.min(MAX_PER_MINUTE + 1), 0);
         let reply: Reply = self
             .inner
-            .call("admit", tenant, requests, tokens, [cost, 0])
+            .call("admit", tenant, requests, tokens, cost)
             .await?;
         decision(reply, requests, tokens).ok_or_else(|| {
             self.inner.went_wrong("admit", "unexpected reply");
@@ -187,8 +186,8 @@ impl SharedLimits {
             return Ok(());
         }
         // Beyond the highest debt cap either way, and exact in a double.
-        let delta = clamp(i128::from(token_delta), -MAX_DELTA, MAX_DELTA);
-        let args = [delta, i64::from(refund_request)];
+        let delta = token_delta.clamp(-MAX_DELTA, MAX_DELTA);
+        let args = (delta, u8::from(refund_request));
         let _: redis::Value = self
             .inner
             .call("adjust", tenant, requests, tokens, args)
@@ -207,24 +206,11 @@ impl SharedLimits {
     }
 }
 
-impl std::fmt::Debug for SharedLimits {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SharedLimits")
-            .field("up", &self.is_up())
-            .field("errors", &self.errors())
-            .finish_non_exhaustive()
-    }
-}
-
-const MAX_DELTA: i128 = 2_000_000_000_000_000;
+const MAX_DELTA: i64 = 2_000_000_000_000_000;
 
 /// admitted, refused by (0 none, 1 requests, 2 tokens), retry after (µs; -1 never), then the
 /// remaining and reset (µs) of requests and of tokens.
 type Reply = (i64, i64, i64, i64, i64, i64, i64);
-
-fn clamp(value: i128, low: i128, high: i128) -> i64 {
-    i64::try_from(value.clamp(low, high)).unwrap_or_default()
-}
 
 fn decision(
     reply: Reply,
@@ -258,8 +244,8 @@ fn decision(
 
 struct Inner {
     client: redis::Client,
+    /// Set once; `ConnectionManager` then reconnects by itself.
     connected: OnceLock<Connected>,
-    connecting: AtomicBool,
     timeout: Duration,
     up: AtomicBool,
     errors: AtomicU64,
@@ -276,7 +262,6 @@ struct Connected {
 struct Health {
     errors_in_a_row: u32,
     skip_until: Option<Instant>,
-    next_connect: Option<Instant>,
     last_log: Option<Instant>,
     not_logged: u64,
 }
@@ -284,29 +269,22 @@ struct Health {
 impl Inner {
     /// Runs the script once for `tenant` (EVAL if Redis lost it), within the timeout.
     async fn call<T: FromRedisValue>(
-        self: &Arc<Self>,
+        &self,
         op: &'static str,
         tenant: &str,
         requests: Option<RateLimit>,
         tokens: Option<RateLimit>,
-        [arg, flag]: [i64; 2],
+        last: impl ToRedisArgs,
     ) -> Result<T, Unavailable> {
         let connected = self.usable(Instant::now())?;
         let mut conn = connected.conn.clone();
-        let limit = |l: Option<RateLimit>| l.map_or((0, 0), |l| (l.per_minute(), l.burst()));
-        let (req_rate, req_burst) = limit(requests);
-        let (tok_rate, tok_burst) = limit(tokens);
+        let limit = |l: Option<RateLimit>| l.map_or([0, 0], |l| [l.per_minute(), l.burst()]);
+        let (req, tok) = (limit(requests), limit(tokens));
+        let keys = [Dimension::Requests, Dimension::Tokens].map(|d| key(tenant, d));
         let invocation = |verb: &str, script: &str| {
             let mut cmd = redis::cmd(verb);
-            cmd.arg(script).arg(2);
-            cmd.arg(key(tenant, Dimension::Requests));
-            cmd.arg(key(tenant, Dimension::Tokens));
-            cmd.arg(op)
-                .arg(req_rate)
-                .arg(req_burst)
-                .arg(tok_rate)
-                .arg(tok_burst);
-            cmd.arg(arg).arg(flag);
+            cmd.arg(script).arg(2).arg(&keys).arg(op).arg(&req[..]);
+            cmd.arg(&tok[..]).arg(&last);
             cmd
         };
         let round_trip = async {
@@ -334,62 +312,37 @@ impl Inner {
         }
     }
 
-    /// The connection, unless Redis is left alone after errors or not connected yet (then a
-    /// connection attempt is started, if none was started recently).
-    fn usable(self: &Arc<Self>, now: Instant) -> Result<&Connected, Unavailable> {
-        {
-            let health = self.health.lock().unwrap_or_else(|e| e.into_inner());
-            if health.skip_until.is_some_and(|until| now < until) {
-                return Err(Unavailable::Paused);
-            }
+    /// The connection, unless Redis is left alone after errors or not connected yet.
+    fn usable(&self, now: Instant) -> Result<&Connected, Unavailable> {
+        let health = self.health.lock().unwrap_or_else(|e| e.into_inner());
+        if health.skip_until.is_some_and(|until| now < until) {
+            return Err(Unavailable::Paused);
         }
-        if let Some(connected) = self.connected.get() {
-            return Ok(connected);
-        }
-        if let Some(attempt) = self.begin_connect(now) {
-            tokio::spawn(attempt);
-        }
-        Err(Unavailable::NotConnected)
+        self.connected.get().ok_or(Unavailable::NotConnected)
     }
 
-    /// A connection attempt to run, unless one is running or one started less than
-    /// [`RECONNECT_EVERY`] ago.
-    fn begin_connect(
-        self: &Arc<Self>,
-        now: Instant,
-    ) -> Option<impl std::future::Future<Output = ()> + Send + 'static> {
-        {
-            let mut health = self.health.lock().unwrap_or_else(|e| e.into_inner());
-            if health.next_connect.is_some_and(|at| now < at)
-                || self.connecting.swap(true, Ordering::AcqRel)
-            {
-                return None;
+    /// One try, bounded by [`CONNECT_TIMEOUT`]; our own timeouts bound every command after.
+    async fn connect(&self) -> bool {
+        let config = ConnectionManagerConfig::new()
+            .set_number_of_retries(0)
+            .set_connection_timeout(CONNECT_TIMEOUT);
+        let client = self.client.clone();
+        let made = tokio::time::timeout(CONNECT_TIMEOUT, async {
+            let mut conn = ConnectionManager::new_with_config(client, config).await?;
+            let mut load = redis::cmd("SCRIPT");
+            let sha: String = load.arg("LOAD").arg(SCRIPT).query_async(&mut conn).await?;
+            Ok::<_, RedisError>(Connected { conn, sha })
+        });
+        match made.await {
+            Ok(Ok(connected)) => {
+                let _ = self.connected.set(connected);
+                self.went_well();
+                return true;
             }
-            health.next_connect = Some(now + RECONNECT_EVERY);
+            Ok(Err(e)) => self.went_wrong("connect", &e.to_string()),
+            Err(_) => self.went_wrong("connect", "no connection within 1s"),
         }
-        let inner = self.clone();
-        Some(async move {
-            // One try per attempt; our own timeouts bound every command.
-            let config = ConnectionManagerConfig::new()
-                .set_number_of_retries(0)
-                .set_connection_timeout(CONNECT_TIMEOUT);
-            let client = inner.client.clone();
-            let made = tokio::time::timeout(CONNECT_TIMEOUT, async {
-                let mut conn = ConnectionManager::new_with_config(client, config).await?;
-                let mut load = redis::cmd("SCRIPT");
-                let sha: String = load.arg("LOAD").arg(SCRIPT).query_async(&mut conn).await?;
-                Ok::<_, RedisError>(Connected { conn, sha })
-            });
-            match made.await {
-                Ok(Ok(connected)) => {
-                    let _ = inner.connected.set(connected);
-                    inner.went_well();
-                }
-                Ok(Err(e)) => inner.went_wrong("connect", &e.to_string()),
-                Err(_) => inner.went_wrong("connect", "no connection within 1s"),
-            }
-            inner.connecting.store(false, Ordering::Release);
-        })
+        false
     }
 
     fn went_well(&self) {
@@ -431,12 +384,23 @@ impl Inner {
     }
 }
 
+/// Tries to connect every [`RECONNECT_EVERY`] until it works or the limits are dropped.
+async fn reconnect(inner: Weak<Inner>) {
+    loop {
+        tokio::time::sleep(RECONNECT_EVERY).await;
+        match inner.upgrade() {
+            Some(inner) if !inner.connect().await => {}
+            _ => return,
+        }
+    }
+}
+
 /// The buckets' arithmetic, as in `spillway_policy::rate::Gcra` (see the module doc).
+/// KEYS: the tenant's request and token buckets, each `"<level> <at>"` (units, server µs).
+/// ARGV: `admit` or `adjust`; per_minute and burst of requests, then of tokens (per_minute 0:
+/// not limited); then the estimated tokens (admit) or the tokens to charge, negative to refund,
+/// and 1 to give back a request (adjust).
 const SCRIPT: &str = r#"
--- KEYS: the tenant's request and token buckets, each "<level> <at>" (units, server µs).
--- ARGV: "admit" | "adjust"; per_minute and burst of requests, then of tokens (per_minute 0:
--- not limited); admit: the estimated tokens; adjust: tokens to charge (negative: refund) and
--- 1 to give back a request.
 if redis.replicate_commands then redis.replicate_commands() end
 local US_PER_MINUTE, DEBT_MINUTES = 60000000, 1440
 local clock = redis.call('TIME')
@@ -446,20 +410,17 @@ local function open(key, per_minute, burst)
   if per_minute <= 0 then return nil end
   local b = {key = key, per_minute = per_minute, burst = burst, level = 0, at = now,
              ceiling = burst + per_minute * DEBT_MINUTES}
-  local stored = redis.call('GET', key)
-  if stored then
-    local level, at = string.match(stored, '^(%S+) (%S+)$')
-    level, at = tonumber(level), tonumber(at)
-    if level and at then
-      local drained = math.max(0, now - at) * per_minute / US_PER_MINUTE
-      b.level = math.min(b.ceiling, math.max(0, level - drained))
-      b.at = math.max(at, now)
-    end
+  local level, at = string.match(redis.call('GET', key) or '', '^(%S+) (%S+)$')
+  level, at = tonumber(level), tonumber(at)
+  if level and at then
+    local drained = math.max(0, now - at) * per_minute / US_PER_MINUTE
+    b.level = math.min(b.ceiling, math.max(0, level - drained))
+    b.at = math.max(at, now)
   end
   return b
 end
 
--- Microseconds until `excess` units have drained (the clock may have gone back: b.at > now).
+-- Microseconds until `excess` units have drained (b.at > now if the clock went back).
 local function wait(b, excess)
   if excess <= 0 then return 0 end
   return (b.at - now) + math.ceil(excess * US_PER_MINUTE / b.per_minute)
@@ -471,43 +432,35 @@ local function shortfall(b, cost)
   if cost > b.burst then return -1 end
   local excess = b.level + cost - b.burst
   if excess > 0 then return wait(b, excess) end
-  return nil
 end
 
 local function save(b)
-  if b.level <= 0 then
-    redis.call('DEL', b.key)
-  else
-    local ttl = math.ceil(wait(b, b.level) / 1000) + 1000
-    redis.call('SET', b.key, string.format('%.17g %.0f', b.level, b.at), 'PX', ttl)
-  end
+  if b.level <= 0 then return redis.call('DEL', b.key) end
+  local value = string.format('%.17g %.0f', b.level, b.at)
+  redis.call('SET', b.key, value, 'PX', math.ceil(wait(b, b.level) / 1000) + 1000)
 end
 
 local req = open(KEYS[1], tonumber(ARGV[2]), tonumber(ARGV[3]))
 local tok = open(KEYS[2], tonumber(ARGV[4]), tonumber(ARGV[5]))
 local amount = tonumber(ARGV[6])
-
 if ARGV[1] == 'adjust' then
-  if req and ARGV[7] == '1' then
-    req.level = math.max(0, req.level - 1)
-    save(req)
-  end
+  if req and ARGV[7] == '1' then req.level = math.max(0, req.level - 1); save(req) end
   if tok and amount ~= 0 then
-    tok.level = math.max(0, math.min(tok.ceiling, tok.level + amount))
-    save(tok)
+    tok.level = math.max(0, math.min(tok.ceiling, tok.level + amount)); save(tok)
   end
   return 1
 end
 
+local function quota(out, i, b)
+  if b then out[i], out[i + 1] = math.floor(math.max(0, b.burst - b.level)), wait(b, b.level) end
+end
 local function reply(admitted, which, retry)
   local out = {admitted, which, retry, 0, 0, 0, 0}
-  if req then out[4], out[5] = math.floor(math.max(0, req.burst - req.level)), wait(req, req.level) end
-  if tok then out[6], out[7] = math.floor(math.max(0, tok.burst - tok.level)), wait(tok, tok.level) end
+  quota(out, 4, req); quota(out, 6, tok)
   return out
 end
-
-local r, t = shortfall(req, 1), shortfall(tok, amount)
 local function severity(s) if s == -1 then return math.huge end return s end
+local r, t = shortfall(req, 1), shortfall(tok, amount)
 if t and (not r or severity(t) > severity(r)) then return reply(0, 2, t) end
 if r then return reply(0, 1, r) end
 if req then req.level = req.level + 1; save(req) end

@@ -1,24 +1,46 @@
 //! The shared rate limits against the real Redis on 127.0.0.1:6379, and against Redis servers
 //! that are down or hang. Every test uses its own tenants and deletes their keys.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redis::AsyncCommands;
 use spillway_policy::{Dimension, RateLimit, TenantLimiter};
 use spillway_proxy::shared_limits::{key, SharedLimits, Unavailable, ERRORS_BEFORE_PAUSE, PAUSE};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 
 const REDIS: &str = "redis://127.0.0.1:6379";
 const TIMEOUT: Duration = Duration::from_millis(250);
 /// What the test machine may add to a bounded call (a busy CI runner).
 const SLACK: Duration = Duration::from_millis(200);
 
-fn tenant(name: &str) -> String {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    format!("test-{}-{n}-{name}", std::process::id())
+/// A tenant of this run only; its keys are deleted when it goes, even when the test fails.
+struct Tenant(String);
+
+impl Tenant {
+    fn new(name: &str) -> Tenant {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        Tenant(format!("test-{}-{n}-{name}", std::process::id()))
+    }
+}
+
+impl std::ops::Deref for Tenant {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl Drop for Tenant {
+    fn drop(&mut self) {
+        let keys = [Dimension::Requests, Dimension::Tokens].map(|d| key(&self.0, d));
+        if let Ok(mut conn) = redis::Client::open(REDIS).and_then(|c| c.get_connection()) {
+            let _: Result<(), _> = redis::cmd("DEL").arg(&keys).query(&mut conn);
+        }
+    }
 }
 
 fn limit(per_minute: u64, burst: Option<u64>) -> Option<RateLimit> {
@@ -38,11 +60,6 @@ async fn redis() -> redis::aio::MultiplexedConnection {
     client.get_multiplexed_async_connection().await.unwrap()
 }
 
-async fn forget(tenant: &str) {
-    let keys = [Dimension::Requests, Dimension::Tokens].map(|d| key(tenant, d));
-    let _: () = redis().await.del(&keys).await.unwrap();
-}
-
 #[test]
 fn keys_hash_tag_the_tenant_and_escape_anything_unexpected() {
     assert_eq!(
@@ -59,7 +76,7 @@ fn keys_hash_tag_the_tenant_and_escape_anything_unexpected() {
 #[tokio::test]
 async fn admits_exactly_the_burst_then_refuses_until_the_exact_gcra_time() {
     let limits = shared().await;
-    let t = tenant("burst");
+    let t = Tenant::new("burst");
     // One request a second, twenty at once.
     let requests = limit(60, Some(20));
     let started = Instant::now();
@@ -93,18 +110,17 @@ async fn admits_exactly_the_burst_then_refuses_until_the_exact_gcra_time() {
         .await
         .unwrap();
     assert!((19_000..=21_000).contains(&ttl), "{ttl}");
-    forget(&t).await;
 }
 
 async fn hammer(per_minute: u64, burst: Option<u64>, run_for: Duration) {
     let instances = [shared().await, shared().await, shared().await];
-    let t = tenant("fleet");
+    let t = Tenant::new("fleet");
     let requests = limit(per_minute, burst);
     let started = Instant::now();
     let mut tasks = Vec::new();
     for limits in &instances {
         for _ in 0..2 {
-            let (limits, t) = (limits.clone(), t.clone());
+            let (limits, t) = (limits.clone(), t.to_string());
             tasks.push(tokio::spawn(async move {
                 let (mut admitted, mut refused) = (0u64, 0u64);
                 while started.elapsed() < run_for {
@@ -139,7 +155,6 @@ async fn hammer(per_minute: u64, burst: Option<u64>, run_for: Duration) {
         admitted * 100 >= allowed * 95,
         "{admitted} < 95% of {allowed}"
     );
-    forget(&t).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -155,7 +170,7 @@ async fn three_instances_share_the_refill_rate() {
 #[tokio::test]
 async fn a_request_takes_from_both_dimensions_or_from_neither() {
     let limits = shared().await;
-    let t = tenant("both");
+    let t = Tenant::new("both");
     let (requests, tokens) = (limit(60, Some(100)), limit(1000, None));
     let first = limits.admit(&t, requests, tokens, 600).await.unwrap();
     assert!(first.admitted);
@@ -175,21 +190,19 @@ async fn a_request_takes_from_both_dimensions_or_from_neither() {
 
     // Requests refuse: no tokens are taken. A cost above the token burst beats any wait.
     let one = limit(60, Some(1));
-    let u = tenant("both");
+    let u = Tenant::new("both");
     assert!(limits.admit(&u, one, tokens, 10).await.unwrap().admitted);
     let refused = limits.admit(&u, one, tokens, 10).await.unwrap();
     assert_eq!(refused.refused.unwrap().0, Dimension::Requests);
     assert_eq!(refused.headers.tokens.unwrap().remaining, 990);
     let too_large = limits.admit(&u, one, tokens, 1001).await.unwrap();
     assert_eq!(too_large.refused, Some((Dimension::Tokens, None)));
-    forget(&t).await;
-    forget(&u).await;
 }
 
 #[tokio::test]
 async fn adjust_refunds_make_room_and_charges_leave_debt() {
     let limits = shared().await;
-    let t = tenant("adjust");
+    let t = Tenant::new("adjust");
     let (requests, tokens) = (limit(60, Some(1)), limit(1000, None));
     assert!(
         limits
@@ -209,7 +222,8 @@ async fn adjust_refunds_make_room_and_charges_leave_debt() {
     let d = limits.admit(&t, requests, tokens, 500).await.unwrap();
     assert!(d.admitted, "{d:?}");
 
-    // 2000 more than reserved: the tenant is in debt for two minutes.
+    // 2000 more than reserved: the bucket holds 900 + 2000, so one more token waits until
+    // 1901 have drained, 114.06 s at 1000 a minute.
     limits
         .adjust(&t, requests, tokens, 2000, true)
         .await
@@ -218,14 +232,17 @@ async fn adjust_refunds_make_room_and_charges_leave_debt() {
     let (which, retry_after) = d.refused.unwrap();
     assert_eq!(which, Dimension::Tokens);
     let retry_after = retry_after.unwrap();
-    assert!(retry_after > Duration::from_secs(119) && retry_after <= Duration::from_secs(126));
-    forget(&t).await;
+    let exact = Duration::from_micros(114_060_000);
+    assert!(
+        retry_after <= exact && retry_after > exact - SLACK,
+        "{retry_after:?}"
+    );
 }
 
 #[tokio::test]
 async fn decisions_and_headers_match_the_local_limiter() {
     let limits = shared().await;
-    let t = tenant("local");
+    let t = Tenant::new("local");
     let (requests, tokens) = (limit(60, Some(5)), limit(120, Some(1000)));
     let mut local = TenantLimiter::new(Instant::now(), requests, tokens);
     for est in [300, 0, 500, 300, 200, 0, 1, 1001, 100] {
@@ -257,13 +274,12 @@ async fn decisions_and_headers_match_the_local_limiter() {
             }
         }
     }
-    forget(&t).await;
 }
 
 #[tokio::test]
 async fn a_redis_that_lost_the_script_gets_it_again_in_the_same_call() {
     let limits = shared().await;
-    let t = tenant("noscript");
+    let t = Tenant::new("noscript");
     let _: () = redis::cmd("SCRIPT")
         .arg("FLUSH")
         .query_async(&mut redis().await)
@@ -272,7 +288,6 @@ async fn a_redis_that_lost_the_script_gets_it_again_in_the_same_call() {
     let d = limits.admit(&t, limit(60, None), None, 0).await.unwrap();
     assert!(d.admitted);
     assert_eq!(limits.errors(), 0);
-    forget(&t).await;
 }
 
 #[tokio::test]
@@ -320,6 +335,39 @@ async fn a_redis_that_never_answers_is_unavailable_within_the_timeout() {
     assert!(!limits.is_up());
     assert!(limits.errors() >= 1);
     held.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_that_is_down_at_start_is_used_once_it_is_up() {
+    // A port that closes every connection until `up`, then forwards to the real Redis.
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("redis://{}", listener.local_addr().unwrap());
+    let up = Arc::new(AtomicBool::new(false));
+    let forwarding = up.clone();
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            if forwarding.load(Ordering::SeqCst) {
+                tokio::spawn(async move {
+                    let mut redis = TcpStream::connect("127.0.0.1:6379").await.unwrap();
+                    let _ = tokio::io::copy_bidirectional(&mut socket, &mut redis).await;
+                });
+            }
+        }
+    });
+    let limits = SharedLimits::start(&url, TIMEOUT).await.unwrap();
+    assert!(!limits.is_up() && limits.errors() >= 1);
+    let t = Tenant::new("late");
+    let requests = limit(60, None);
+    let answer = limits.admit(&t, requests, None, 0).await;
+    assert_eq!(answer, Err(Unavailable::NotConnected));
+
+    up.store(true, Ordering::SeqCst);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !limits.is_up() {
+        assert!(Instant::now() < deadline, "not reconnected");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(limits.admit(&t, requests, None, 0).await.unwrap().admitted);
 }
 
 #[tokio::test]
@@ -399,4 +447,62 @@ fn parse_command(buf: &[u8]) -> Option<(Vec<Vec<u8>>, usize)> {
         at = start + len + 2;
     }
     (at <= buf.len()).then_some((args, at))
+}
+
+#[tokio::test]
+async fn the_largest_limits_neither_overflow_nor_lose_the_wait() {
+    let limits = shared().await;
+    let t = Tenant::new("large");
+    let tokens = limit(1_000_000_000_000, None);
+    let started = Instant::now();
+    let full = limits
+        .admit(&t, None, tokens, 1_000_000_000_000)
+        .await
+        .unwrap();
+    assert!(full.admitted);
+    let half = limits
+        .admit(&t, None, tokens, 500_000_000_000)
+        .await
+        .unwrap();
+    let elapsed = started.elapsed();
+    let retry_after = half.refused.unwrap().1.unwrap();
+    let exact = Duration::from_secs(30);
+    assert!(
+        retry_after <= exact && retry_after >= exact - elapsed,
+        "{retry_after:?}"
+    );
+
+    // A charge beyond any debt is capped at a day's refill: one more token waits a day, and
+    // the bucket is full again after the burst's minute more.
+    limits
+        .adjust(&t, None, tokens, i64::MAX, false)
+        .await
+        .unwrap();
+    let one = limits.admit(&t, None, tokens, 1).await.unwrap();
+    let retry_after = one.refused.unwrap().1.unwrap();
+    let day = Duration::from_secs(86_400);
+    let minute = Duration::from_secs(60);
+    assert!(
+        retry_after <= day + Duration::from_micros(1),
+        "{retry_after:?}"
+    );
+    assert!(retry_after > day - SLACK, "{retry_after:?}");
+    let reset = one.headers.tokens.unwrap().reset;
+    assert!(
+        reset <= day + minute && reset > day + minute - SLACK,
+        "{reset:?}"
+    );
+    assert_eq!(one.headers.tokens.unwrap().remaining, 0);
+}
+
+#[test]
+fn calls_can_run_in_spawned_tasks() {
+    fn send<T: Send + 'static>(_: T) {}
+    fn calls(limits: SharedLimits) {
+        send(async move { limits.admit("acme", None, None, 1).await });
+    }
+    fn adjusts(limits: SharedLimits) {
+        send(async move { limits.adjust("acme", None, None, -1, true).await });
+    }
+    let _ = (calls, adjusts);
 }

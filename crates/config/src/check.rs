@@ -335,6 +335,19 @@ fn check_backend(b: RawBackend, model: &str, at: &str, p: &mut Problems) -> Opti
     if region.trim().is_empty() {
         p.add(format!("{at}.region"), "must not be empty");
     }
+    if let Some(pool) = &b.pool {
+        let valid = !pool.is_empty()
+            && pool.len() <= 64
+            && pool
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+        if !valid {
+            p.add(
+                format!("{at}.pool"),
+                "must be 1 to 64 ASCII letters, digits, '-', '_' or '.'",
+            );
+        }
+    }
     if p.0.len() > errors_before {
         return None;
     }
@@ -348,6 +361,7 @@ fn check_backend(b: RawBackend, model: &str, at: &str, p: &mut Problems) -> Opti
         api_key_env: b.api_key_env,
         rules,
         health_path,
+        pool: b.pool,
     })
 }
 
@@ -386,6 +400,18 @@ fn check_tenants(
                     if m != "*" && !models.iter().any(|c| &c.name == m) {
                         p.add(format!("{at}.models[{j}]"), format!("unknown model {m:?}"));
                     }
+                }
+            }
+            if let Some(pool) = &t.pool {
+                let served = models
+                    .iter()
+                    .flat_map(|m| &m.backends)
+                    .any(|b| b.pool.as_deref() == Some(pool.as_str()));
+                if !served {
+                    p.add(
+                        format!("{at}.pool"),
+                        format!("no backend has pool = {pool:?}"),
+                    );
                 }
             }
             let allowed_models = t.models.filter(|list| !list.iter().any(|m| m == "*"));

@@ -196,6 +196,9 @@ pub struct BackendConfig {
     pub rules: Rules,
     /// Path (after the backend's base URL) of the active health check; `None`: no active check.
     pub health_path: Option<String>,
+    /// The dedicated pool this backend belongs to: only tenants with this `pool` use it, and
+    /// they use nothing else. `None`: the shared pool.
+    pub pool: Option<String>,
 }
 
 /// `[retry]`: how many attempts, how far apart, and the shared budget they draw from.

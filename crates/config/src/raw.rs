@@ -177,6 +177,7 @@ pub struct RawBackend {
     pub transient_statuses: Option<Vec<u16>>,
     pub retry_500: Option<bool>,
     pub health_path: Option<String>,
+    pub pool: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

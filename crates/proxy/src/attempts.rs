@@ -56,6 +56,8 @@ pub(crate) struct Attempts<'a> {
     pub headers: &'a HeaderMap,
     pub body: &'a Bytes,
     pub region: Option<&'a str>,
+    /// The tenant's dedicated pool: only its backends are used.
+    pub bulkhead: Option<&'a str>,
     pub deadline: Instant,
 }
 
@@ -80,13 +82,13 @@ impl Attempts<'_> {
             let exclude: &[usize] = if exclude_tried { &tried } else { &[] };
             let acquired = self
                 .pool
-                .acquire(self.region, exclude, avoid_region.as_deref())
+                .acquire(self.bulkhead, self.region, exclude, avoid_region.as_deref())
                 .or_else(|| {
                     // A transient failure prefers another backend but may use the same one.
                     let fallback =
                         exclude_tried && last.as_ref().is_some_and(|f| f.class != Class::Capacity);
                     fallback
-                        .then(|| self.pool.acquire(self.region, &[], None))
+                        .then(|| self.pool.acquire(self.bulkhead, self.region, &[], None))
                         .flatten()
                 });
             let Some((index, hold, spilled_over)) = acquired else {

@@ -23,6 +23,8 @@ pub struct Tenant {
     pub enabled: bool,
     /// What admission holds the tenant to.
     pub limits: TenantLimits,
+    /// Its dedicated backend pool (bulkhead): it uses those backends and no others.
+    pub pool: Option<Arc<str>>,
 }
 
 /// A tenant's limits from its record; `None`: no limit of that kind.

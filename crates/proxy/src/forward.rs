@@ -105,14 +105,17 @@ async fn route(
             format!("this API key may not use the model {:?}", summary.model),
         ));
     }
-    let mut admitted = gw.admission.admit(
-        &tenant,
-        Ask {
-            summary: &summary,
-            body_len: body.len(),
-            completes: endpoint != Endpoint::Embeddings,
-        },
-    )?;
+    let mut admitted = gw
+        .admission
+        .admit(
+            &tenant,
+            Ask {
+                summary: &summary,
+                body_len: body.len(),
+                completes: endpoint != Endpoint::Embeddings,
+            },
+        )
+        .await?;
     let region = parts
         .headers
         .get(&gw.server.region_header)
@@ -151,6 +154,7 @@ async fn route(
         headers: &parts.headers,
         body: &body,
         region,
+        bulkhead: tenant.pool.as_deref(),
         deadline: started + retry.deadline,
     };
     let (chosen, made) = attempts.run(labels).await;

@@ -55,6 +55,8 @@ pub struct Backend {
     pub region: String,
     pub weight: u32,
     pub max_concurrency: u32,
+    /// Its dedicated pool (bulkhead), if any: only tenants of that pool use it.
+    pub bulkhead: Option<Arc<str>>,
     /// The model name to put in the body, when it differs from the client's.
     pub rename_to: Option<String>,
     /// The header carrying the upstream key (`authorization` or Azure's `api-key`).
@@ -128,6 +130,7 @@ impl Backend {
             region: cfg.region.clone(),
             weight: cfg.weight,
             max_concurrency: cfg.max_concurrency,
+            bulkhead: cfg.pool.as_deref().map(Arc::from),
             rename_to: (cfg.upstream_model != **model).then(|| cfg.upstream_model.clone()),
             auth_header,
             uris,
@@ -230,6 +233,7 @@ impl ModelPool {
     /// in panic mode), and takes a unit of its concurrency.
     pub fn acquire(
         &self,
+        bulkhead: Option<&str>,
         region: Option<&str>,
         exclude: &[usize],
         avoid_region: Option<&str>,
@@ -241,7 +245,8 @@ impl ModelPool {
         let healthy = states.iter().filter(|(h, _)| *h == Health::Healthy).count();
         let panic = self.panics_with(healthy);
         let usable = |i: usize, b: &Backend| {
-            !exclude.contains(&i)
+            b.bulkhead.as_deref() == bulkhead
+                && !exclude.contains(&i)
                 && !b.skipped(now)
                 && (panic || !matches!(states[i].0, Health::Ejected { .. }))
         };

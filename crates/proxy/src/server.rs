@@ -105,13 +105,22 @@ impl BoundGateway {
                 .map_err(|e| e.to_string()),
         })
         .map_err(StartError::Setup)?;
+        let shared = match &config.admission.redis {
+            Some(url) => Some(
+                crate::shared_limits::SharedLimits::start(url, config.admission.redis_timeout)
+                    .await
+                    .map_err(|e| StartError::Setup(format!("admission.redis: {e}")))?,
+            ),
+            None => None,
+        };
         let admission = crate::admission::Admission::new(
             &config.admission,
             models
                 .names
                 .iter()
                 .filter_map(|n| models.get(n))
-                .map(|p| &p.name),
+                .map(|p| &**p),
+            shared,
         );
         let gateway = Arc::new(Gateway {
             client: upstream::client(&config.upstream),

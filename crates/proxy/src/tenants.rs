@@ -111,6 +111,7 @@ impl StoreDirectory {
             name: Arc::from(spec.name.as_str()),
             allowed_models: spec.allowed_models.clone(),
             enabled: spec.enabled,
+            pool: spec.pool.as_deref().map(Arc::from),
             limits: TenantLimits {
                 requests_per_min: spec.requests_per_min,
                 tokens_per_min: spec.tokens_per_min,

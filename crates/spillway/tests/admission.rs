@@ -234,5 +234,47 @@ async fn fair_queuing_keeps_a_quiet_tenant_served_beside_a_flooding_one() {
         m.contains("spillway_admissions_total{tenant=\"flood\",class=\"standard\",outcome=\"tenant_queue_full\"}"),
         "{m}"
     );
-    assert!(m.contains("spillway_pool_seats{model=\"m\"} 2"), "{m}");
+    assert!(
+        m.contains("spillway_pool_seats{model=\"m\",pool=\"shared\"} 2"),
+        "{m}"
+    );
+}
+
+/// A tenant pinned to a dedicated pool (bulkhead) uses only that pool's backends, and a surge of
+/// the shared pool's tenants never reaches them.
+#[tokio::test]
+async fn a_tenant_pinned_to_a_dedicated_pool_is_untouched_by_a_surge_in_the_shared_one() {
+    let shared = mock(&["--model", "m", "--ttft", "50ms", "--tokens-per-sec", "0"]);
+    let dedicated = mock(&FAST);
+    let config = format!(
+        "[admission]\nmax_queued_per_tenant = 2\n\
+         [[models]]\nname = \"m\"\n\
+         [[models.backends]]\nname = \"shared\"\nregion = \"r\"\nurl = \"{}\"\nmax_concurrency = 1\n\
+         [[models.backends]]\nname = \"vip\"\nregion = \"r\"\nurl = \"{}\"\npool = \"vip\"\n\
+         [[tenants]]\nname = \"vip\"\nkeys = [{{ env = \"VIP_KEY\" }}]\npool = \"vip\"\n",
+        shared.url("/v1"),
+        dedicated.url("/v1")
+    );
+    let gw = gateway_with_env(&config, &[("VIP_KEY", "vip-key")]);
+    let body = chat_body("m", false);
+    let surge = futures_util::future::join_all((0..20).map(|_| chat(&gw, &body)));
+    let vip = async {
+        let mut ok = 0;
+        for _ in 0..20 {
+            if chat_as(&gw, "vip-key", &body).await.status() == 200 {
+                ok += 1;
+            }
+        }
+        ok
+    };
+    let (surge, vip_ok) = tokio::join!(surge, vip);
+    assert_eq!(vip_ok, 20);
+    let shed = surge.iter().filter(|r| r.status() == 503).count();
+    assert!(shed > 0, "the shared pool's surge was not shed");
+    // The dedicated backend served the pinned tenant only; the shared one never saw it.
+    assert_eq!(chats_received(&dedicated).await, 20);
+    assert_eq!(
+        chats_received(&shared).await,
+        surge.iter().filter(|r| r.status() == 200).count() as u64
+    );
 }

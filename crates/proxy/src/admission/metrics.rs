@@ -18,6 +18,11 @@ pub const IN_FLIGHT_MAX: &str = "spillway_requests_in_flight_max";
 /// Gauges: request body bytes being read or held, and the cap.
 pub const BUFFERED_BYTES: &str = "spillway_buffered_body_bytes";
 pub const BUFFERED_BYTES_MAX: &str = "spillway_buffered_body_bytes_max";
+/// Gauge: 1 while the Redis holding shared tenant limits answers, 0 while it does not.
+pub const SHARED_UP: &str = "spillway_shared_limits_up";
+/// Counter: admissions decided locally (with this instance's share of the limits) because
+/// Redis did not answer.
+pub const SHARED_FALLBACKS: &str = "spillway_shared_limits_fallbacks_total";
 /// Histogram, label `class`: how long admitted requests waited for a seat.
 pub const QUEUE_WAIT: &str = "spillway_queue_wait_seconds";
 /// Gauge, labels `model`, `class`: requests waiting for a seat.
@@ -51,6 +56,14 @@ pub(crate) fn describe() {
     describe_gauge!(QUEUED, "Requests waiting for a seat, by model and class.");
     describe_gauge!(SEATS_IN_USE, "Seats in use in a model's pool.");
     describe_gauge!(SEATS, "Seats in a model's pool.");
+    describe_gauge!(
+        SHARED_UP,
+        "1 while the Redis of shared tenant limits answers."
+    );
+    describe_counter!(
+        SHARED_FALLBACKS,
+        "Admissions decided locally, with this instance's share, because Redis did not answer."
+    );
 }
 
 pub(crate) fn admission(tenant: &str, class: Priority, outcome: &'static str) {
@@ -78,13 +91,24 @@ pub(crate) fn queue_wait(class: Priority, waited: std::time::Duration) {
     metrics::histogram!(QUEUE_WAIT, "class" => class.as_str()).record(waited.as_secs_f64());
 }
 
-/// Sets the queue gauges when `/metrics` is rendered.
-pub(crate) fn queues(figures: &[(std::sync::Arc<str>, [usize; 3], usize, usize)]) {
-    for (model, queued, in_use, seats) in figures {
-        for (class, n) in Priority::ALL.iter().zip(queued) {
-            gauge!(QUEUED, "model" => model.to_string(), "class" => class.as_str()).set(*n as f64);
+/// Sets the queue gauges when `/metrics` is rendered; the shared backends' pool is `shared`.
+pub(crate) fn queues(figures: &[super::QueueFigures]) {
+    for f in figures {
+        let model = f.model.to_string();
+        let pool = f.bulkhead.as_deref().unwrap_or("shared").to_owned();
+        for (class, n) in Priority::ALL.iter().zip(f.queued) {
+            gauge!(QUEUED, "model" => model.clone(), "pool" => pool.clone(), "class" => class.as_str())
+                .set(n as f64);
         }
-        gauge!(SEATS_IN_USE, "model" => model.to_string()).set(*in_use as f64);
-        gauge!(SEATS, "model" => model.to_string()).set(*seats as f64);
+        gauge!(SEATS_IN_USE, "model" => model.clone(), "pool" => pool.clone()).set(f.in_use as f64);
+        gauge!(SEATS, "model" => model, "pool" => pool).set(f.seats as f64);
     }
+}
+
+pub(crate) fn shared_up(up: bool) {
+    gauge!(SHARED_UP).set(if up { 1.0 } else { 0.0 });
+}
+
+pub(crate) fn shared_fallback() {
+    counter!(SHARED_FALLBACKS).increment(1);
 }

@@ -21,6 +21,7 @@
 mod headers;
 pub(crate) mod metrics;
 mod queue;
+mod rate;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -28,7 +29,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use spillway_config::AdmissionConfig;
-use spillway_policy::{Dimension, RateHeaders, RateLimit, TenantLimiter};
+use spillway_policy::{Dimension, RateHeaders, TenantLimiter};
 
 use crate::auth::{Tenant, TenantLimits};
 use crate::error::{ApiError, ErrorKind};
@@ -37,6 +38,7 @@ use crate::request::RequestSummary;
 pub(crate) use headers::insert_rate_headers;
 use queue::PoolQueue;
 pub(crate) use queue::{Seat, Shed};
+use rate::{Rates, Ruling};
 
 /// How long a caller refused by a global cap is told to wait.
 const OVERLOADED_RETRY_AFTER: Duration = Duration::from_secs(1);
@@ -49,8 +51,22 @@ pub(crate) struct Admission {
     in_flight: Arc<AtomicUsize>,
     max_in_flight: usize,
     default_completion_tokens: u64,
-    /// One queue per model pool, by model name.
-    queues: HashMap<Arc<str>, Arc<PoolQueue>>,
+    rates: Arc<Rates>,
+    /// One queue per model and bulkhead (`None`: the shared backends).
+    queues: HashMap<QueueKey, Arc<PoolQueue>>,
+}
+
+/// A model's name, and the bulkhead of the backends a queue seats (`None`: shared ones).
+type QueueKey = (Arc<str>, Option<Arc<str>>);
+
+/// One queue's figures, for the gauges.
+pub(crate) struct QueueFigures {
+    pub model: Arc<str>,
+    pub bulkhead: Option<Arc<str>>,
+    /// Waiting, by class: critical, standard, batch.
+    pub queued: [usize; 3],
+    pub in_use: usize,
+    pub seats: usize,
 }
 
 /// One tenant's admission state.
@@ -70,10 +86,12 @@ pub(crate) struct Ask<'a> {
 }
 
 impl Admission {
-    /// Admission for a gateway serving the models named in `models`.
+    /// Admission for a gateway serving `pools`: a queue for each model and each bulkhead its
+    /// backends belong to.
     pub(crate) fn new<'a>(
         config: &AdmissionConfig,
-        models: impl IntoIterator<Item = &'a Arc<str>>,
+        pools: impl IntoIterator<Item = &'a crate::pool::ModelPool>,
+        shared: Option<crate::shared_limits::SharedLimits>,
     ) -> Admission {
         let bounds = spillway_policy::QueueBounds {
             total: config.max_queued,
@@ -84,9 +102,18 @@ impl Admission {
             in_flight: Arc::new(AtomicUsize::new(0)),
             max_in_flight: config.max_in_flight,
             default_completion_tokens: config.default_completion_tokens,
-            queues: models
+            rates: Arc::new(Rates {
+                shared,
+                instances: config.instances,
+            }),
+            queues: pools
                 .into_iter()
-                .map(|m| (m.clone(), PoolQueue::new(bounds, config.queue_wait)))
+                .flat_map(|p| {
+                    p.backends
+                        .iter()
+                        .map(|b| (p.name.clone(), b.bulkhead.clone()))
+                })
+                .map(|key| (key, PoolQueue::new(bounds, config.queue_wait)))
                 .collect(),
         }
     }
@@ -99,12 +126,21 @@ impl Admission {
         tenant: &Tenant,
         admitted: &mut Admitted,
     ) -> Result<(), ApiError> {
-        let Some(queue) = self.queues.get(&pool.name) else {
-            return Ok(());
+        let key = (pool.name.clone(), tenant.pool.clone());
+        let Some(queue) = self.queues.get(&key) else {
+            let whose = match &tenant.pool {
+                Some(p) => format!("in this tenant's pool {p:?}"),
+                None => "outside dedicated pools".to_owned(),
+            };
+            return Err(ApiError::new(
+                ErrorKind::NoCapacity,
+                format!("the model {:?} has no backend {whose}", &*pool.name),
+            ));
         };
         let seats: usize = pool
             .backends
             .iter()
+            .filter(|b| b.bulkhead == tenant.pool)
             .map(|b| b.health.limit() as usize)
             .sum();
         let class = tenant.limits.priority;
@@ -135,13 +171,19 @@ impl Admission {
         }
     }
 
-    /// Per model: requests queued by class, seats in use, seats.
-    pub(crate) fn queue_figures(&self) -> Vec<(Arc<str>, [usize; 3], usize, usize)> {
+    /// Per model and bulkhead: requests queued by class, seats in use, seats.
+    pub(crate) fn queue_figures(&self) -> Vec<QueueFigures> {
         self.queues
             .iter()
-            .map(|(m, q)| {
+            .map(|((model, bulkhead), q)| {
                 let (queued, in_use, seats) = q.figures();
-                (m.clone(), queued, in_use, seats)
+                QueueFigures {
+                    model: model.clone(),
+                    bulkhead: bulkhead.clone(),
+                    queued,
+                    in_use,
+                    seats,
+                }
             })
             .collect()
     }
@@ -152,7 +194,7 @@ impl Admission {
     }
 
     /// Admits the request or says why not, as the error to answer with.
-    pub(crate) fn admit(&self, tenant: &Tenant, ask: Ask<'_>) -> Result<Admitted, ApiError> {
+    pub(crate) async fn admit(&self, tenant: &Tenant, ask: Ask<'_>) -> Result<Admitted, ApiError> {
         let refused = |outcome, e: ApiError| {
             metrics::admission(&tenant.name, tenant.limits.priority, outcome);
             Err(e)
@@ -182,35 +224,34 @@ impl Admission {
             }
         }
         let estimate = self.estimate(&ask);
-        let now = Instant::now();
-        let decision = {
-            let mut rate = gate.rate.lock().unwrap_or_else(|e| e.into_inner());
-            if rate.0 != tenant.limits {
-                let (requests, tokens) = limits_of(&tenant.limits);
-                rate.1.set_limits(now, requests, tokens);
-                rate.0 = tenant.limits;
-            }
-            rate.1.admit(now, estimate)
-        };
-        match decision {
-            Ok(reservation) => {
+        match self.rates.decide(&gate, &tenant.limits, estimate).await {
+            Ruling::Admitted {
+                tokens,
+                headers,
+                shared,
+            } => {
                 metrics::admission(&tenant.name, tenant.limits.priority, "admitted");
-                metrics::tokens_reserved(&tenant.name, reservation.tokens);
+                metrics::tokens_reserved(&tenant.name, tokens);
                 Ok(Admitted {
                     gate,
-                    reserved: reservation.tokens,
+                    rates: shared.then(|| (self.rates.clone(), tenant.limits)),
+                    reserved: tokens,
                     prompt: self.prompt_estimate(ask.body_len),
-                    headers: reservation.headers,
+                    headers,
                     _global: global,
                     _own: own,
                     seat: None,
                     settled: false,
                 })
             }
-            Err(refusal) => {
+            Ruling::Refused {
+                which,
+                retry_after,
+                headers: quotas,
+            } => {
                 let mut headers = http::HeaderMap::new();
-                insert_rate_headers(&mut headers, &refusal.headers);
-                let (kind, outcome, what) = match (refusal.which, refusal.retry_after) {
+                insert_rate_headers(&mut headers, &quotas);
+                let (kind, outcome, what) = match (which, retry_after) {
                     (Dimension::Tokens, None) => {
                         (ErrorKind::TokensOverLimit, "tokens_over_limit", "tokens")
                     }
@@ -223,7 +264,7 @@ impl Admission {
                         "requests",
                     ),
                 };
-                let message = match refusal.retry_after {
+                let message = match retry_after {
                     Some(after) => format!(
                         "rate limit reached for {what} per minute; try again in {}",
                         headers::duration_text(after)
@@ -234,7 +275,7 @@ impl Admission {
                     ),
                 };
                 let mut e = ApiError::new(kind, message).with_headers(headers);
-                if let Some(after) = refusal.retry_after {
+                if let Some(after) = retry_after {
                     e = e.retry_after(after);
                 }
                 refused(outcome, e)
@@ -273,7 +314,7 @@ impl Admission {
         gates
             .entry(tenant.name.clone())
             .or_insert_with(|| {
-                let (requests, tokens) = limits_of(&tenant.limits);
+                let (requests, tokens) = self.rates.local(&tenant.limits);
                 Arc::new(Gate {
                     tenant: tenant.name.clone(),
                     in_flight: Arc::new(AtomicUsize::new(0)),
@@ -287,18 +328,13 @@ impl Admission {
     }
 }
 
-/// The policy's rate limits for a tenant's record.
-fn limits_of(limits: &TenantLimits) -> (Option<RateLimit>, Option<RateLimit>) {
-    let rate =
-        |per_min: Option<u32>| per_min.and_then(|n| RateLimit::try_new(u64::from(n), None).ok());
-    (rate(limits.requests_per_min), rate(limits.tokens_per_min))
-}
-
 /// An admitted request: holds its places in the in-flight counts and its token reservation
 /// until the response ends. Settle it with the usage the backend reported; dropped unsettled
 /// (the request failed before a response), its reserved tokens are refunded.
 pub(crate) struct Admitted {
     gate: Arc<Gate>,
+    /// Set when Redis decided: the reservation is settled there.
+    rates: Option<(Arc<Rates>, TenantLimits)>,
     reserved: u64,
     prompt: u64,
     /// The tenant's quotas after this admission, for the response's `x-ratelimit-*` headers.
@@ -327,6 +363,10 @@ impl Admitted {
     }
 
     fn reconcile(&self, used: u64) {
+        if let Some((rates, limits)) = &self.rates {
+            rates.settle_shared(&self.gate.tenant, limits, self.reserved, used);
+            return;
+        }
         let mut rate = self.gate.rate.lock().unwrap_or_else(|e| e.into_inner());
         rate.1.reconcile(Instant::now(), self.reserved, used);
     }

@@ -20,6 +20,7 @@ fn tenant(name: &str, limits: TenantLimits) -> Tenant {
         allowed_models: None,
         enabled: true,
         limits,
+        pool: None,
     }
 }
 
@@ -40,9 +41,9 @@ fn ask(s: &RequestSummary) -> Ask<'_> {
     }
 }
 
-#[test]
-fn a_tenant_over_its_requests_per_minute_gets_429_with_the_openai_headers() {
-    let a = Admission::new(&config(100), []);
+#[tokio::test]
+async fn a_tenant_over_its_requests_per_minute_gets_429_with_the_openai_headers() {
+    let a = Admission::new(&config(100), std::iter::empty(), None);
     let t = tenant(
         "a",
         TenantLimits {
@@ -51,10 +52,10 @@ fn a_tenant_over_its_requests_per_minute_gets_429_with_the_openai_headers() {
         },
     );
     let s = summary(Some(10));
-    let first = a.admit(&t, ask(&s)).unwrap();
+    let first = a.admit(&t, ask(&s)).await.unwrap();
     assert_eq!(first.headers.requests.unwrap().remaining, 1);
-    let _second = a.admit(&t, ask(&s)).unwrap();
-    let e = a.admit(&t, ask(&s)).err().unwrap();
+    let _second = a.admit(&t, ask(&s)).await.unwrap();
+    let e = a.admit(&t, ask(&s)).await.err().unwrap();
     assert_eq!(e.kind, ErrorKind::RequestRateLimited);
     assert_eq!(e.status(), http::StatusCode::TOO_MANY_REQUESTS);
     let after = e.retry_after.unwrap();
@@ -72,12 +73,12 @@ fn a_tenant_over_its_requests_per_minute_gets_429_with_the_openai_headers() {
     );
     assert!(e.retry_may_help());
     // Another tenant is not affected.
-    assert!(a.admit(&tenant("b", t.limits), ask(&s)).is_ok());
+    assert!(a.admit(&tenant("b", t.limits), ask(&s)).await.is_ok());
 }
 
-#[test]
-fn concurrency_is_held_until_the_admission_is_dropped() {
-    let a = Admission::new(&config(100), []);
+#[tokio::test]
+async fn concurrency_is_held_until_the_admission_is_dropped() {
+    let a = Admission::new(&config(100), std::iter::empty(), None);
     let t = tenant(
         "a",
         TenantLimits {
@@ -86,26 +87,28 @@ fn concurrency_is_held_until_the_admission_is_dropped() {
         },
     );
     let s = summary(None);
-    let held = a.admit(&t, ask(&s)).unwrap();
-    let e = a.admit(&t, ask(&s)).err().unwrap();
+    let held = a.admit(&t, ask(&s)).await.unwrap();
+    let e = a.admit(&t, ask(&s)).await.err().unwrap();
     assert_eq!(e.kind, ErrorKind::ConcurrencyLimited);
     assert_eq!(a.in_flight().0, 1, "a refusal holds no place");
     held.settle(None);
     assert_eq!(a.in_flight().0, 0);
-    assert!(a.admit(&t, ask(&s)).is_ok());
+    assert!(a.admit(&t, ask(&s)).await.is_ok());
 }
 
-#[test]
-fn the_global_cap_refuses_every_tenant_with_503() {
-    let a = Admission::new(&config(2), []);
+#[tokio::test]
+async fn the_global_cap_refuses_every_tenant_with_503() {
+    let a = Admission::new(&config(2), std::iter::empty(), None);
     let s = summary(None);
     let t = tenant("a", TenantLimits::default());
-    let _one = a.admit(&t, ask(&s)).unwrap();
+    let _one = a.admit(&t, ask(&s)).await.unwrap();
     let _two = a
         .admit(&tenant("b", TenantLimits::default()), ask(&s))
+        .await
         .unwrap();
     let e = a
         .admit(&tenant("c", TenantLimits::default()), ask(&s))
+        .await
         .err()
         .unwrap();
     assert_eq!(e.kind, ErrorKind::GatewayOverloaded);
@@ -113,9 +116,9 @@ fn the_global_cap_refuses_every_tenant_with_503() {
     assert!(e.retry_after.is_some());
 }
 
-#[test]
-fn tokens_are_estimated_reserved_and_reconciled_with_the_report() {
-    let a = Admission::new(&config(100), []);
+#[tokio::test]
+async fn tokens_are_estimated_reserved_and_reconciled_with_the_report() {
+    let a = Admission::new(&config(100), std::iter::empty(), None);
     let t = tenant(
         "a",
         TenantLimits {
@@ -125,23 +128,23 @@ fn tokens_are_estimated_reserved_and_reconciled_with_the_report() {
     );
     // 400 bytes of body is about 100 prompt tokens, plus 300 allowed completion tokens.
     let s = summary(Some(300));
-    let admitted = a.admit(&t, ask(&s)).unwrap();
+    let admitted = a.admit(&t, ask(&s)).await.unwrap();
     assert_eq!(admitted.headers.tokens.unwrap().remaining, 600);
     admitted.settle(Some(150));
-    let next = a.admit(&t, ask(&s)).unwrap();
+    let next = a.admit(&t, ask(&s)).await.unwrap();
     // 1000 - 150 - 400, give or take the refill of a few microseconds.
     let left = next.headers.tokens.unwrap().remaining;
     assert!((450..=451).contains(&left), "{left}");
     // Dropped unsettled (the request failed): its 400 tokens come back.
     drop(next);
-    let again = a.admit(&t, ask(&s)).unwrap();
+    let again = a.admit(&t, ask(&s)).await.unwrap();
     let left = again.headers.tokens.unwrap().remaining;
     assert!((450..=452).contains(&left), "{left}");
 }
 
-#[test]
-fn a_request_larger_than_the_token_limit_is_refused_without_a_retry_time() {
-    let a = Admission::new(&config(100), []);
+#[tokio::test]
+async fn a_request_larger_than_the_token_limit_is_refused_without_a_retry_time() {
+    let a = Admission::new(&config(100), std::iter::empty(), None);
     let t = tenant(
         "a",
         TenantLimits {
@@ -150,7 +153,7 @@ fn a_request_larger_than_the_token_limit_is_refused_without_a_retry_time() {
         },
     );
     let s = summary(Some(1000));
-    let e = a.admit(&t, ask(&s)).err().unwrap();
+    let e = a.admit(&t, ask(&s)).await.err().unwrap();
     assert_eq!(e.kind, ErrorKind::TokensOverLimit);
     assert!(e.retry_after.is_none());
     assert!(!e.retry_may_help());
@@ -160,9 +163,9 @@ fn a_request_larger_than_the_token_limit_is_refused_without_a_retry_time() {
     );
 }
 
-#[test]
-fn changed_limits_apply_to_the_next_request() {
-    let a = Admission::new(&config(100), []);
+#[tokio::test]
+async fn changed_limits_apply_to_the_next_request() {
+    let a = Admission::new(&config(100), std::iter::empty(), None);
     let s = summary(None);
     let strict = tenant(
         "a",
@@ -171,10 +174,10 @@ fn changed_limits_apply_to_the_next_request() {
             ..TenantLimits::default()
         },
     );
-    let _first = a.admit(&strict, ask(&s)).unwrap();
-    assert!(a.admit(&strict, ask(&s)).is_err());
+    let _first = a.admit(&strict, ask(&s)).await.unwrap();
+    assert!(a.admit(&strict, ask(&s)).await.is_err());
     let relaxed = tenant("a", TenantLimits::default());
-    assert!(a.admit(&relaxed, ask(&s)).is_ok());
+    assert!(a.admit(&relaxed, ask(&s)).await.is_ok());
 }
 
 mod queue {

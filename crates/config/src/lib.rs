@@ -159,6 +159,9 @@ pub struct AdmissionConfig {
     /// Instances sharing the limits: each enforces `1 / instances` of a limit while Redis is
     /// unreachable.
     pub instances: u32,
+    /// No tenant limits, one first-come-first-served queue without bounds, no global caps:
+    /// what a gateway without admission does, for `spillway replay noisy-neighbor --naive`.
+    pub naive: bool,
 }
 
 /// `[admin]`: the admin API's protection.

@@ -135,6 +135,7 @@ pub struct RawAdmission {
     #[serde(default, with = "humantime_serde")]
     pub redis_timeout: Option<Duration>,
     pub instances: Option<u32>,
+    pub naive: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -37,6 +37,14 @@ pub enum Scenario {
     /// protections and once naive (no single flight, no stale answers, a supervisor that
     /// restarts the gateway when its store probe fails).
     CacheFlush(crate::flush::CacheFlushArgs),
+    /// IL-0248 and IL-0110: one tenant floods at 50 times its limit, resending every refusal;
+    /// another, within its limit, must not notice.
+    ///
+    /// Runs a mock backend and a gateway with two tenants on one pool of 8 seats, once with
+    /// spillway's admission (tenant limits, fair queuing, bounded queues) and once naive (no
+    /// limits, one unbounded first-come-first-served queue), and prints per phase and tenant
+    /// what was offered, what succeeded, what was shed, p99 and the gateway's RSS.
+    NoisyNeighbor(crate::neighbor::NoisyNeighborArgs),
 }
 
 /// Flags of `spillway replay retry-storm`.
@@ -111,6 +119,11 @@ pub(crate) struct LoadPlan {
     pub(crate) rate: f64,
     pub(crate) max_outstanding: usize,
     pub(crate) client_retries: u32,
+    /// Whether a 429 is resent at once too (a caller that ignores rate limits).
+    pub(crate) resend_429: bool,
+    /// A phase in which requests are offered at another rate: (phase, rate).
+    #[serde(skip)]
+    pub(crate) surge: Option<(usize, f64)>,
     #[serde(rename = "attempt_timeout_ms", serialize_with = "as_millis")]
     pub(crate) attempt_timeout: Duration,
 }
@@ -181,6 +194,8 @@ impl RetryStormArgs {
                 rate: self.rate,
                 max_outstanding: self.max_outstanding,
                 client_retries: self.client_retries,
+                resend_429: false,
+                surge: None,
                 attempt_timeout,
             },
             json: self.json.clone(),

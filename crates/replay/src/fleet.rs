@@ -211,7 +211,7 @@ impl Fleet {
 }
 
 /// Polls `GET /readyz` until it answers 200, the gateway exits, or the deadline passes.
-async fn wait_ready(
+pub(crate) async fn wait_ready(
     gateway: &mut ChildProcess,
     addr: SocketAddr,
     control: &HttpClient,

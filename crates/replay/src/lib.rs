@@ -25,6 +25,7 @@ mod fleet;
 mod flush;
 mod http;
 mod load;
+mod neighbor;
 mod process;
 mod report;
 mod rss;
@@ -35,6 +36,7 @@ mod tally;
 pub use args::{ReplayArgs, RetryStormArgs, Scenario};
 pub use error::ReplayError;
 pub use flush::CacheFlushArgs;
+pub use neighbor::NoisyNeighborArgs;
 
 /// Runs the chosen scenario: progress lines on stderr, the results table on stdout, and the raw
 /// figures as JSON when asked. When `interrupted` resolves (the binary passes its SIGINT/SIGTERM
@@ -49,6 +51,13 @@ pub async fn run(
             let plan = storm.check()?;
             tokio::select! {
                 result = storm::run(plan) => result,
+                () = interrupted => Err(ReplayError::Interrupted),
+            }
+        }
+        Scenario::NoisyNeighbor(neighbor) => {
+            let plan = neighbor.check()?;
+            tokio::select! {
+                result = neighbor::run(plan) => result,
                 () = interrupted => Err(ReplayError::Interrupted),
             }
         }

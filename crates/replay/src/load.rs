@@ -16,7 +16,7 @@ use bytes::Bytes;
 use http::{HeaderValue, Method, Uri};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
-use tokio::time::{Instant, MissedTickBehavior};
+use tokio::time::Instant;
 
 use crate::args::LoadPlan;
 use crate::http::{request, HttpClient};
@@ -86,16 +86,20 @@ pub(crate) async fn offer(
     let client = HttpClient::new(plan.max_outstanding);
     let slots = Arc::new(Semaphore::new(plan.max_outstanding));
     let mut chains = JoinSet::new();
-    let period = Duration::from_secs_f64(1.0 / plan.rate);
-    let mut ticks = tokio::time::interval_at(schedule.start(), period);
-    // An open loop keeps its offered rate: ticks missed while the machine was busy are caught
-    // up at once rather than lost.
-    ticks.set_missed_tick_behavior(MissedTickBehavior::Burst);
+    let mut next = schedule.start();
     loop {
-        let now = ticks.tick().await;
+        // An open loop keeps its offered rate: sends missed while the machine was busy are
+        // caught up at once rather than lost.
+        tokio::time::sleep_until(next).await;
+        let now = next;
         if now >= schedule.end() {
             break;
         }
+        let rate = match plan.surge {
+            Some((phase, rate)) if schedule.slot(now) == phase => rate,
+            _ => plan.rate,
+        };
+        next += Duration::from_secs_f64(1.0 / rate);
         while chains.try_join_next().is_some() {}
         let slot = schedule.slot(now);
         match Arc::clone(&slots).try_acquire_owned() {
@@ -164,7 +168,7 @@ impl Chain {
                 Err(failure) => Attempt::Failed(failure),
             };
             self.tally.attempt(sent_in, attempt);
-            match verdict(attempt) {
+            match verdict(attempt, self.plan.resend_429) {
                 Verdict::Done(end) => break end,
                 Verdict::Resend if resends < self.plan.client_retries => resends += 1,
                 Verdict::Resend => break ChainEnd::Exhausted,
@@ -181,10 +185,13 @@ enum Verdict {
     Resend,
 }
 
-fn verdict(attempt: Attempt) -> Verdict {
+fn verdict(attempt: Attempt, resend_429: bool) -> Verdict {
     match attempt {
         Attempt::Status(s) if s.is_success() => Verdict::Done(ChainEnd::Succeeded),
         Attempt::Status(s) if s.is_server_error() => Verdict::Resend,
+        Attempt::Status(s) if resend_429 && s == http::StatusCode::TOO_MANY_REQUESTS => {
+            Verdict::Resend
+        }
         Attempt::Status(_) => Verdict::Done(ChainEnd::Failed),
         Attempt::Failed(_) => Verdict::Resend,
     }
@@ -198,7 +205,8 @@ mod tests {
 
     #[test]
     fn naive_callers_resend_every_5xx_and_connection_error_and_nothing_else() {
-        let status = |code: u16| verdict(Attempt::Status(StatusCode::from_u16(code).unwrap()));
+        let status =
+            |code: u16| verdict(Attempt::Status(StatusCode::from_u16(code).unwrap()), false);
         assert_eq!(status(200), Verdict::Done(ChainEnd::Succeeded));
         for code in [500, 502, 503, 504] {
             assert_eq!(status(code), Verdict::Resend, "{code}");
@@ -207,7 +215,9 @@ mod tests {
             assert_eq!(status(code), Verdict::Done(ChainEnd::Failed), "{code}");
         }
         for failure in [Failure::Connect, Failure::Connection, Failure::Timeout] {
-            assert_eq!(verdict(Attempt::Failed(failure)), Verdict::Resend);
+            assert_eq!(verdict(Attempt::Failed(failure), false), Verdict::Resend);
         }
+        let too_many = Attempt::Status(StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(verdict(too_many, true), Verdict::Resend);
     }
 }

@@ -355,6 +355,8 @@ mod tests {
                 rate: 10.0,
                 max_outstanding: 4,
                 client_retries: 48,
+                resend_429: false,
+                surge: None,
                 attempt_timeout: Duration::from_secs(1),
             },
             json: None,

@@ -253,3 +253,59 @@ fn cache_flush_at_peak_and_a_store_outage_leave_the_protected_gateway_serving() 
         "{table}"
     );
 }
+
+/// IL-0248 and IL-0110 at the gate: a tenant flooding at 50x its limit and resending every
+/// refusal at once does not cost a quiet tenant on the same pool a single request with
+/// spillway's admission; without it (one unbounded first-come-first-served queue) the quiet
+/// tenant's requests wait behind the flood until they time out.
+#[test]
+fn noisy_neighbor_flood_is_shed_and_the_quiet_tenant_keeps_succeeding() {
+    let path = json_path("neighbor");
+    let path_arg = path.to_str().unwrap().to_owned();
+    let args = [
+        "replay",
+        "noisy-neighbor",
+        "--steady",
+        "2s",
+        "--flood",
+        "8s",
+        "--recovery",
+        "2s",
+        "--json",
+        &path_arg,
+    ];
+    let out = run(&args, RUN_DEADLINE);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{args:?} failed: {stderr}\n{table}");
+    let json = std::fs::read(&path).unwrap_or_else(|e| panic!("no JSON at {path:?}: {e}"));
+    let _ = std::fs::remove_file(&path);
+    let report: Value = serde_json::from_slice(&json).unwrap();
+    let tenant = |mode: &str, phase_name: &str, tenant: &str| {
+        let run = report["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["mode"] == mode)
+            .unwrap_or_else(|| panic!("no {mode} run in {report}"));
+        assert_eq!(run["completed"], true, "{run}");
+        phase(run, phase_name)["tenants"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["tenant"] == tenant)
+            .unwrap()
+            .clone()
+    };
+    for name in ["steady", "flood", "recovery"] {
+        let quiet = tenant("protected", name, "quiet");
+        let success = quiet["success_rate"].as_f64().unwrap();
+        assert!(success >= 0.99, "{name}: quiet at {success}\n{table}");
+    }
+    let flood = tenant("protected", "flood", "flood");
+    assert!(flood["shed"].as_u64().unwrap() > 0, "{table}");
+    let naive_quiet = tenant("naive", "flood", "quiet")["success_rate"]
+        .as_f64()
+        .unwrap();
+    assert!(naive_quiet < 0.9, "naive quiet at {naive_quiet}\n{table}");
+}

@@ -86,5 +86,6 @@ pub(super) fn check_admission(
         redis: raw.redis,
         redis_timeout: redis_timeout.max(Duration::from_millis(1)),
         instances,
+        naive: raw.naive.unwrap_or(false),
     }
 }

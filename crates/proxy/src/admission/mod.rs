@@ -40,6 +40,11 @@ use queue::PoolQueue;
 pub(crate) use queue::{Seat, Shed};
 use rate::{Rates, Ruling};
 
+/// Queue bounds and in-flight cap of `admission.naive`: in effect none.
+const NAIVE_UNBOUNDED: usize = 1 << 30;
+/// How long a request may wait in the naive queue.
+const NAIVE_QUEUE_WAIT: Duration = Duration::from_secs(600);
+
 /// How long a caller refused by a global cap is told to wait.
 const OVERLOADED_RETRY_AFTER: Duration = Duration::from_secs(1);
 /// How long a caller at its concurrency limit is told to wait.
@@ -52,6 +57,8 @@ pub(crate) struct Admission {
     max_in_flight: usize,
     default_completion_tokens: u64,
     rates: Arc<Rates>,
+    /// `admission.naive`: no limits, one unbounded first-come-first-served queue.
+    naive: bool,
     /// One queue per model and bulkhead (`None`: the shared backends).
     queues: HashMap<QueueKey, Arc<PoolQueue>>,
 }
@@ -93,14 +100,24 @@ impl Admission {
         pools: impl IntoIterator<Item = &'a crate::pool::ModelPool>,
         shared: Option<crate::shared_limits::SharedLimits>,
     ) -> Admission {
-        let bounds = spillway_policy::QueueBounds {
-            total: config.max_queued,
-            per_tenant: config.max_queued_per_tenant,
+        let (bounds, wait, max_in_flight) = if config.naive {
+            let unbounded = spillway_policy::QueueBounds {
+                total: NAIVE_UNBOUNDED,
+                per_tenant: NAIVE_UNBOUNDED,
+            };
+            (unbounded, NAIVE_QUEUE_WAIT, NAIVE_UNBOUNDED)
+        } else {
+            let bounds = spillway_policy::QueueBounds {
+                total: config.max_queued,
+                per_tenant: config.max_queued_per_tenant,
+            };
+            (bounds, config.queue_wait, config.max_in_flight)
         };
         Admission {
             gates: RwLock::new(HashMap::new()),
             in_flight: Arc::new(AtomicUsize::new(0)),
-            max_in_flight: config.max_in_flight,
+            max_in_flight,
+            naive: config.naive,
             default_completion_tokens: config.default_completion_tokens,
             rates: Arc::new(Rates {
                 shared,
@@ -113,7 +130,7 @@ impl Admission {
                         .iter()
                         .map(|b| (p.name.clone(), b.bulkhead.clone()))
                 })
-                .map(|key| (key, PoolQueue::new(bounds, config.queue_wait)))
+                .map(|key| (key, PoolQueue::new(bounds, wait)))
                 .collect(),
         }
     }
@@ -144,7 +161,13 @@ impl Admission {
             .map(|b| b.health.limit() as usize)
             .sum();
         let class = tenant.limits.priority;
-        match queue.enter(seats, class, tenant.name.clone()).await {
+        // Naive: everyone in one line, first come first served.
+        let line = if self.naive {
+            Arc::from("")
+        } else {
+            tenant.name.clone()
+        };
+        match queue.enter(seats, class, line).await {
             Ok((seat, waited)) => {
                 metrics::queue_wait(class, waited);
                 admitted.seat = Some(seat);
@@ -211,6 +234,22 @@ impl Admission {
             return refused("gateway_overloaded", e);
         };
         let gate = self.gate(tenant);
+        if self.naive {
+            return Ok(Admitted {
+                gate,
+                rates: None,
+                reserved: 0,
+                prompt: 0,
+                headers: RateHeaders {
+                    requests: None,
+                    tokens: None,
+                },
+                _global: global,
+                _own: None,
+                seat: None,
+                settled: true,
+            });
+        }
         let mut own = None;
         if let Some(max) = tenant.limits.max_concurrency {
             own = Slot::take(&gate.in_flight, max as usize);

@@ -11,6 +11,7 @@ fn config(max_in_flight: usize) -> AdmissionConfig {
         redis: None,
         redis_timeout: Duration::from_millis(50),
         instances: 1,
+        naive: false,
     }
 }
 

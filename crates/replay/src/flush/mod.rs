@@ -188,6 +188,8 @@ async fn drive(
         rate: plan.rate,
         max_outstanding: MAX_OUTSTANDING,
         client_retries: 0,
+        resend_429: false,
+        surge: None,
         attempt_timeout: ATTEMPT_TIMEOUT,
     };
     let load = load::offer(load_plan, target, schedule, Arc::clone(&tally));

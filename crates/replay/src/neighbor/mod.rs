@@ -1,0 +1,245 @@
+//! `spillway replay noisy-neighbor`: one tenant floods, another must not notice.
+//!
+//! IL-0248's internal workload skipped the limits external callers had, and its amplified
+//! traffic took the shared routing layer down; IL-0110 is a node taken down by one
+//! memory-hungry neighbour. Here two tenants share one model served by one `spillway
+//! mock-backend` (about 0.2 s per request) through 8 seats of a gateway: `quiet` sends
+//! `--quiet-rate` requests per second throughout, within its limit (600 a minute); `flood`
+//! (limit `--flood-limit` a minute) sends at its limit, then at 50 times it during the flood
+//! phase, resending every 429, 5xx and failure at once up to 48 times. Each mode runs on a fresh
+//! gateway: `protected` (tenant limits, fair queuing, bounded queues) and `naive`
+//! (`admission.naive`: no limits, one unbounded first-come-first-served queue).
+
+mod args;
+mod report;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::args::{LoadPlan, Mode};
+use crate::fleet::{self, Scratch, START_DEADLINE};
+use crate::http::{uri, HttpClient};
+use crate::load::{self, Target};
+use crate::process::ChildProcess;
+use crate::rss::RssSampler;
+use crate::tally::{Schedule, Tally};
+use crate::ReplayError;
+
+pub(crate) use args::NeighborPlan;
+pub use args::NoisyNeighborArgs;
+use report::{NeighborReport, RunReport};
+
+const MODEL: &str = "gpt-neighbor";
+const FLOOD_KEY_ENV: &str = "SPILLWAY_REPLAY_FLOOD_KEY";
+const QUIET_KEY_ENV: &str = "SPILLWAY_REPLAY_QUIET_KEY";
+/// The quiet tenant's limit, per minute.
+const QUIET_LIMIT: u32 = 600;
+/// The gateway's seats on the one backend.
+const SEATS: u32 = 8;
+/// How much the flood multiplies the flooding tenant's limit.
+const FLOOD_FACTOR: f64 = 50.0;
+const MOCK_FLAGS: [&str; 14] = [
+    "--model",
+    MODEL,
+    "--capacity",
+    "64",
+    "--queue",
+    "4096",
+    "--ttft",
+    "200ms",
+    "--tokens-per-sec",
+    "200",
+    "--max-output-tokens",
+    "4",
+    "--listen",
+    "127.0.0.1:0",
+];
+
+pub(crate) async fn run(plan: NeighborPlan) -> Result<(), ReplayError> {
+    let mut runs = Vec::with_capacity(plan.modes.len());
+    for &mode in &plan.modes {
+        runs.push(run_mode(&plan, mode).await.unwrap_or_else(|e| {
+            say(mode, &format!("did not complete: {e}"));
+            RunReport::failed(mode, e.to_string())
+        }));
+    }
+    let report = NeighborReport::new(&plan, runs);
+    if report.runs.iter().any(|r| r.completed) {
+        print!("{}", report::table(&report));
+    }
+    if let Some(path) = &plan.json {
+        let json = serde_json::to_vec_pretty(&report).map_err(std::io::Error::other);
+        json.and_then(|bytes| std::fs::write(path, bytes))
+            .map_err(|source| ReplayError::Output {
+                path: path.clone(),
+                source,
+            })?;
+    }
+    match report.runs.iter().find(|r| !r.completed) {
+        Some(run) => Err(ReplayError::mode_failed(
+            run.mode,
+            run.error.as_deref().unwrap_or("unknown"),
+        )),
+        None => Ok(()),
+    }
+}
+
+fn say(mode: Mode, message: &str) {
+    eprintln!("replay: {mode}: {message}");
+}
+
+async fn run_mode(plan: &NeighborPlan, mode: Mode) -> Result<RunReport, ReplayError> {
+    say(mode, "starting a mock backend and the gateway");
+    let (mock, mock_addrs) =
+        ChildProcess::start("mock backend", &mock_args(), &[], START_DEADLINE).await?;
+    let scratch = Scratch::create(format!("neighbor-{mode}"))?;
+    let config = scratch.path.join("gateway.toml");
+    let toml = format!(
+        "{}\n[store]\nurl = \"sqlite://{}\"\n",
+        gateway_config(mode, plan, mock_addrs[0]),
+        scratch.path.join("spillway.db").display()
+    );
+    std::fs::write(&config, toml).map_err(|source| ReplayError::Scratch {
+        what: config.display().to_string(),
+        source,
+    })?;
+    let (flood_key, quiet_key) = (key("flood"), key("quiet"));
+    let config_arg = config.to_string_lossy();
+    let control = HttpClient::new(4);
+    let (mut gateway, addrs) = ChildProcess::start(
+        &format!("{mode} gateway"),
+        &["serve", "--config", &config_arg],
+        &[(FLOOD_KEY_ENV, &flood_key), (QUIET_KEY_ENV, &quiet_key)],
+        START_DEADLINE,
+    )
+    .await?;
+    let outcome = async {
+        fleet::wait_ready(&mut gateway, addrs[0], &control).await?;
+        say(mode, &format!("gateway (pid {}) ready", gateway.pid()));
+        Ok::<_, ReplayError>(
+            drive(plan, mode, addrs[0], gateway.pid(), &flood_key, &quiet_key).await,
+        )
+    }
+    .await;
+    gateway.stop().await;
+    mock.stop().await;
+    drop(scratch);
+    say(mode, "stopped every process of this run");
+    outcome
+}
+
+async fn drive(
+    plan: &NeighborPlan,
+    mode: Mode,
+    api: std::net::SocketAddr,
+    pid: u32,
+    flood_key: &str,
+    quiet_key: &str,
+) -> RunReport {
+    let schedule = Schedule::new(Instant::now(), &plan.phases);
+    let target = |key: &str| {
+        Arc::new(Target::chat(
+            uri(api, "/v1/chat/completions"),
+            &[key.to_owned()],
+            MODEL,
+        ))
+    };
+    let limit_rate = f64::from(plan.flood_limit) / 60.0;
+    let flood_plan = LoadPlan {
+        rate: limit_rate,
+        max_outstanding: 1024,
+        client_retries: 48,
+        resend_429: true,
+        surge: Some((1, limit_rate * FLOOD_FACTOR)),
+        attempt_timeout: Duration::from_secs(5),
+    };
+    let quiet_plan = LoadPlan {
+        rate: plan.quiet_rate,
+        max_outstanding: 256,
+        client_retries: 0,
+        resend_429: false,
+        surge: None,
+        attempt_timeout: Duration::from_secs(5),
+    };
+    let (flood, quiet) = (
+        Arc::new(Tally::new(&schedule)),
+        Arc::new(Tally::new(&schedule)),
+    );
+    let rss = RssSampler::start(pid, schedule);
+    say(
+        mode,
+        &format!(
+            "flood sends {limit_rate:.1}/s, {:.0}/s during the flood; quiet sends {}/s",
+            limit_rate * FLOOD_FACTOR,
+            plan.quiet_rate
+        ),
+    );
+    let (flood_drained, quiet_drained) = tokio::join!(
+        load::offer(flood_plan, target(flood_key), schedule, flood.clone()),
+        load::offer(quiet_plan, target(quiet_key), schedule, quiet.clone()),
+    );
+    let rss = rss.stop().await;
+    RunReport::completed(
+        mode,
+        &plan.phases,
+        [&flood.snapshot(), &quiet.snapshot()],
+        &rss,
+        flood_drained.in_flight_at_end + quiet_drained.in_flight_at_end,
+    )
+}
+
+fn mock_args() -> Vec<&'static str> {
+    let mut args = vec!["mock-backend"];
+    args.extend_from_slice(&MOCK_FLAGS);
+    args
+}
+
+fn gateway_config(mode: Mode, plan: &NeighborPlan, mock: std::net::SocketAddr) -> String {
+    let admission = match mode {
+        Mode::Protected => String::new(),
+        Mode::Naive => "[admission]\nnaive = true\n".to_owned(),
+    };
+    format!(
+        "# Written by `spillway replay noisy-neighbor` ({mode} mode).\n\
+         [server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nshutdown_grace = \"1s\"\n\n\
+         {admission}\n\
+         [[tenants]]\nname = \"flood\"\nkeys = [{{ env = \"{FLOOD_KEY_ENV}\" }}]\nrequests_per_min = {}\n\n\
+         [[tenants]]\nname = \"quiet\"\nkeys = [{{ env = \"{QUIET_KEY_ENV}\" }}]\nrequests_per_min = {QUIET_LIMIT}\n\n\
+         [[models]]\nname = \"{MODEL}\"\n\n\
+         [[models.backends]]\nname = \"mock\"\nkind = \"openai\"\nregion = \"local\"\n\
+         url = \"http://{mock}/v1\"\nmax_concurrency = {SEATS}\n",
+        plan.flood_limit
+    )
+}
+
+/// A key for this run only.
+fn key(tenant: &str) -> String {
+    format!("sk-replay-{tenant}-{:016x}", rand::random::<u64>())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_naive_config_turns_admission_off() {
+        let plan = NeighborPlan {
+            modes: vec![Mode::Protected],
+            phases: [Duration::from_secs(1); 3],
+            flood_limit: 120,
+            quiet_rate: 5.0,
+            json: None,
+        };
+        let addr = "127.0.0.1:9".parse().unwrap();
+        let protected = gateway_config(Mode::Protected, &plan, addr);
+        let naive = gateway_config(Mode::Naive, &plan, addr);
+        assert!(!protected.contains("naive"), "{protected}");
+        assert!(naive.contains("[admission]\nnaive = true"), "{naive}");
+        for toml in [protected, naive] {
+            assert!(toml.contains("requests_per_min = 120"), "{toml}");
+            assert!(toml.contains("max_concurrency = 8"), "{toml}");
+        }
+    }
+}

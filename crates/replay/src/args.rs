@@ -160,16 +160,11 @@ impl RetryStormArgs {
             ));
         }
         let phases = [self.steady, self.fault, self.recovery].map(Duration::from);
-        for (flag, d) in ["--steady", "--fault", "--recovery"].iter().zip(phases) {
-            if !(MIN_PHASE..=MAX_PHASE).contains(&d) {
-                problems.push(format!(
-                    "{flag} must be from {} to {}, got {}",
-                    humantime::format_duration(MIN_PHASE),
-                    humantime::format_duration(MAX_PHASE),
-                    humantime::format_duration(d)
-                ));
-            }
-        }
+        check_phases(
+            &["--steady", "--fault", "--recovery"],
+            &phases,
+            &mut problems,
+        );
         let attempt_timeout = Duration::from(self.attempt_timeout);
         if !(MIN_ATTEMPT_TIMEOUT..=MAX_ATTEMPT_TIMEOUT).contains(&attempt_timeout) {
             problems.push(format!(
@@ -182,13 +177,8 @@ impl RetryStormArgs {
         if !problems.is_empty() {
             return Err(ReplayError::InvalidArgs(problems.join("; ")));
         }
-        let modes = match (self.protected, self.naive) {
-            (true, false) => vec![Mode::Protected],
-            (false, true) => vec![Mode::Naive],
-            _ => vec![Mode::Protected, Mode::Naive],
-        };
         Ok(StormPlan {
-            modes,
+            modes: modes(self.protected, self.naive),
             phases,
             load: LoadPlan {
                 rate: self.rate,
@@ -200,6 +190,29 @@ impl RetryStormArgs {
             },
             json: self.json.clone(),
         })
+    }
+}
+
+/// The modes `--protected` / `--naive` select: one of them, or both (protected first).
+pub(crate) fn modes(protected: bool, naive: bool) -> Vec<Mode> {
+    match (protected, naive) {
+        (true, false) => vec![Mode::Protected],
+        (false, true) => vec![Mode::Naive],
+        _ => vec![Mode::Protected, Mode::Naive],
+    }
+}
+
+/// Adds a problem for each phase length outside 100 ms to 1 h, named by its flag.
+pub(crate) fn check_phases(flags: &[&str], lengths: &[Duration], problems: &mut Vec<String>) {
+    for (flag, d) in flags.iter().zip(lengths) {
+        if !(MIN_PHASE..=MAX_PHASE).contains(d) {
+            problems.push(format!(
+                "{flag} must be from {} to {}, got {}",
+                humantime::format_duration(MIN_PHASE),
+                humantime::format_duration(MAX_PHASE),
+                humantime::format_duration(*d)
+            ));
+        }
     }
 }
 

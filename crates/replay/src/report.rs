@@ -281,6 +281,32 @@ pub(crate) fn table(report: &Report) -> String {
     out
 }
 
+/// Prints `table` (when a run completed), writes `report` as JSON to `json` if asked, and
+/// ends with the first run that did not complete, as the replay's error.
+pub(crate) fn publish<R: Serialize>(
+    report: &R,
+    table: Option<String>,
+    json: Option<&std::path::PathBuf>,
+    first_failure: Option<(Mode, &str)>,
+) -> Result<(), crate::ReplayError> {
+    if let Some(table) = table {
+        print!("{table}");
+    }
+    if let Some(path) = json {
+        let bytes = serde_json::to_vec_pretty(report).map_err(std::io::Error::other);
+        bytes
+            .and_then(|bytes| std::fs::write(path, bytes))
+            .map_err(|source| crate::ReplayError::Output {
+                path: path.clone(),
+                source,
+            })?;
+    }
+    match first_failure {
+        Some((mode, message)) => Err(crate::ReplayError::mode_failed(mode, message)),
+        None => Ok(()),
+    }
+}
+
 /// `rows` as aligned columns, two spaces apart; columns for which `left_aligned` is false are
 /// right-aligned (numbers).
 pub(crate) fn layout(rows: &[Vec<String>], left_aligned: impl Fn(usize) -> bool) -> String {

@@ -35,21 +35,13 @@ pub(crate) async fn run(plan: StormPlan) -> Result<(), ReplayError> {
         }
     }
     let report = Report::new(&plan, runs);
-    if report.runs.iter().any(|r| r.completed) {
-        print!("{}", report::table(&report));
-    }
-    if let Some(path) = &plan.json {
-        let json = serde_json::to_vec_pretty(&report).map_err(std::io::Error::other);
-        json.and_then(|bytes| std::fs::write(path, bytes))
-            .map_err(|source| ReplayError::Output {
-                path: path.clone(),
-                source,
-            })?;
-    }
-    match first_failure {
-        Some((mode, message)) => Err(ReplayError::mode_failed(mode, &message)),
-        None => Ok(()),
-    }
+    let table = report
+        .runs
+        .iter()
+        .any(|r| r.completed)
+        .then(|| report::table(&report));
+    let failed = first_failure.as_ref().map(|(m, e)| (*m, e.as_str()));
+    report::publish(&report, table, plan.json.as_ref(), failed)
 }
 
 /// A progress line on stderr.

@@ -75,8 +75,6 @@ pub(crate) struct FlushPlan {
 
 const MAX_KEYS: u32 = 1_000_000;
 const MAX_RATE: f64 = 10_000.0;
-const MIN_PHASE: Duration = Duration::from_millis(100);
-const MAX_PHASE: Duration = Duration::from_secs(3600);
 
 impl CacheFlushArgs {
     /// The plan these flags describe, or every problem with them in one error.
@@ -106,24 +104,13 @@ impl CacheFlushArgs {
             self.recovery,
         ]
         .map(Duration::from);
-        for (name, d) in PHASES.iter().zip(phases) {
-            if !(MIN_PHASE..=MAX_PHASE).contains(&d) {
-                problems.push(format!(
-                    "--{name} must be from {} to {}, got {}",
-                    humantime::format_duration(MIN_PHASE),
-                    humantime::format_duration(MAX_PHASE),
-                    humantime::format_duration(d)
-                ));
-            }
-        }
+        let flags = PHASES.map(|p| format!("--{p}"));
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        crate::args::check_phases(&flags, &phases, &mut problems);
         if !problems.is_empty() {
             return Err(ReplayError::InvalidArgs(problems.join("; ")));
         }
-        let modes = match (self.protected, self.naive) {
-            (true, false) => vec![Mode::Protected],
-            (false, true) => vec![Mode::Naive],
-            _ => vec![Mode::Protected, Mode::Naive],
-        };
+        let modes = crate::args::modes(self.protected, self.naive);
         Ok(FlushPlan {
             modes,
             store: self.store.clone(),

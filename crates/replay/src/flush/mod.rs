@@ -83,24 +83,17 @@ pub(crate) async fn run(plan: FlushPlan) -> Result<(), ReplayError> {
     keyring.drop_schema().await;
     let runs = outcome?;
     let report = FlushReport::new(&plan, runs);
-    if report.runs.iter().any(|r| r.completed) {
-        print!("{}", report::table(&report));
-    }
-    if let Some(path) = &plan.json {
-        let json = serde_json::to_vec_pretty(&report).map_err(std::io::Error::other);
-        json.and_then(|bytes| std::fs::write(path, bytes))
-            .map_err(|source| ReplayError::Output {
-                path: path.clone(),
-                source,
-            })?;
-    }
-    match report.runs.iter().find(|r| !r.completed) {
-        Some(run) => Err(ReplayError::mode_failed(
-            run.mode,
-            run.error.as_deref().unwrap_or("unknown"),
-        )),
-        None => Ok(()),
-    }
+    let table = report
+        .runs
+        .iter()
+        .any(|r| r.completed)
+        .then(|| report::table(&report));
+    let failed = report
+        .runs
+        .iter()
+        .find(|r| !r.completed)
+        .map(|r| (r.mode, r.error.as_deref().unwrap_or("unknown")));
+    crate::report::publish(&report, table, plan.json.as_ref(), failed)
 }
 
 async fn run_modes(

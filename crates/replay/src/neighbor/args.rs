@@ -48,9 +48,6 @@ pub(crate) struct NeighborPlan {
     pub(crate) json: Option<PathBuf>,
 }
 
-const MIN_PHASE: Duration = Duration::from_millis(100);
-const MAX_PHASE: Duration = Duration::from_secs(3600);
-
 impl NoisyNeighborArgs {
     pub(crate) fn check(&self) -> Result<NeighborPlan, ReplayError> {
         let mut problems = Vec::new();
@@ -67,24 +64,13 @@ impl NoisyNeighborArgs {
             ));
         }
         let phases = [self.steady, self.flood, self.recovery].map(Duration::from);
-        for (name, d) in PHASES.iter().zip(phases) {
-            if !(MIN_PHASE..=MAX_PHASE).contains(&d) {
-                problems.push(format!(
-                    "--{name} must be from {} to {}, got {}",
-                    humantime::format_duration(MIN_PHASE),
-                    humantime::format_duration(MAX_PHASE),
-                    humantime::format_duration(d)
-                ));
-            }
-        }
+        let flags = PHASES.map(|p| format!("--{p}"));
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        crate::args::check_phases(&flags, &phases, &mut problems);
         if !problems.is_empty() {
             return Err(ReplayError::InvalidArgs(problems.join("; ")));
         }
-        let modes = match (self.protected, self.naive) {
-            (true, false) => vec![Mode::Protected],
-            (false, true) => vec![Mode::Naive],
-            _ => vec![Mode::Protected, Mode::Naive],
-        };
+        let modes = crate::args::modes(self.protected, self.naive);
         Ok(NeighborPlan {
             modes,
             phases,

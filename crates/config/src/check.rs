@@ -121,6 +121,14 @@ fn check_server(raw: RawServer, p: &mut Problems) -> ServerConfig {
         );
         http::HeaderName::from_static("x-spillway-region")
     });
+    let max_connections = raw.max_connections.unwrap_or(10_000);
+    if !(1..=1_000_000).contains(&max_connections) {
+        p.add(
+            "server.max_connections",
+            format!("must be between 1 and 1000000, got {max_connections}"),
+        );
+    }
+    let max_connections = max_connections.clamp(1, 1_000_000);
     let max_body = raw.max_body_bytes.unwrap_or(8 * 1024 * 1024);
     if max_body == 0 || max_body > MAX_BODY_CAP {
         p.add(
@@ -142,6 +150,7 @@ fn check_server(raw: RawServer, p: &mut Problems) -> ServerConfig {
         home_region: raw.home_region,
         region_header,
         max_body_bytes: max_body.min(MAX_BODY_CAP) as usize,
+        max_connections,
         worker_threads: raw.worker_threads.map(|n| n.clamp(1, MAX_WORKER_THREADS)),
         shutdown_delay: raw.shutdown_delay.unwrap_or(Duration::ZERO),
         shutdown_grace: raw.shutdown_grace.unwrap_or(Duration::from_secs(30)),

@@ -67,6 +67,8 @@ pub struct ServerConfig {
     /// Request header through which a caller may name its preferred region.
     pub region_header: http::HeaderName,
     pub max_body_bytes: usize,
+    /// Open client connections on the API listener at most; past it, accepting pauses.
+    pub max_connections: usize,
     /// Threads that run the request path; `None` means one per CPU the process may use.
     pub worker_threads: Option<usize>,
     /// After SIGTERM: how long `/readyz` answers 503 while the listener still accepts, so load

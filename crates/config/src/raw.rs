@@ -41,6 +41,7 @@ pub struct RawConfig {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawServer {
+    pub max_connections: Option<usize>,
     pub listen: Option<String>,
     pub admin_listen: Option<String>,
     pub home_region: Option<String>,

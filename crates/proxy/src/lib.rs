@@ -9,6 +9,7 @@ mod admin;
 mod admission;
 mod attempts;
 pub mod auth;
+mod connections;
 pub mod error;
 mod forward;
 mod health;

@@ -17,7 +17,6 @@ use axum::extract::{Request, State};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::serve::ListenerExt;
 use axum::{Json, Router};
 use http::{HeaderValue, StatusCode, Uri};
 use metrics_exporter_prometheus::PrometheusHandle;
@@ -60,6 +59,8 @@ pub struct Gateway {
     health_check: HealthCheckConfig,
     ready: AtomicBool,
     pub(crate) admission: crate::admission::Admission,
+    /// One permit per open client connection (`server.max_connections`).
+    pub(crate) connections: Arc<tokio::sync::Semaphore>,
     pub(crate) body_budget: Arc<crate::request::BodyBudget>,
 }
 
@@ -122,6 +123,7 @@ impl BoundGateway {
                 .map(|p| &**p),
             shared,
         );
+        let connections = Arc::new(tokio::sync::Semaphore::new(config.server.max_connections));
         let gateway = Arc::new(Gateway {
             client: upstream::client(&config.upstream),
             server: config.server,
@@ -134,6 +136,7 @@ impl BoundGateway {
             models,
             ready: AtomicBool::new(false),
             admission,
+            connections,
             body_budget: crate::request::BodyBudget::new(config.admission.max_buffered_body_bytes),
         });
         Ok(Self {
@@ -178,10 +181,8 @@ impl BoundGateway {
         let stopped = |mut rx: watch::Receiver<bool>| async move {
             let _ = rx.wait_for(|s| *s).await;
         };
-        // Without TCP_NODELAY, small SSE chunks wait on Nagle's algorithm and delayed ACKs.
-        let listener = self.listener.tap_io(|tcp| {
-            let _ = tcp.set_nodelay(true);
-        });
+        let listener =
+            crate::connections::CappedListener::new(self.listener, gw.connections.clone());
         let main_server =
             axum::serve(listener, main).with_graceful_shutdown(stopped(stop_rx.clone()));
         let admin_server = axum::serve(self.admin_listener, admin)
@@ -432,6 +433,9 @@ fn admin_router(state: AdminState) -> Router {
                             s.gateway.admission.in_flight(),
                             s.gateway.body_budget.usage(),
                         );
+                        let max = s.gateway.server.max_connections;
+                        let open = max - s.gateway.connections.available_permits().min(max);
+                        crate::admission::metrics::connections(open, max);
                         crate::admission::metrics::queues(&s.gateway.admission.queue_figures());
                         crate::metrics::render(
                             &s.metrics,

@@ -346,3 +346,70 @@ async fn goodput_at_ten_times_capacity_stays_near_goodput_at_capacity() {
         "an admitted request waited past queue_wait: {m}"
     );
 }
+
+/// Resident memory of process `pid`, in bytes.
+fn rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    line.split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse::<u64>()
+        .unwrap()
+        * 1024
+}
+
+/// The memory budget of docs/admission.md, held under a flood: with 100 requests in flight, 1
+/// MiB of bodies and 300 connections allowed, 600 clients sending 8 KiB bodies as fast as they
+/// are answered grow the gateway by no more than `max_buffered_body_bytes + (max_in_flight +
+/// max_connections) x 64 KiB` over its warmed-up size.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_stays_within_the_documented_budget_under_a_flood() {
+    let slow = mock(&["--model", "m", "--ttft", "300ms", "--tokens-per-sec", "0"]);
+    let config = format!(
+        "max_body_bytes = 65536\nmax_connections = 300\n\
+         [admission]\nmax_in_flight = 100\nmax_buffered_body_bytes = 1048576\n\
+         [[models]]\nname = \"m\"\n[[models.backends]]\nname = \"b\"\nregion = \"r\"\n\
+         url = \"{}\"\nmax_concurrency = 20\n",
+        slow.url("/v1")
+    );
+    let gw = gateway(&config);
+    let mut body = chat_body("m", false);
+    body["messages"][0]["content"] = "x".repeat(8 * 1024).into();
+    // Warm up: the allocator's and the runtime's pools exist before the baseline is read.
+    let warm = futures_util::future::join_all((0..20).map(|_| chat(&gw, &body))).await;
+    assert!(warm.iter().all(|r| r.status() == 200));
+    let baseline = rss_bytes(gw.pid());
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut flood = Vec::new();
+    for _ in 0..600 {
+        let (url, body, stop) = (gw.url("/v1/chat/completions"), body.clone(), stop.clone());
+        flood.push(tokio::spawn(async move {
+            let c = client();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let _ = c.post(&url).bearer_auth(KEY).json(&body).send().await;
+            }
+        }));
+    }
+    let mut peak = baseline;
+    let end = std::time::Instant::now() + Duration::from_secs(4);
+    while std::time::Instant::now() < end {
+        peak = peak.max(rss_bytes(gw.pid()));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let m = metrics(&gw).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for f in flood {
+        f.abort();
+    }
+    let budget = 1_048_576 + (100 + 300) * 64 * 1024;
+    assert!(
+        peak - baseline <= budget,
+        "grew {} KiB over {} KiB, budget {} KiB",
+        (peak - baseline) / 1024,
+        baseline / 1024,
+        budget / 1024
+    );
+    assert!(m.contains("spillway_client_connections 300"), "{m}");
+    assert!(m.contains("outcome=\"gateway_overloaded\""), "{m}");
+}

@@ -15,6 +15,9 @@ pub const TOKENS_REPORTED: &str = "spillway_tokens_reported_total";
 /// Gauges: requests admitted and not finished, and the cap.
 pub const IN_FLIGHT: &str = "spillway_requests_in_flight";
 pub const IN_FLIGHT_MAX: &str = "spillway_requests_in_flight_max";
+/// Gauges: open client connections on the API listener, and the cap.
+pub const CONNECTIONS: &str = "spillway_client_connections";
+pub const CONNECTIONS_MAX: &str = "spillway_client_connections_max";
 /// Gauges: request body bytes being read or held, and the cap.
 pub const BUFFERED_BYTES: &str = "spillway_buffered_body_bytes";
 pub const BUFFERED_BYTES_MAX: &str = "spillway_buffered_body_bytes_max";
@@ -64,6 +67,8 @@ pub(crate) fn describe() {
         SHARED_FALLBACKS,
         "Admissions decided locally, with this instance's share, because Redis did not answer."
     );
+    describe_gauge!(CONNECTIONS, "Open client connections on the API listener.");
+    describe_gauge!(CONNECTIONS_MAX, "The cap on open client connections.");
 }
 
 pub(crate) fn admission(tenant: &str, class: Priority, outcome: &'static str) {
@@ -111,4 +116,9 @@ pub(crate) fn shared_up(up: bool) {
 
 pub(crate) fn shared_fallback() {
     counter!(SHARED_FALLBACKS).increment(1);
+}
+
+pub(crate) fn connections(open: usize, max: usize) {
+    gauge!(CONNECTIONS).set(open as f64);
+    gauge!(CONNECTIONS_MAX).set(max as f64);
 }

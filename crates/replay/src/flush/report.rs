@@ -152,6 +152,9 @@ pub(crate) struct RunReport {
     pub(crate) phases: Vec<PhaseFigures>,
     /// Requests still in flight when the last phase ended.
     pub(crate) in_flight_at_end: usize,
+    /// Phase events (flush, restart) that failed, with why: the gateway was down just then.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub(crate) events_failed: Vec<String>,
 }
 
 /// One phase of one run.
@@ -192,6 +195,7 @@ impl RunReport {
             error: Some(error),
             phases: Vec::new(),
             in_flight_at_end: 0,
+            events_failed: Vec::new(),
         }
     }
 
@@ -253,6 +257,7 @@ impl RunReport {
             error: None,
             phases,
             in_flight_at_end: drained.in_flight_at_end,
+            events_failed: Vec::new(),
         }
     }
 }
@@ -314,6 +319,9 @@ pub(crate) fn table(report: &FlushReport) -> String {
     for run in &report.runs {
         if let Some(e) = &run.error {
             out += &format!("{}: did not complete: {e}\n", run.mode);
+        }
+        for e in &run.events_failed {
+            out += &format!("{}: event failed: {e}\n", run.mode);
         }
     }
     out

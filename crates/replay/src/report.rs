@@ -307,6 +307,57 @@ pub(crate) fn publish<R: Serialize>(
     }
 }
 
+/// Every `le` bucket of one histogram series on a Prometheus page, in order: the lines
+/// `{series}le="BOUND"} COUNT`, where `series` is the metric's `_bucket` name, `{`, and the
+/// labels before `le` (each followed by a comma).
+pub(crate) fn histogram_buckets(page: &str, series: &str) -> Vec<(f64, u64)> {
+    page.lines()
+        .filter_map(|line| {
+            let rest = line.strip_prefix(series)?.strip_prefix("le=\"")?;
+            let (le, rest) = rest.split_once("\"}")?;
+            let le = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.parse().ok()?
+            };
+            Some((le, rest.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+/// The samples between two readings of one series of one process: `later - earlier` (all of
+/// `later` when `earlier` had none yet); `None` when they cannot be differenced (the process
+/// changed, so a count went down).
+pub(crate) fn buckets_between(
+    earlier: &[(f64, u64)],
+    later: &[(f64, u64)],
+) -> Option<Vec<(f64, u64)>> {
+    if earlier.is_empty() {
+        return Some(later.to_vec());
+    }
+    if earlier.len() != later.len() || earlier.iter().zip(later).any(|(e, l)| e.1 > l.1) {
+        return None;
+    }
+    Some(
+        later
+            .iter()
+            .zip(earlier)
+            .map(|(l, e)| (l.0, l.1 - e.1))
+            .collect(),
+    )
+}
+
+/// The upper bound (ms) of the bucket holding quantile `q`, and the sample count.
+pub(crate) fn quantile_ms(buckets: &[(f64, u64)], q: f64) -> (Option<f64>, u64) {
+    let total = buckets.last().map_or(0, |b| b.1);
+    if total == 0 {
+        return (None, 0);
+    }
+    let rank = (q * total as f64).ceil() as u64;
+    let bound = buckets.iter().find(|b| b.1 >= rank).map(|b| b.0 * 1000.0);
+    (bound, total)
+}
+
 /// `rows` as aligned columns, two spaces apart; columns for which `left_aligned` is false are
 /// right-aligned (numbers).
 pub(crate) fn layout(rows: &[Vec<String>], left_aligned: impl Fn(usize) -> bool) -> String {

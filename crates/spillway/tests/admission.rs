@@ -225,6 +225,16 @@ async fn fair_queuing_keeps_a_quiet_tenant_served_beside_a_flooding_one() {
         flood_shed += shed;
     }
     assert_eq!(quiet_ok, 20, "the quiet tenant lost requests");
+    // Its queue wait stayed under the bound of docs/admission.md: fair queuing hands it a seat
+    // after at most one of the flood's requests per seat, and `queue_wait` caps any wait. Every
+    // one of its 20 waits is in the buckets up to 1 s (10 times one request's service time).
+    let m = metrics(&gw).await;
+    let quiet = "spillway_queue_wait_seconds_bucket{tenant=\"tenant-a\",class=\"standard\"";
+    assert_eq!(
+        sample(&m, &format!("{quiet},le=\"1\"}}")),
+        Some(20.0),
+        "{m}"
+    );
     assert!(
         flood_ok > 0 && flood_shed > 0,
         "{flood_ok} ok, {flood_shed} shed"
@@ -334,10 +344,14 @@ async fn goodput_at_ten_times_capacity_stays_near_goodput_at_capacity() {
         "{statuses:?}"
     );
     let m = metrics(&gw).await;
-    let count = sample(&m, "spillway_queue_wait_seconds_count{class=\"standard\"}").unwrap();
+    let count = sample(
+        &m,
+        "spillway_queue_wait_seconds_count{tenant=\"tenant-a\",class=\"standard\"}",
+    )
+    .unwrap();
     let within = sample(
         &m,
-        "spillway_queue_wait_seconds_bucket{class=\"standard\",le=\"2.5\"}",
+        "spillway_queue_wait_seconds_bucket{tenant=\"tenant-a\",class=\"standard\",le=\"2.5\"}",
     )
     .unwrap();
     assert!(count > 0.0);

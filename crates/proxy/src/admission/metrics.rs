@@ -26,7 +26,7 @@ pub const SHARED_UP: &str = "spillway_shared_limits_up";
 /// Counter: admissions decided locally (with this instance's share of the limits) because
 /// Redis did not answer.
 pub const SHARED_FALLBACKS: &str = "spillway_shared_limits_fallbacks_total";
-/// Histogram, label `class`: how long admitted requests waited for a seat.
+/// Histogram, labels `tenant`, `class`: how long admitted requests waited for a seat.
 pub const QUEUE_WAIT: &str = "spillway_queue_wait_seconds";
 /// Gauge, labels `model`, `class`: requests waiting for a seat.
 pub const QUEUED: &str = "spillway_queued_requests";
@@ -92,8 +92,9 @@ pub(crate) fn caps(in_flight: (usize, usize), buffered: (u64, u64)) {
     gauge!(BUFFERED_BYTES_MAX).set(buffered.1 as f64);
 }
 
-pub(crate) fn queue_wait(class: Priority, waited: std::time::Duration) {
-    metrics::histogram!(QUEUE_WAIT, "class" => class.as_str()).record(waited.as_secs_f64());
+pub(crate) fn queue_wait(tenant: &str, class: Priority, waited: std::time::Duration) {
+    metrics::histogram!(QUEUE_WAIT, "tenant" => tenant.to_owned(), "class" => class.as_str())
+        .record(waited.as_secs_f64());
 }
 
 /// Sets the queue gauges when `/metrics` is rendered; the shared backends' pool is `shared`.

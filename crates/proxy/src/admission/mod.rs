@@ -169,7 +169,7 @@ impl Admission {
         };
         match queue.enter(seats, class, line).await {
             Ok((seat, waited)) => {
-                metrics::queue_wait(class, waited);
+                metrics::queue_wait(&tenant.name, class, waited);
                 admitted.seat = Some(seat);
                 Ok(())
             }

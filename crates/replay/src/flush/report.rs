@@ -18,11 +18,13 @@ use super::watch::LivezCounts;
 use crate::args::Mode;
 use crate::http::{uri, HttpClient};
 use crate::load::Drained;
-use crate::report::{error_list, latency, layout, trim_float};
+use crate::report::{
+    buckets_between, error_list, histogram_buckets, latency, layout, quantile_ms, trim_float,
+};
 use crate::store_link::StoreLink;
 use crate::tally::SlotTally;
 
-const LOOKUP_BUCKET: &str = "spillway_key_lookup_seconds_bucket{le=\"";
+const LOOKUP_SERIES: &str = "spillway_key_lookup_seconds_bucket{";
 
 /// What was true at a phase boundary.
 #[derive(Debug, Clone)]
@@ -41,9 +43,10 @@ impl Mark {
             .get(uri(gateway.admin, "/metrics"), Duration::from_secs(2))
             .await;
         let lookups = match page {
-            Ok((status, body)) if status.is_success() => {
-                Some(lookup_buckets(&String::from_utf8_lossy(&body)))
-            }
+            Ok((status, body)) if status.is_success() => Some(histogram_buckets(
+                &String::from_utf8_lossy(&body),
+                LOOKUP_SERIES,
+            )),
             _ => None,
         };
         Mark {
@@ -56,22 +59,6 @@ impl Mark {
     }
 }
 
-/// Every `le` bucket of the lookup histogram on a metrics page, in order.
-fn lookup_buckets(page: &str) -> Vec<(f64, u64)> {
-    page.lines()
-        .filter_map(|line| {
-            let rest = line.strip_prefix(LOOKUP_BUCKET)?;
-            let (le, rest) = rest.split_once("\"}")?;
-            let le = if le == "+Inf" {
-                f64::INFINITY
-            } else {
-                le.parse().ok()?
-            };
-            Some((le, rest.trim().parse().ok()?))
-        })
-        .collect()
-}
-
 /// The lookups between two marks: the difference when one process spans both, else the later
 /// mark's own counts (`partial`).
 fn lookups_between(before: &Mark, after: &Mark) -> (Option<Vec<(f64, u64)>>, bool) {
@@ -79,34 +66,13 @@ fn lookups_between(before: &Mark, after: &Mark) -> (Option<Vec<(f64, u64)>>, boo
         return (None, true);
     };
     let same = before.restarts == after.restarts;
-    match &before.lookups {
-        // No samples yet: the page has no buckets, and the later counts are all new.
-        Some(earlier) if same && earlier.is_empty() => (Some(later.clone()), false),
-        Some(earlier)
-            if same
-                && earlier.len() == later.len()
-                && earlier.iter().zip(later).all(|(e, l)| e.1 <= l.1) =>
-        {
-            let diff = later
-                .iter()
-                .zip(earlier)
-                .map(|(l, e)| (l.0, l.1 - e.1))
-                .collect();
-            (Some(diff), false)
-        }
-        _ => (Some(later.clone()), true),
+    match before.lookups.as_deref().filter(|_| same) {
+        Some(earlier) => match buckets_between(earlier, later) {
+            Some(diff) => (Some(diff), false),
+            None => (Some(later.clone()), true),
+        },
+        None => (Some(later.clone()), true),
     }
-}
-
-/// The upper bound (ms) of the bucket holding quantile `q`, and the sample count.
-fn quantile_ms(buckets: &[(f64, u64)], q: f64) -> (Option<f64>, u64) {
-    let total = buckets.last().map_or(0, |b| b.1);
-    if total == 0 {
-        return (None, 0);
-    }
-    let rank = (q * total as f64).ceil() as u64;
-    let bound = buckets.iter().find(|b| b.1 >= rank).map(|b| b.0 * 1000.0);
-    (bound, total)
 }
 
 /// Everything a `cache-flush` replay measured.
@@ -338,7 +304,7 @@ mod tests {
                     spillway_key_lookup_seconds_bucket{le=\"0.001\"} 99\n\
                     spillway_key_lookup_seconds_bucket{le=\"+Inf\"} 100\n\
                     spillway_key_lookup_seconds_count 100\n";
-        let buckets = lookup_buckets(page);
+        let buckets = histogram_buckets(page, LOOKUP_SERIES);
         assert_eq!(buckets.len(), 3);
         assert_eq!(quantile_ms(&buckets, 0.99), (Some(1.0), 100));
         assert_eq!(quantile_ms(&buckets, 0.5), (Some(0.1), 100));

@@ -26,6 +26,7 @@ use crate::process::ChildProcess;
 use crate::rss::RssSampler;
 use crate::tally::{Schedule, Tally};
 use crate::ReplayError;
+use args::PHASES;
 
 pub(crate) use args::NeighborPlan;
 pub use args::NoisyNeighborArgs;
@@ -111,9 +112,9 @@ async fn run_mode(plan: &NeighborPlan, mode: Mode) -> Result<RunReport, ReplayEr
     let outcome = async {
         fleet::wait_ready(&mut gateway, addrs[0], &control).await?;
         say(mode, &format!("gateway (pid {}) ready", gateway.pid()));
-        Ok::<_, ReplayError>(
-            drive(plan, mode, addrs[0], gateway.pid(), &flood_key, &quiet_key).await,
-        )
+        let admin = addrs.get(1).copied().unwrap_or(addrs[0]);
+        let keys = (flood_key.as_str(), quiet_key.as_str());
+        Ok::<_, ReplayError>(drive(plan, mode, (addrs[0], admin), gateway.pid(), keys).await)
     }
     .await;
     gateway.stop().await;
@@ -126,12 +127,21 @@ async fn run_mode(plan: &NeighborPlan, mode: Mode) -> Result<RunReport, ReplayEr
 async fn drive(
     plan: &NeighborPlan,
     mode: Mode,
-    api: std::net::SocketAddr,
+    (api, admin): (std::net::SocketAddr, std::net::SocketAddr),
     pid: u32,
-    flood_key: &str,
-    quiet_key: &str,
+    (flood_key, quiet_key): (&str, &str),
 ) -> RunReport {
     let schedule = Schedule::new(Instant::now(), &plan.phases);
+    // The gateway's metrics at the start and at the end of each phase, for queue waits.
+    let pages = tokio::spawn(async move {
+        let client = HttpClient::new(1);
+        let mut pages = vec![metrics_page(&client, admin).await];
+        for i in 0..PHASES.len() {
+            tokio::time::sleep_until(schedule.end_of(i)).await;
+            pages.push(metrics_page(&client, admin).await);
+        }
+        pages
+    });
     let target = |key: &str| {
         Arc::new(Target::chat(
             uri(api, "/v1/chat/completions"),
@@ -174,13 +184,26 @@ async fn drive(
         load::offer(quiet_plan, target(quiet_key), schedule, quiet.clone()),
     );
     let rss = rss.stop().await;
+    let pages = pages.await.unwrap_or_default();
     RunReport::completed(
         mode,
         &plan.phases,
         [&flood.snapshot(), &quiet.snapshot()],
+        &pages,
         &rss,
         flood_drained.in_flight_at_end + quiet_drained.in_flight_at_end,
     )
+}
+
+/// The gateway's `/metrics` page, or nothing if it does not answer.
+async fn metrics_page(client: &HttpClient, admin: std::net::SocketAddr) -> String {
+    match client
+        .get(uri(admin, "/metrics"), Duration::from_secs(2))
+        .await
+    {
+        Ok((status, body)) if status.is_success() => String::from_utf8_lossy(&body).into_owned(),
+        _ => String::new(),
+    }
 }
 
 fn mock_args() -> Vec<&'static str> {

@@ -8,7 +8,10 @@ use serde::Serialize;
 
 use super::args::{NeighborPlan, PHASES};
 use crate::args::Mode;
-use crate::report::{error_list, latency, layout, millis, trim_float};
+use crate::report::{
+    buckets_between, error_list, histogram_buckets, latency, layout, millis, quantile_ms,
+    trim_float,
+};
 use crate::rss::RssPeaks;
 use crate::tally::{ErrorKey, SlotTally};
 
@@ -71,6 +74,9 @@ pub(crate) struct TenantFigures {
     /// Attempts the gateway refused (429 or 503).
     pub(crate) shed: u64,
     pub(crate) p99_ms: Option<f64>,
+    /// From the gateway's `spillway_queue_wait_seconds`: the upper bound of the bucket holding
+    /// the 99th percentile of this tenant's waits for a seat in the phase.
+    pub(crate) queue_wait_p99_ms: Option<f64>,
     pub(crate) errors_by_status: BTreeMap<String, u64>,
 }
 
@@ -92,6 +98,7 @@ impl RunReport {
         mode: Mode,
         durations: &[Duration; 3],
         tallies: [&[SlotTally]; 2],
+        pages: &[String],
         rss: &RssPeaks,
         in_flight_at_end: usize,
     ) -> RunReport {
@@ -105,7 +112,11 @@ impl RunReport {
                     .zip(tallies)
                     .filter_map(|(tenant, slots)| {
                         let t = slots.get(i)?;
-                        Some(figures(tenant, t, secs))
+                        let wait = match (pages.get(i), pages.get(i + 1)) {
+                            (Some(before), Some(after)) => queue_wait_p99(tenant, before, after),
+                            _ => None,
+                        };
+                        Some(figures(tenant, t, secs, wait))
                     })
                     .collect();
                 PhaseFigures {
@@ -127,7 +138,16 @@ impl RunReport {
     }
 }
 
-fn figures(tenant: &'static str, t: &SlotTally, secs: f64) -> TenantFigures {
+/// A tenant's p99 queue wait between two metrics pages, in ms.
+fn queue_wait_p99(tenant: &str, before: &str, after: &str) -> Option<f64> {
+    let series =
+        format!("spillway_queue_wait_seconds_bucket{{tenant=\"{tenant}\",class=\"standard\",");
+    let earlier = histogram_buckets(before, &series);
+    let later = histogram_buckets(after, &series);
+    quantile_ms(&buckets_between(&earlier, &later)?, 0.99).0
+}
+
+fn figures(tenant: &'static str, t: &SlotTally, secs: f64, wait: Option<f64>) -> TenantFigures {
     let shed = [429, 503]
         .iter()
         .filter_map(|s| t.errors.get(&ErrorKey::Status(*s)))
@@ -141,6 +161,7 @@ fn figures(tenant: &'static str, t: &SlotTally, secs: f64) -> TenantFigures {
         shed,
         p99_ms: (!t.latency_us.is_empty())
             .then(|| t.latency_us.value_at_quantile(0.99) as f64 / 1000.0),
+        queue_wait_p99_ms: wait,
         errors_by_status: t.errors.iter().map(|(k, n)| (k.label(), *n)).collect(),
     }
 }
@@ -167,6 +188,7 @@ pub(crate) fn table(report: &NeighborReport) -> String {
         "success",
         "shed",
         "p99",
+        "queue p99",
         "peak RSS",
         "errors (status: count)",
     ];
@@ -185,6 +207,8 @@ pub(crate) fn table(report: &NeighborReport) -> String {
                         .map_or("-".to_owned(), |r| format!("{:.1}%", r * 100.0)),
                     f.shed.to_string(),
                     f.p99_ms.map_or("-".to_owned(), latency),
+                    f.queue_wait_p99_ms
+                        .map_or("-".to_owned(), |ms| format!("<={}", latency(ms))),
                     p.gateway_peak_rss_bytes.map_or("-".to_owned(), |b| {
                         format!("{:.1} MiB", b as f64 / (1024.0 * 1024.0))
                     }),
@@ -196,7 +220,8 @@ pub(crate) fn table(report: &NeighborReport) -> String {
     out += &layout(&rows, |c| c < 3 || c == header.len() - 1);
     out +=
         "\nsuccess = requests started in the phase that ended 2xx (after the caller's resends); \
-            shed = attempts refused with 429 or 503; p99 = first send to final answer\n";
+            shed = attempts refused with 429 or 503; p99 = first send to final answer; queue p99 \
+            = bucket bound of the gateway's spillway_queue_wait_seconds for the tenant\n";
     for run in &report.runs {
         if let Some(e) = &run.error {
             out += &format!("{}: did not complete: {e}\n", run.mode);

@@ -61,11 +61,38 @@ fn json_path(name: &str) -> PathBuf {
     ))
 }
 
+/// Runs `spillway replay ARGS --json FILE` (killed past `deadline`), asserts it succeeded, and
+/// returns its JSON figures and its stdout table.
+fn replay_json(args: &[&str], name: &str, deadline: Duration) -> (Value, String) {
+    let path = json_path(name);
+    let mut all: Vec<&str> = args.to_vec();
+    let path_arg = path.to_str().unwrap().to_owned();
+    all.extend(["--json", &path_arg]);
+    let out = run(&all, deadline);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let table = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{all:?} failed: {stderr}\n{table}");
+    let json = std::fs::read(&path).unwrap_or_else(|e| panic!("no JSON at {path:?}: {e}"));
+    let _ = std::fs::remove_file(&path);
+    (serde_json::from_slice(&json).unwrap(), table)
+}
+
+/// The completed run of `mode` in a replay's figures.
+fn run_of(report: &Value, mode: &str) -> Value {
+    let run = report["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["mode"] == mode)
+        .unwrap_or_else(|| panic!("no {mode} run in {report}"))
+        .clone();
+    assert_eq!(run["completed"], true, "{run}");
+    run
+}
+
 /// Runs a short retry storm (2 s steady, 3 s fault, 2 s recovery at 50 requests/s) with the
 /// given mode flag and returns the JSON figures and the stdout table.
 fn short_storm(mode_flag: Option<&str>, name: &str) -> (Value, String) {
-    let path = json_path(name);
-    let path_arg = path.to_str().unwrap().to_owned();
     let mut args = vec!["replay", "retry-storm"];
     args.extend(mode_flag);
     args.extend([
@@ -77,18 +104,8 @@ fn short_storm(mode_flag: Option<&str>, name: &str) -> (Value, String) {
         "2s",
         "--rate",
         "50",
-        "--json",
-        &path_arg,
     ]);
-    let out = run(&args, RUN_DEADLINE);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{args:?} failed: {stderr}");
-    let json = std::fs::read(&path).unwrap_or_else(|e| panic!("no JSON at {path:?}: {e}"));
-    let _ = std::fs::remove_file(&path);
-    (
-        serde_json::from_slice(&json).unwrap(),
-        String::from_utf8(out.stdout).unwrap(),
-    )
+    replay_json(&args, name, RUN_DEADLINE)
 }
 
 fn phase<'a>(run: &'a Value, name: &str) -> &'a Value {
@@ -185,8 +202,6 @@ const FLUSH_RUN_DEADLINE: Duration = Duration::from_secs(420);
 /// the supervisor never restarts it; the naive gateway's store probe fails and it is restarted.
 #[test]
 fn cache_flush_at_peak_and_a_store_outage_leave_the_protected_gateway_serving() {
-    let path = json_path("flush");
-    let path_arg = path.to_str().unwrap().to_owned();
     let args = [
         "replay",
         "cache-flush",
@@ -198,28 +213,9 @@ fn cache_flush_at_peak_and_a_store_outage_leave_the_protected_gateway_serving() 
         "20s",
         "--recovery",
         "10s",
-        "--json",
-        &path_arg,
     ];
-    let out = run(&args, FLUSH_RUN_DEADLINE);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let table = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{args:?} failed: {stderr}\n{table}");
-    let json = std::fs::read(&path).unwrap_or_else(|e| panic!("no JSON at {path:?}: {e}"));
-    let _ = std::fs::remove_file(&path);
-    let report: Value = serde_json::from_slice(&json).unwrap();
-    let run_of = |mode: &str| {
-        let run = report["runs"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|r| r["mode"] == mode)
-            .unwrap_or_else(|| panic!("no {mode} run in {report}"))
-            .clone();
-        assert_eq!(run["completed"], true, "{run}");
-        run
-    };
-    let (protected, naive) = (run_of("protected"), run_of("naive"));
+    let (report, table) = replay_json(&args, "flush", FLUSH_RUN_DEADLINE);
+    let (protected, naive) = (run_of(&report, "protected"), run_of(&report, "naive"));
     let f = |run: &Value, name: &str, field: &str| phase(run, name)[field].clone();
 
     let steady = f(&protected, "steady", "store_statements_per_s");
@@ -260,8 +256,6 @@ fn cache_flush_at_peak_and_a_store_outage_leave_the_protected_gateway_serving() 
 /// tenant's requests wait behind the flood until they time out.
 #[test]
 fn noisy_neighbor_flood_is_shed_and_the_quiet_tenant_keeps_succeeding() {
-    let path = json_path("neighbor");
-    let path_arg = path.to_str().unwrap().to_owned();
     let args = [
         "replay",
         "noisy-neighbor",
@@ -271,25 +265,11 @@ fn noisy_neighbor_flood_is_shed_and_the_quiet_tenant_keeps_succeeding() {
         "8s",
         "--recovery",
         "2s",
-        "--json",
-        &path_arg,
     ];
-    let out = run(&args, RUN_DEADLINE);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let table = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{args:?} failed: {stderr}\n{table}");
-    let json = std::fs::read(&path).unwrap_or_else(|e| panic!("no JSON at {path:?}: {e}"));
-    let _ = std::fs::remove_file(&path);
-    let report: Value = serde_json::from_slice(&json).unwrap();
+    let (report, table) = replay_json(&args, "neighbor", RUN_DEADLINE);
     let tenant = |mode: &str, phase_name: &str, tenant: &str| {
-        let run = report["runs"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|r| r["mode"] == mode)
-            .unwrap_or_else(|| panic!("no {mode} run in {report}"));
-        assert_eq!(run["completed"], true, "{run}");
-        phase(run, phase_name)["tenants"]
+        let run = run_of(&report, mode);
+        phase(&run, phase_name)["tenants"]
             .as_array()
             .unwrap()
             .iter()

@@ -12,13 +12,20 @@ async fn warm_from_store_loads_every_key_in_batches() {
     assert_eq!(store.pages(), 3);
     assert!(store.high_water() <= 1, "one page at a time");
     assert!(dir.is_warm());
+    // Warmed entries fall due at times spread over one TTL (so they are not refreshed in one
+    // wave): a few may already be stale, and are served at once while one refresh runs.
+    let mut stale = 0;
     for i in 0..250 {
-        assert_eq!(
-            dir.lookup(&digest(i)).await.unwrap().outcome,
-            Outcome::Fresh
-        );
+        match dir.lookup(&digest(i)).await.unwrap().outcome {
+            Outcome::Fresh => {}
+            Outcome::Stale => stale += 1,
+            other => panic!("key {i} was not served from the warm cache: {other:?}"),
+        }
     }
-    assert_eq!(store.lookups(), 0);
+    assert!(
+        store.lookups() <= stale,
+        "only stale entries were refreshed"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -2,7 +2,7 @@
 //! tenant, class and reason; tokens reserved against what backends reported; and the global
 //! caps against their use.
 
-use metrics::{counter, describe_counter, describe_gauge, gauge};
+use metrics::{counter, describe_counter, describe_gauge, gauge, Counter};
 use spillway_policy::Priority;
 
 /// Counter, labels `tenant`, `class`, `outcome`: `admitted`, `gateway_overloaded`,
@@ -76,12 +76,35 @@ pub(crate) fn admission(tenant: &str, class: Priority, outcome: &'static str) {
         .increment(1);
 }
 
-pub(crate) fn tokens_reserved(tenant: &str, tokens: u64) {
-    counter!(TOKENS_RESERVED, "tenant" => tenant.to_owned()).increment(tokens);
+/// A tenant's series recorded on every admitted request, registered once per tenant.
+pub(crate) struct TenantSeries {
+    class: Priority,
+    admitted: Counter,
+    tokens_reserved: Counter,
+    pub(crate) tokens_reported: Counter,
 }
 
-pub(crate) fn tokens_reported(tenant: &str, tokens: u64) {
-    counter!(TOKENS_REPORTED, "tenant" => tenant.to_owned()).increment(tokens);
+impl TenantSeries {
+    pub(crate) fn new(tenant: &str, class: Priority) -> TenantSeries {
+        let t = tenant.to_owned();
+        TenantSeries {
+            class,
+            admitted: counter!(ADMISSIONS, "tenant" => t.clone(), "class" => class.as_str(), "outcome" => "admitted"),
+            tokens_reserved: counter!(TOKENS_RESERVED, "tenant" => t.clone()),
+            tokens_reported: counter!(TOKENS_REPORTED, "tenant" => t),
+        }
+    }
+
+    /// An admission of the tenant, now in `class` (a class changed since registration is
+    /// recorded by labels).
+    pub(crate) fn admitted(&self, tenant: &str, class: Priority, tokens: u64) {
+        if class == self.class {
+            self.admitted.increment(1);
+        } else {
+            admission(tenant, class, "admitted");
+        }
+        self.tokens_reserved.increment(tokens);
+    }
 }
 
 /// Sets the cap gauges when `/metrics` is rendered.

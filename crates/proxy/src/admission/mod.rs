@@ -79,6 +79,9 @@ pub(crate) struct QueueFigures {
 /// One tenant's admission state.
 struct Gate {
     tenant: Arc<str>,
+    /// The tenant's per-request series, registered once (a lookup by labels costs a hash and
+    /// an allocation on every request otherwise).
+    series: metrics::TenantSeries,
     in_flight: Arc<AtomicUsize>,
     /// The limits the limiter enforces, and the limiter.
     rate: Mutex<(TenantLimits, TenantLimiter)>,
@@ -269,8 +272,8 @@ impl Admission {
                 headers,
                 shared,
             } => {
-                metrics::admission(&tenant.name, tenant.limits.priority, "admitted");
-                metrics::tokens_reserved(&tenant.name, tokens);
+                gate.series
+                    .admitted(&tenant.name, tenant.limits.priority, tokens);
                 Ok(Admitted {
                     gate,
                     rates: shared.then(|| (self.rates.clone(), tenant.limits)),
@@ -356,6 +359,7 @@ impl Admission {
                 let (requests, tokens) = self.rates.local(&tenant.limits);
                 Arc::new(Gate {
                     tenant: tenant.name.clone(),
+                    series: metrics::TenantSeries::new(&tenant.name, tenant.limits.priority),
                     in_flight: Arc::new(AtomicUsize::new(0)),
                     rate: Mutex::new((
                         tenant.limits,
@@ -395,7 +399,7 @@ impl Admitted {
     /// was streamed); `None` keeps the reservation as it is.
     pub(crate) fn settle(mut self, used: Option<u64>) {
         if let Some(used) = used {
-            metrics::tokens_reported(&self.gate.tenant, used);
+            self.gate.series.tokens_reported.increment(used);
             self.reconcile(used);
         }
         self.settled = true;

@@ -13,7 +13,7 @@
 //! invalidation counts *then* removes, one of the two always removes the answer.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use moka::notification::RemovalCause;
@@ -41,8 +41,10 @@ pub(crate) struct State {
     pub epoch: AtomicU64,
     /// Unix ms of the last flush: Redis answers fetched before it are only a fallback.
     pub flushed_at_ms: AtomicU64,
-    /// When the last flush happened, for spreading the re-reads it asks for.
-    pub flushed_at: Mutex<Option<Instant>>,
+    /// When the last flush happened, in nanoseconds after `created` (0: never), for spreading
+    /// the re-reads it asks for. An atomic, not a lock: after a flush every lookup reads it.
+    flushed_after_ns: AtomicU64,
+    created: Instant,
     pub invalidations: AtomicU64,
     pub warm: AtomicBool,
     pub counts: Counts,
@@ -99,7 +101,8 @@ impl State {
             shared,
             epoch: AtomicU64::new(0),
             flushed_at_ms: AtomicU64::new(0),
-            flushed_at: Mutex::new(None),
+            flushed_after_ns: AtomicU64::new(0),
+            created: Instant::now(),
             invalidations: AtomicU64::new(0),
             warm: AtomicBool::new(false),
             counts,
@@ -166,7 +169,12 @@ impl State {
     }
 
     pub fn invalidate_all(&self) {
-        *self.flushed_at.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+        let since = self
+            .created
+            .elapsed()
+            .as_nanos()
+            .clamp(1, u128::from(u64::MAX)) as u64;
+        self.flushed_after_ns.store(since, Ordering::SeqCst);
         self.epoch.fetch_add(1, Ordering::SeqCst);
         self.flushed_at_ms.store(unix_ms(), Ordering::SeqCst);
         self.unknown.invalidate_all();
@@ -183,7 +191,8 @@ impl State {
         } else {
             self.config.flush_spread
         };
-        let flushed_at = *self.flushed_at.lock().unwrap_or_else(|e| e.into_inner());
+        let since = self.flushed_after_ns.load(Ordering::SeqCst);
+        let flushed_at = (since > 0).then(|| self.created + Duration::from_nanos(since));
         entry.state(now, epoch, flushed_at.map(|at| (at, spread)))
     }
 

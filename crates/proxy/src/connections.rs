@@ -37,11 +37,10 @@ impl axum::serve::Listener for CappedListener {
     type Addr = SocketAddr;
 
     async fn accept(&mut self) -> (CappedIo, SocketAddr) {
-        // Never closed: the semaphore lives as long as the gateway.
-        let permit = loop {
-            if let Ok(p) = self.permits.clone().acquire_owned().await {
-                break p;
-            }
+        // The semaphore is never closed (it lives as long as the gateway); if it were, accept
+        // nothing more rather than spin.
+        let Ok(permit) = self.permits.clone().acquire_owned().await else {
+            return std::future::pending().await;
         };
         loop {
             match self.inner.accept().await {

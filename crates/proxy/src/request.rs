@@ -100,7 +100,9 @@ pub async fn read_body(
         bytes: 0,
     };
     let mut body = Limited::new(body, cap);
-    let mut chunks: Vec<Bytes> = Vec::new();
+    // Most bodies arrive in one frame: that one is kept as it is, with no copy and no list.
+    let mut first: Option<Bytes> = None;
+    let mut more: Vec<Bytes> = Vec::new();
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|e| {
             if e.is::<http_body_util::LengthLimitError>() {
@@ -125,12 +127,22 @@ pub async fn read_body(
             )
             .retry_after(std::time::Duration::from_secs(1)));
         }
-        chunks.push(data);
+        match first {
+            None => first = Some(data),
+            Some(_) => more.push(data),
+        }
     }
-    let bytes = match chunks.len() {
-        0 => Bytes::new(),
-        1 => chunks.pop().unwrap_or_default(),
-        _ => Bytes::from(chunks.concat()),
+    let bytes = match (first, more.is_empty()) {
+        (None, _) => Bytes::new(),
+        (Some(only), true) => only,
+        (Some(head), false) => {
+            let mut all = Vec::with_capacity(hold.bytes as usize);
+            all.extend_from_slice(&head);
+            for chunk in &more {
+                all.extend_from_slice(chunk);
+            }
+            Bytes::from(all)
+        }
     };
     Ok((bytes, hold))
 }

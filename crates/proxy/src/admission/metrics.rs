@@ -2,7 +2,7 @@
 //! tenant, class and reason; tokens reserved against what backends reported; and the global
 //! caps against their use.
 
-use metrics::{counter, describe_counter, describe_gauge, gauge, Counter};
+use metrics::{counter, describe_counter, describe_gauge, gauge, histogram, Counter, Histogram};
 use spillway_policy::Priority;
 
 /// Counter, labels `tenant`, `class`, `outcome`: `admitted`, `gateway_overloaded`,
@@ -80,6 +80,7 @@ pub(crate) fn admission(tenant: &str, class: Priority, outcome: &'static str) {
 pub(crate) struct TenantSeries {
     class: Priority,
     admitted: Counter,
+    queue_wait: Histogram,
     tokens_reserved: Counter,
     pub(crate) tokens_reported: Counter,
 }
@@ -90,6 +91,7 @@ impl TenantSeries {
         TenantSeries {
             class,
             admitted: counter!(ADMISSIONS, "tenant" => t.clone(), "class" => class.as_str(), "outcome" => "admitted"),
+            queue_wait: histogram!(QUEUE_WAIT, "tenant" => t.clone(), "class" => class.as_str()),
             tokens_reserved: counter!(TOKENS_RESERVED, "tenant" => t.clone()),
             tokens_reported: counter!(TOKENS_REPORTED, "tenant" => t),
         }
@@ -105,6 +107,15 @@ impl TenantSeries {
         }
         self.tokens_reserved.increment(tokens);
     }
+
+    /// How long one of the tenant's requests waited for a seat, in `class`.
+    pub(crate) fn queue_wait(&self, tenant: &str, class: Priority, waited: std::time::Duration) {
+        if class == self.class {
+            self.queue_wait.record(waited.as_secs_f64());
+        } else {
+            queue_wait(tenant, class, waited);
+        }
+    }
 }
 
 /// Sets the cap gauges when `/metrics` is rendered.
@@ -115,8 +126,8 @@ pub(crate) fn caps(in_flight: (usize, usize), buffered: (u64, u64)) {
     gauge!(BUFFERED_BYTES_MAX).set(buffered.1 as f64);
 }
 
-pub(crate) fn queue_wait(tenant: &str, class: Priority, waited: std::time::Duration) {
-    metrics::histogram!(QUEUE_WAIT, "tenant" => tenant.to_owned(), "class" => class.as_str())
+fn queue_wait(tenant: &str, class: Priority, waited: std::time::Duration) {
+    histogram!(QUEUE_WAIT, "tenant" => tenant.to_owned(), "class" => class.as_str())
         .record(waited.as_secs_f64());
 }
 

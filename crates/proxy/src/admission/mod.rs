@@ -172,7 +172,7 @@ impl Admission {
         };
         match queue.enter(seats, class, line).await {
             Ok((seat, waited)) => {
-                metrics::queue_wait(&tenant.name, class, waited);
+                admitted.gate.series.queue_wait(&tenant.name, class, waited);
                 admitted.seat = Some(seat);
                 Ok(())
             }

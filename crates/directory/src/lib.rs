@@ -40,7 +40,7 @@ pub mod warm;
 mod entry;
 mod flight;
 mod load;
-mod log_gate;
+pub mod log_gate;
 mod naive;
 mod state;
 

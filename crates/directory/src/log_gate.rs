@@ -13,7 +13,7 @@ pub fn may_log(now: Instant, last: Option<Instant>, every: Duration) -> bool {
 }
 
 #[derive(Debug)]
-pub(crate) struct LogGate {
+pub struct LogGate {
     every: Duration,
     state: Mutex<GateState>,
 }

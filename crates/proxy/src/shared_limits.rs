@@ -42,6 +42,7 @@ use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{ErrorKind, FromRedisValue, RedisError, ToRedisArgs};
+use spillway_directory::log_gate::LogGate;
 use spillway_policy::rate::MAX_PER_MINUTE;
 use spillway_policy::{Dimension, Quota, RateHeaders, RateLimit};
 use tracing::warn;
@@ -131,6 +132,7 @@ impl SharedLimits {
             up: AtomicBool::new(false),
             errors: AtomicU64::new(0),
             health: Mutex::new(Health::default()),
+            log_gate: LogGate::new(LOG_EVERY),
         });
         if !inner.connect().await {
             tokio::spawn(reconnect(Arc::downgrade(&inner)));
@@ -250,6 +252,8 @@ struct Inner {
     up: AtomicBool,
     errors: AtomicU64,
     health: Mutex<Health>,
+    /// Errors are logged at most once per [`LOG_EVERY`].
+    log_gate: LogGate,
 }
 
 struct Connected {
@@ -262,8 +266,6 @@ struct Connected {
 struct Health {
     errors_in_a_row: u32,
     skip_until: Option<Instant>,
-    last_log: Option<Instant>,
-    not_logged: u64,
 }
 
 impl Inner {
@@ -355,25 +357,15 @@ impl Inner {
     fn went_wrong(&self, op: &'static str, error: &str) {
         self.errors.fetch_add(1, Ordering::Relaxed);
         let now = Instant::now();
-        let log = {
+        {
             let mut health = self.health.lock().unwrap_or_else(|e| e.into_inner());
             self.up.store(false, Ordering::Relaxed);
             health.errors_in_a_row = health.errors_in_a_row.saturating_add(1);
             if health.errors_in_a_row >= ERRORS_BEFORE_PAUSE {
                 health.skip_until = Some(now + PAUSE);
             }
-            let due = health
-                .last_log
-                .is_none_or(|at| now.saturating_duration_since(at) >= LOG_EVERY);
-            if due {
-                health.last_log = Some(now);
-                Some(std::mem::take(&mut health.not_logged))
-            } else {
-                health.not_logged += 1;
-                None
-            }
-        };
-        if let Some(held_back) = log {
+        }
+        if let Some(held_back) = self.log_gate.pass(now) {
             warn!(
                 op,
                 error,

@@ -13,8 +13,9 @@ use tokio::net::{TcpListener, TcpStream};
 
 const REDIS: &str = "redis://127.0.0.1:6379";
 const TIMEOUT: Duration = Duration::from_millis(250);
-/// What the test machine may add to a bounded call (a busy CI runner).
-const SLACK: Duration = Duration::from_millis(200);
+/// What a busy 2-core test machine may add to a bounded call. The variant of each answer
+/// (`TimedOut`, `Paused`) says which bound ended it; this only catches a call that hangs.
+const SLACK: Duration = Duration::from_secs(2);
 
 /// A tenant of this run only; its keys are deleted when it goes, even when the test fails.
 struct Tenant(String);

@@ -219,19 +219,33 @@ impl Attempts<'_> {
             None => self.body.clone(),
         };
         let gw = self.gw;
-        let up = upstream::request(
-            backend,
-            self.endpoint,
-            self.headers,
-            &gw.server.region_header,
-            body,
-        );
+        let build = || {
+            upstream::request(
+                backend,
+                self.endpoint,
+                self.headers,
+                &gw.server.region_header,
+                body.clone(),
+            )
+        };
+        let sent = Instant::now();
         let timeout = gw
             .upstream
             .response_timeout
-            .min(self.deadline.saturating_duration_since(Instant::now()));
-        let sent = Instant::now();
-        match tokio::time::timeout(timeout, gw.client.request(up)).await {
+            .min(self.deadline.saturating_duration_since(sent));
+        let mut result = tokio::time::timeout(timeout, gw.client.request(build())).await;
+        if let Ok(Err(e)) = &result {
+            if upstream::is_stale_connection(e) {
+                // The pooled connection was already closed: the backend never read the request.
+                backend
+                    .metrics
+                    .upstream_failed(UpstreamFailure::StaleConnection);
+                debug!(backend = %backend.name, "pooled connection was closed; sending again on a new one: {e}");
+                let left = timeout.saturating_sub(sent.elapsed());
+                result = tokio::time::timeout(left, gw.fresh_client.request(build())).await;
+            }
+        }
+        match result {
             Ok(Ok(response)) => {
                 backend.metrics.upstream_responded(sent.elapsed());
                 Ok(response)

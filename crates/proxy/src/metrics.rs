@@ -186,16 +186,24 @@ pub enum UpstreamFailure {
     Connect,
     Connection,
     Timeout,
+    /// A pooled connection the backend had closed; the request was sent again on a new one.
+    StaleConnection,
 }
 
 impl UpstreamFailure {
-    const ALL: [UpstreamFailure; 3] = [Self::Connect, Self::Connection, Self::Timeout];
+    const ALL: [UpstreamFailure; 4] = [
+        Self::Connect,
+        Self::Connection,
+        Self::Timeout,
+        Self::StaleConnection,
+    ];
 
     fn label(self) -> &'static str {
         match self {
             Self::Connect => "connect",
             Self::Connection => "connection",
             Self::Timeout => "timeout",
+            Self::StaleConnection => "stale_connection",
         }
     }
 }
@@ -206,7 +214,7 @@ pub struct BackendMetrics {
     upstream_headers: Histogram,
     request_duration: Histogram,
     spillovers: Counter,
-    upstream_errors: [Counter; 3],
+    upstream_errors: [Counter; 4],
     upstream_broke: Counter,
     upstream_stalled: Counter,
     client_cancelled: Counter,

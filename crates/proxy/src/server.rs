@@ -56,6 +56,8 @@ pub struct Gateway {
     admin_token: Option<[u8; 32]>,
     pub(crate) models: Models,
     pub(crate) client: HttpClient,
+    /// Keeps no connections: for resending a request whose pooled connection was stale.
+    pub(crate) fresh_client: HttpClient,
     health_check: HealthCheckConfig,
     ready: AtomicBool,
     pub(crate) admission: crate::admission::Admission,
@@ -126,6 +128,7 @@ impl BoundGateway {
         let connections = Arc::new(tokio::sync::Semaphore::new(config.server.max_connections));
         let gateway = Arc::new(Gateway {
             client: upstream::client(&config.upstream),
+            fresh_client: upstream::fresh_client(&config.upstream),
             server: config.server,
             upstream: config.upstream,
             retry: config.retry,

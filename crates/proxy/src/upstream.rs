@@ -21,6 +21,38 @@ pub type HttpClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 
 /// Builds the shared upstream client from the `[upstream]` settings.
 pub fn client(cfg: &UpstreamConfig) -> HttpClient {
+    build(cfg, cfg.pool_max_idle_per_host)
+}
+
+/// A client that keeps no connection for reuse: every request it sends opens its own. Used to
+/// resend a request whose pooled connection turned out to be closed (see [`is_stale_connection`]).
+pub fn fresh_client(cfg: &UpstreamConfig) -> HttpClient {
+    build(cfg, 0)
+}
+
+/// Whether an upstream error is a kept-alive connection the backend had already closed: the
+/// connection ended before any byte of a response, with no error of its own.
+///
+/// Servers close idle keep-alive connections when they please, and some (llama.cpp's server
+/// among them) answer `Keep-Alive` yet close the connection after every streamed response. A
+/// request written to such a connection in the moment before the client sees the close meets an
+/// end of stream where the response should be: the backend never read it. It is sent again at
+/// once on a new connection, outside the retry budget, and says nothing about the backend.
+pub fn is_stale_connection(error: &hyper_util::client::legacy::Error) -> bool {
+    if error.is_connect() {
+        return false;
+    }
+    let mut source = std::error::Error::source(error);
+    while let Some(e) = source {
+        if let Some(hyper) = e.downcast_ref::<hyper::Error>() {
+            return hyper.is_incomplete_message();
+        }
+        source = e.source();
+    }
+    false
+}
+
+fn build(cfg: &UpstreamConfig, max_idle_per_host: usize) -> HttpClient {
     let mut http = HttpConnector::new();
     http.enforce_http(false);
     http.set_nodelay(true);
@@ -34,7 +66,7 @@ pub fn client(cfg: &UpstreamConfig) -> HttpClient {
     Client::builder(TokioExecutor::new())
         .pool_timer(TokioTimer::new())
         .pool_idle_timeout(cfg.pool_idle_timeout)
-        .pool_max_idle_per_host(cfg.pool_max_idle_per_host)
+        .pool_max_idle_per_host(max_idle_per_host)
         .build(connector)
 }
 

@@ -25,6 +25,10 @@ use crate::request::with_model;
 use crate::server::{Gateway, NO_CAPACITY_RETRY_AFTER};
 use crate::upstream;
 
+/// How often a request waiting for a backend looks again when none frees up (an ejection may
+/// end, or a cooldown, without a request finishing).
+const RECHECK_EVERY: Duration = Duration::from_millis(100);
+
 /// Counts itself in an atomic gauge while alive.
 pub(crate) struct Counted<'a>(&'a AtomicU64);
 
@@ -59,6 +63,8 @@ pub(crate) struct Attempts<'a> {
     /// The tenant's dedicated pool: only its backends are used.
     pub bulkhead: Option<&'a str>,
     pub deadline: Instant,
+    /// Until when a seated request waits for a backend to free up before its first attempt.
+    pub wait_until: Instant,
 }
 
 /// The last failed attempt, for the answer when no retry follows.
@@ -92,6 +98,22 @@ impl Attempts<'_> {
                         .flatten()
                 });
             let Some((index, hold, spilled_over)) = acquired else {
+                // A seated request found every backend full: a limit fell or a backend left
+                // after it was seated. It waits for one to free up, as it would have in the
+                // queue, rather than being refused while a backend is about to have room.
+                // Only while nothing has reached a backend yet (no attempt, or only refused
+                // connections), and only while some backend can take requests at all.
+                let now = Instant::now();
+                let until = self.wait_until.min(self.deadline);
+                let unsent = last
+                    .as_ref()
+                    .is_none_or(|f| f.outcome == Outcome::ConnectFailed);
+                if unsent && now < until && self.pool.seats(self.bulkhead, now) > 0 {
+                    self.pool
+                        .freed(until.duration_since(now).min(RECHECK_EVERY))
+                        .await;
+                    continue;
+                }
                 return (Err(self.no_backend(last)), attempts);
             };
             attempts += 1;

@@ -156,6 +156,7 @@ async fn route(
         region,
         bulkhead: tenant.pool.as_deref(),
         deadline: started + retry.deadline,
+        wait_until: Instant::now() + gw.admission.queue_wait(),
     };
     let (chosen, made) = attempts.run(labels).await;
     pool.metrics.attempts(made);

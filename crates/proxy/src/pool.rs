@@ -15,6 +15,7 @@ use spillway_config::{BackendConfig, BackendKind, Config};
 use spillway_policy::concurrency::AimdConfig;
 use spillway_policy::outlier::Health;
 use spillway_policy::{pick, Candidate, RetryBudget, Rules};
+use tokio::sync::Notify;
 
 use crate::health::BackendHealth;
 use crate::metrics::{BackendMetrics, PoolMetrics};
@@ -69,6 +70,8 @@ pub struct Backend {
     pub metrics: BackendMetrics,
     uris: [Uri; 3],
     outstanding: AtomicU32,
+    /// Shared by the pool's backends: woken whenever one of them frees a unit of concurrency.
+    freed: Arc<Notify>,
     /// Milliseconds since `epoch` before which this backend is skipped; 0 when it is not.
     skip_until_ms: AtomicU64,
     epoch: Instant,
@@ -82,6 +85,7 @@ impl Backend {
         base: &Uri,
         epoch: Instant,
         health: BackendHealth,
+        freed: Arc<Notify>,
     ) -> Result<Self, String> {
         let uris = Endpoint::ALL.map(|e| upstream_uri(&cfg.kind, base, e));
         let uris = match uris {
@@ -135,6 +139,7 @@ impl Backend {
             auth_header,
             uris,
             outstanding: AtomicU32::new(0),
+            freed,
             skip_until_ms: AtomicU64::new(0),
             epoch,
         })
@@ -186,6 +191,7 @@ impl InFlight {
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.0.outstanding.fetch_sub(1, Ordering::AcqRel);
+        self.0.freed.notify_waiters();
     }
 }
 
@@ -225,9 +231,38 @@ pub struct ModelPool {
     pub max_ejected_share: f64,
     pub panic_threshold: f64,
     pub metrics: PoolMetrics,
+    /// Woken whenever a backend of this pool frees a unit of concurrency.
+    freed: Arc<Notify>,
 }
 
 impl ModelPool {
+    /// Requests the backends of `bulkhead` can take now: the sum of the concurrency limits of
+    /// those a request could be sent to (not ejected unless the pool is in panic, not cooling
+    /// down after a refused connection; one for a backend that takes a single probe). These are
+    /// the pool's seats in the admission queue: a seat must mean a backend that can take the
+    /// request, or the request would be refused for want of one the moment it is seated.
+    pub fn seats(&self, bulkhead: Option<&str>, now: Instant) -> usize {
+        let states: Vec<Health> = self.backends.iter().map(|b| b.health.health(now)).collect();
+        let healthy = states.iter().filter(|h| **h == Health::Healthy).count();
+        let panic = self.panics_with(healthy);
+        self.backends
+            .iter()
+            .zip(&states)
+            .filter(|(b, _)| b.bulkhead.as_deref() == bulkhead && !b.skipped(now))
+            .map(|(b, health)| match health {
+                _ if panic => b.health.limit() as usize,
+                Health::Healthy => b.health.limit() as usize,
+                Health::Probing => 1,
+                Health::Ejected { .. } => 0,
+            })
+            .sum()
+    }
+
+    /// Waits until a backend of this pool frees a unit of concurrency, or `at_most` passes.
+    pub async fn freed(&self, at_most: Duration) {
+        let _ = tokio::time::timeout(at_most, self.freed.notified()).await;
+    }
+
     /// Picks a backend with room, preferring `region` and avoiding `avoid_region` while another
     /// region has room, skipping those in `exclude`, cooling down or ejected (unless the pool is
     /// in panic mode), and takes a unit of its concurrency.
@@ -337,12 +372,14 @@ impl Models {
         let mut out = Models::default();
         for m in &config.models {
             let name: Arc<str> = Arc::from(m.name.as_str());
+            let freed = Arc::new(Notify::new());
             let backends = m
                 .backends
                 .iter()
                 .map(|b| {
                     let health = BackendHealth::new(b.max_concurrency, outlier.clone(), aimd(b));
-                    Backend::new(&name, b, &base_of(m, b)?, epoch, health).map(Arc::new)
+                    Backend::new(&name, b, &base_of(m, b)?, epoch, health, freed.clone())
+                        .map(Arc::new)
                 })
                 .collect::<Result<Vec<_>, _>>()?;
             let pool = ModelPool {
@@ -354,6 +391,7 @@ impl Models {
                 retrying: AtomicU64::new(0),
                 max_ejected_share: config.outlier.max_ejected_share,
                 panic_threshold: config.outlier.panic_threshold,
+                freed,
             };
             out.pools.insert(m.name.clone(), Arc::new(pool));
             out.names.push(m.name.clone());

@@ -138,3 +138,39 @@ async fn stale_pooled_connections_are_resent_on_a_new_one_without_counting_again
         "{page}"
     );
 }
+
+/// A `[[models]]` block whose backends each take `max_concurrency` requests at once.
+fn limited_model(name: &str, backends: &[(&str, String)], max_concurrency: u32) -> String {
+    let mut s = format!("[[models]]\nname = \"{name}\"\n");
+    for (b, url) in backends {
+        s += &format!(
+            "[[models.backends]]\nname = \"{b}\"\nurl = \"{url}\"\nmax_concurrency = {max_concurrency}\n"
+        );
+    }
+    s
+}
+
+#[tokio::test]
+async fn overflow_waits_for_a_backend_instead_of_an_instant_503() {
+    // One live backend that takes one request at a time (300 ms each), one that is down.
+    let live = mock(&["--model", "m", "--ttft", "300ms", "--tokens-per-sec", "0"]);
+    let cfg = limited_model(
+        "m",
+        &[("live", live.url("/v1")), ("dead", closed_port_url())],
+        1,
+    );
+    let gw = gateway(&cfg);
+    let c = client();
+    let sends = (0..3).map(|_| {
+        c.post(gw.url("/v1/chat/completions"))
+            .bearer_auth(KEY)
+            .json(&chat_body("m", false))
+            .send()
+    });
+    for r in futures_util::future::join_all(sends).await {
+        let r = r.unwrap();
+        let status = r.status();
+        assert_eq!(status, 200, "{}", r.text().await.unwrap());
+    }
+    assert_eq!(chats_received(&live).await, 3);
+}

@@ -61,6 +61,8 @@ pub(crate) struct Admission {
     naive: bool,
     /// One queue per model and bulkhead (`None`: the shared backends).
     queues: HashMap<QueueKey, Arc<PoolQueue>>,
+    /// The longest a request waits for a seat, or, once seated, for a backend to free up.
+    queue_wait: Duration,
 }
 
 /// A model's name, and the bulkhead of the backends a queue seats (`None`: shared ones).
@@ -120,6 +122,7 @@ impl Admission {
             gates: RwLock::new(HashMap::new()),
             in_flight: Arc::new(AtomicUsize::new(0)),
             max_in_flight,
+            queue_wait: wait,
             naive: config.naive,
             default_completion_tokens: config.default_completion_tokens,
             rates: Arc::new(Rates {
@@ -136,6 +139,11 @@ impl Admission {
                 .map(|key| (key, PoolQueue::new(bounds, wait)))
                 .collect(),
         }
+    }
+
+    /// The longest a request waits for a seat, or, once seated, for a backend to free up.
+    pub(crate) fn queue_wait(&self) -> Duration {
+        self.queue_wait
     }
 
     /// Waits for a seat in `pool` for an admitted request (which then holds it until its
@@ -157,12 +165,18 @@ impl Admission {
                 format!("the model {:?} has no backend {whose}", &*pool.name),
             ));
         };
-        let seats: usize = pool
-            .backends
-            .iter()
-            .filter(|b| b.bulkhead == tenant.pool)
-            .map(|b| b.health.limit() as usize)
-            .sum();
+        let seats = pool.seats(tenant.pool.as_deref(), Instant::now());
+        if seats == 0 {
+            // Nothing to wait for that a queue could hand out: say so at once.
+            return Err(ApiError::new(
+                ErrorKind::NoCapacity,
+                format!(
+                    "no backend of the model {:?} can take a request now (ejected or unreachable)",
+                    &*pool.name
+                ),
+            )
+            .retry_after(OVERLOADED_RETRY_AFTER));
+        }
         let class = tenant.limits.priority;
         // Naive: everyone in one line, first come first served.
         let line = if self.naive {

@@ -9,6 +9,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 mod admission;
+mod balance;
 mod metadata;
 mod resilience;
 
@@ -121,6 +122,16 @@ fn check_server(raw: RawServer, p: &mut Problems) -> ServerConfig {
         );
         http::HeaderName::from_static("x-spillway-region")
     });
+    let header = raw
+        .priority_header
+        .unwrap_or_else(|| "x-spillway-priority".into());
+    let priority_header = http::HeaderName::try_from(header.as_str()).unwrap_or_else(|_| {
+        p.add(
+            "server.priority_header",
+            format!("{header:?} is not a header name"),
+        );
+        http::HeaderName::from_static("x-spillway-priority")
+    });
     let max_connections = raw.max_connections.unwrap_or(10_000);
     if !(1..=1_000_000).contains(&max_connections) {
         p.add(
@@ -149,6 +160,7 @@ fn check_server(raw: RawServer, p: &mut Problems) -> ServerConfig {
         admin_listen,
         home_region: raw.home_region,
         region_header,
+        priority_header,
         max_body_bytes: max_body.min(MAX_BODY_CAP) as usize,
         max_connections,
         worker_threads: raw.worker_threads.map(|n| n.clamp(1, MAX_WORKER_THREADS)),
@@ -207,6 +219,7 @@ fn check_models(raw: Vec<RawModel>, p: &mut Problems) -> Vec<ModelConfig> {
         if m.backends.is_empty() {
             p.add(format!("{at}.backends"), "no backends: add at least one");
         }
+        let balance = balance::check_balance(&m, &at, p);
         let mut names = HashSet::new();
         let backends = m
             .backends
@@ -225,6 +238,7 @@ fn check_models(raw: Vec<RawModel>, p: &mut Problems) -> Vec<ModelConfig> {
         models.push(ModelConfig {
             name: m.name,
             backends,
+            balance,
         });
     }
     models
@@ -371,6 +385,7 @@ fn check_backend(b: RawBackend, model: &str, at: &str, p: &mut Problems) -> Opti
         rules,
         health_path,
         pool: b.pool,
+        forward_priority: b.forward_priority.unwrap_or(false),
     })
 }
 

@@ -66,6 +66,8 @@ pub struct ServerConfig {
     pub home_region: Option<String>,
     /// Request header through which a caller may name its preferred region.
     pub region_header: http::HeaderName,
+    /// Request header through which a caller may lower its request's priority class.
+    pub priority_header: http::HeaderName,
     pub max_body_bytes: usize,
     /// Open client connections on the API listener at most; past it, accepting pauses.
     pub max_connections: usize,
@@ -184,6 +186,48 @@ pub enum KeySource {
 pub struct ModelConfig {
     pub name: String,
     pub backends: Vec<BackendConfig>,
+    pub balance: BalanceConfig,
+}
+
+/// How a model's requests are spread over its backends (`[[models]]` `balance` and the
+/// affinity keys). Affinity only chooses among the backends health, ejection, region spillover
+/// and admission already allow.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BalanceConfig {
+    pub strategy: Balance,
+    /// Characters of the prompt's start (system prompt and first turns) hashed for
+    /// `prefix_affinity`.
+    pub prefix_chars: usize,
+    /// No backend takes more than this times the average load for affinity's sake (>= 1).
+    pub load_factor: f64,
+    /// The request header keyed on by `session_affinity`.
+    pub session_header: http::HeaderName,
+    /// `session_affinity` also keys on the OpenAI `user` field when the header is absent.
+    pub session_from_user: bool,
+}
+
+/// The balancing strategy of a model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Balance {
+    /// Power of two choices on the engines' load (or outstanding requests without metrics).
+    LeastLoad,
+    /// Requests sharing a prompt prefix go to the backend likely to have it cached.
+    PrefixAffinity,
+    /// Requests of one session (a header, or the `user` field) go to one backend.
+    SessionAffinity,
+    /// Each eligible backend in turn: for comparisons, not for production.
+    RoundRobin,
+}
+
+impl Balance {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Balance::LeastLoad => "least_load",
+            Balance::PrefixAffinity => "prefix_affinity",
+            Balance::SessionAffinity => "session_affinity",
+            Balance::RoundRobin => "round_robin",
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -204,6 +248,9 @@ pub struct BackendConfig {
     /// The dedicated pool this backend belongs to: only tenants with this `pool` use it, and
     /// they use nothing else. `None`: the shared pool.
     pub pool: Option<String>,
+    /// Send the request's priority class to the engine as the body field `priority` (vLLM's
+    /// priority scheduling: lower runs first).
+    pub forward_priority: bool,
 }
 
 /// `[retry]`: how many attempts, how far apart, and the shared budget they draw from.

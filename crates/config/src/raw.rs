@@ -46,6 +46,7 @@ pub struct RawServer {
     pub admin_listen: Option<String>,
     pub home_region: Option<String>,
     pub region_header: Option<String>,
+    pub priority_header: Option<String>,
     pub max_body_bytes: Option<u64>,
     pub worker_threads: Option<usize>,
     #[serde(default, with = "humantime_serde")]
@@ -159,6 +160,11 @@ pub struct RawModel {
     pub name: String,
     #[serde(default)]
     pub backends: Vec<RawBackend>,
+    pub balance: Option<String>,
+    pub affinity_prefix_chars: Option<usize>,
+    pub affinity_load_factor: Option<f64>,
+    pub session_header: Option<String>,
+    pub session_from_user: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -180,6 +186,7 @@ pub struct RawBackend {
     pub retry_500: Option<bool>,
     pub health_path: Option<String>,
     pub pool: Option<String>,
+    pub forward_priority: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]

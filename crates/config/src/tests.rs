@@ -210,3 +210,43 @@ fn resilience_problems_are_reported_with_their_location() {
         );
     }
 }
+
+#[test]
+fn balance_takes_documented_defaults() {
+    let c = Config::from_toml(MINIMAL).unwrap();
+    let b = &c.models[0].balance;
+    assert_eq!(b.strategy, Balance::LeastLoad);
+    assert_eq!(b.prefix_chars, 1024);
+    assert_eq!(b.load_factor, 1.25);
+    assert_eq!(b.session_header.as_str(), "x-session-id");
+    assert!(!b.session_from_user);
+    assert_eq!(c.server.priority_header.as_str(), "x-spillway-priority");
+    assert!(!c.models[0].backends[0].forward_priority);
+    let toml = MINIMAL.replace(
+        "name = \"m\"\n",
+        "name = \"m\"\nbalance = \"prefix_affinity\"\naffinity_prefix_chars = 64\naffinity_load_factor = 2.0\nsession_header = \"x-conversation\"\nsession_from_user = true\n",
+    );
+    let b = Config::from_toml(&toml).unwrap().models[0].balance.clone();
+    assert_eq!(
+        (b.strategy, b.prefix_chars, b.load_factor, b.session_from_user),
+        (Balance::PrefixAffinity, 64, 2.0, true)
+    );
+    assert_eq!(b.session_header.as_str(), "x-conversation");
+}
+
+#[test]
+fn balance_problems_are_reported_with_their_location() {
+    let toml = MINIMAL.replace(
+        "name = \"m\"\n",
+        "name = \"m\"\nbalance = \"random\"\naffinity_prefix_chars = 0\naffinity_load_factor = 0.5\nsession_header = \"bad header\"\n",
+    );
+    let found: Vec<String> = problems(&toml).iter().map(|p| p.location.clone()).collect();
+    for at in [
+        "models[\"m\"].balance",
+        "models[\"m\"].affinity_prefix_chars",
+        "models[\"m\"].affinity_load_factor",
+        "models[\"m\"].session_header",
+    ] {
+        assert!(found.iter().any(|f| f == at), "{at} not in {found:?}");
+    }
+}

@@ -6,6 +6,7 @@
 //! place.
 
 mod admin;
+mod affinity;
 mod admission;
 mod attempts;
 pub mod auth;

@@ -1,0 +1,233 @@
+//! What a request's affinity is keyed on: the start of its prompt, or its session.
+//!
+//! Engines keep the KV cache of prompts they have served (vLLM's automatic prefix caching,
+//! SGLang's radix cache, llama.cpp's slot cache): a request whose prompt starts like a recent one
+//! on the same engine skips most of its prefill, which is most of the time to first token for a
+//! long system prompt. Spreading such requests evenly throws that away. So `prefix_affinity`
+//! hashes the first `affinity_prefix_chars` characters of the prompt (the system prompt and the
+//! first turns, which every later turn of a conversation repeats) and `session_affinity` a
+//! caller-chosen session id; the balancer maps the key onto backends with bounded loads
+//! (`spillway_policy::balance`), so affinity never piles a popular prefix onto one backend.
+//!
+//! The hash is FNV-1a, written out here: it must be the same in every gateway instance and
+//! release, which `std`'s hasher does not promise.
+
+use http::HeaderMap;
+use serde::Deserialize;
+use serde_json::Value;
+use spillway_config::{Balance, BalanceConfig};
+
+/// The key a request's affinity hashes to, or `None` when it has none (no prompt, no session)
+/// or the model does not use affinity: the balancer then uses least load.
+pub fn key(balance: &BalanceConfig, headers: &HeaderMap, body: &[u8]) -> Option<u64> {
+    match balance.strategy {
+        Balance::LeastLoad | Balance::RoundRobin => None,
+        Balance::PrefixAffinity => prompt_prefix(body, balance.prefix_chars).map(|p| fnv1a(&p)),
+        Balance::SessionAffinity => {
+            if let Some(id) = headers.get(&balance.session_header) {
+                return (!id.is_empty()).then(|| fnv1a(id.as_bytes()));
+            }
+            if !balance.session_from_user {
+                return None;
+            }
+            let peek: UserPeek<'_> = serde_json::from_slice(body).ok()?;
+            peek.user
+                .filter(|u| !u.is_empty())
+                .map(|u| fnv1a(u.as_bytes()))
+        }
+    }
+}
+
+/// A stable 64-bit identity for a backend, from its name.
+pub fn backend_id(name: &str) -> u64 {
+    fnv1a(name.as_bytes())
+}
+
+#[derive(Deserialize)]
+struct UserPeek<'a> {
+    #[serde(borrow, default)]
+    user: Option<std::borrow::Cow<'a, str>>,
+}
+
+#[derive(Deserialize)]
+struct PromptPeek {
+    #[serde(default)]
+    messages: Option<Vec<Value>>,
+    #[serde(default)]
+    prompt: Option<Value>,
+    #[serde(default)]
+    input: Option<Value>,
+}
+
+/// The first `limit` bytes (cut at a character boundary) of the prompt: chat messages' roles
+/// and texts in order, or a completion's prompt, or a Responses/embeddings input.
+fn prompt_prefix(body: &[u8], limit: usize) -> Option<Vec<u8>> {
+    let peek: PromptPeek = serde_json::from_slice(body).ok()?;
+    let mut out = Prefix {
+        bytes: Vec::with_capacity(limit.min(4096)),
+        limit,
+    };
+    if let Some(messages) = &peek.messages {
+        for m in messages {
+            if out.full() {
+                break;
+            }
+            if let Some(role) = m.get("role").and_then(Value::as_str) {
+                out.push(role);
+                out.push("\n");
+            }
+            if let Some(content) = m.get("content") {
+                out.push_text(content);
+            }
+            out.push("\n");
+        }
+    } else if let Some(prompt) = peek.prompt.as_ref().or(peek.input.as_ref()) {
+        out.push_text(prompt);
+    }
+    (!out.bytes.is_empty()).then_some(out.bytes)
+}
+
+struct Prefix {
+    bytes: Vec<u8>,
+    limit: usize,
+}
+
+impl Prefix {
+    fn full(&self) -> bool {
+        self.bytes.len() >= self.limit
+    }
+
+    fn push(&mut self, text: &str) {
+        let room = self.limit.saturating_sub(self.bytes.len());
+        let mut cut = text.len().min(room);
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        self.bytes.extend_from_slice(&text.as_bytes()[..cut]);
+    }
+
+    /// A string, or the `text` of content parts (`[{"type":"text","text":...}]`), or the
+    /// first element of a list of prompts.
+    fn push_text(&mut self, value: &Value) {
+        match value {
+            Value::String(s) => self.push(s),
+            Value::Array(items) => {
+                for item in items {
+                    if self.full() {
+                        return;
+                    }
+                    match item {
+                        Value::String(s) => {
+                            self.push(s);
+                            // A list of prompts: each is its own request; the first keys it.
+                            return;
+                        }
+                        Value::Object(part) => {
+                            if let Some(text) = part.get("text").and_then(Value::as_str) {
+                                self.push(text);
+                            } else if let Some(content) = part.get("content") {
+                                self.push_text(content);
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+fn fnv1a(bytes: &[u8]) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        hash ^= u64::from(*b);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    hash
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(strategy: Balance, prefix_chars: usize) -> BalanceConfig {
+        BalanceConfig {
+            strategy,
+            prefix_chars,
+            load_factor: 1.25,
+            session_header: http::HeaderName::from_static("x-session-id"),
+            session_from_user: true,
+        }
+    }
+
+    fn chat(system: &str, user: &str) -> Vec<u8> {
+        serde_json::to_vec(&serde_json::json!({
+            "model": "m",
+            "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn requests_sharing_a_long_system_prompt_share_a_key() {
+        let c = config(Balance::PrefixAffinity, 64);
+        let system = "You are a careful assistant for the billing team. ".repeat(4);
+        let h = HeaderMap::new();
+        let a = key(&c, &h, &chat(&system, "first question")).unwrap();
+        let b = key(&c, &h, &chat(&system, "another question entirely")).unwrap();
+        let other = key(&c, &h, &chat(&"You translate. ".repeat(8), "first question")).unwrap();
+        assert_eq!(a, b);
+        assert_ne!(a, other);
+    }
+
+    #[test]
+    fn the_prefix_covers_later_turns_when_it_is_long_enough() {
+        let c = config(Balance::PrefixAffinity, 4096);
+        let h = HeaderMap::new();
+        assert_ne!(
+            key(&c, &h, &chat("short system", "question one")),
+            key(&c, &h, &chat("short system", "question two"))
+        );
+    }
+
+    #[test]
+    fn completions_prompts_and_content_parts_are_read() {
+        let c = config(Balance::PrefixAffinity, 5);
+        let h = HeaderMap::new();
+        let plain = key(&c, &h, br#"{"model":"m","prompt":"hello world"}"#);
+        let listed = key(&c, &h, br#"{"model":"m","prompt":["hello there","x"]}"#);
+        assert_eq!(plain, listed);
+        let parts = br#"{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"abc"}]}]}"#;
+        assert!(key(&c, &h, parts).is_some());
+        assert_eq!(key(&c, &h, br#"{"model":"m"}"#), None);
+        assert_eq!(key(&c, &h, b"not json"), None);
+    }
+
+    #[test]
+    fn a_multibyte_character_is_never_cut() {
+        let c = config(Balance::PrefixAffinity, 2);
+        assert!(key(&c, &HeaderMap::new(), r#"{"model":"m","prompt":"éé"}"#.as_bytes()).is_some());
+    }
+
+    #[test]
+    fn session_affinity_keys_on_the_header_then_the_user_field() {
+        let c = config(Balance::SessionAffinity, 64);
+        let mut h = HeaderMap::new();
+        h.insert("x-session-id", "s-1".parse().unwrap());
+        let body = br#"{"model":"m","user":"u-9"}"#;
+        assert_eq!(key(&c, &h, body), Some(fnv1a(b"s-1")));
+        assert_eq!(key(&c, &HeaderMap::new(), body), Some(fnv1a(b"u-9")));
+        let no_user = BalanceConfig {
+            session_from_user: false,
+            ..c
+        };
+        assert_eq!(key(&no_user, &HeaderMap::new(), body), None);
+    }
+
+    #[test]
+    fn least_load_has_no_key() {
+        let c = config(Balance::LeastLoad, 64);
+        assert_eq!(key(&c, &HeaderMap::new(), &chat("s", "u")), None);
+    }
+}

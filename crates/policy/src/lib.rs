@@ -13,7 +13,8 @@ pub mod outlier;
 pub mod rate;
 pub mod retry;
 
-pub use balance::{pick, Candidate, Pick};
+pub use balance::affinity::{hrw_score, splitmix64, stable_hash, DEFAULT_LOAD_FACTOR};
+pub use balance::{pick, AffinityOutcome, Candidate, EngineView, Pick, Saturation, Strategy};
 pub use budget::{BudgetConfig, Refusal, RetryBudget};
 pub use classify::{classify, Class, Outcome, Pushback, Rules};
 pub use concurrency::{Aimd, AimdConfig};

@@ -196,18 +196,26 @@ impl Candidate<'_> {
             EngineView::Unknown => false,
             EngineView::Stale => true,
             EngineView::Fresh { waiting, .. } => {
-                waiting > saturation.max_queue || self.kv_usage() >= saturation.max_kv_usage
+                waiting > saturation.max_queue
+                    || self
+                        .kv_reading()
+                        .is_some_and(|kv| kv >= saturation.max_kv_usage)
             }
         }
     }
 
-    fn kv_usage(&self) -> f64 {
+    /// The KV cache share the engine reported, if it is a number.
+    fn kv_reading(&self) -> Option<f64> {
         match self.engine {
             EngineView::Fresh {
                 kv_usage: Some(kv), ..
-            } if kv.is_finite() => kv.max(0.0),
-            _ => 0.0,
+            } if kv.is_finite() => Some(kv.max(0.0)),
+            _ => None,
         }
+    }
+
+    fn kv_usage(&self) -> f64 {
+        self.kv_reading().unwrap_or(0.0)
     }
 
     /// Requests counted against the backend's slots.

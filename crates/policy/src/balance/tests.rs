@@ -118,8 +118,15 @@ fn a_queue_past_the_bound_or_a_full_kv_cache_saturates() {
     assert!(!at(fresh(50, 5, Some(0.79))).saturated(SAT));
     assert!(at(fresh(0, 6, None)).saturated(SAT));
     assert!(at(fresh(0, 0, Some(0.8))).saturated(SAT));
-    // A reading that is not a number is taken as no reading of the cache.
+    // A reading that is not a number is taken as no reading of the cache, and no reading of
+    // the cache never saturates, whatever the bound.
     assert!(!at(fresh(0, 0, Some(f64::NAN))).saturated(SAT));
+    let zero = Saturation {
+        max_kv_usage: 0.0,
+        ..SAT
+    };
+    assert!(!at(fresh(0, 0, None)).saturated(zero));
+    assert!(at(fresh(0, 0, Some(0.0))).saturated(zero));
 }
 
 #[test]

@@ -3,6 +3,11 @@
 //! Everything here takes the current time and a random source as arguments, so each decision can
 //! be unit- and property-tested deterministically with a manual clock and a seeded RNG. The crate
 //! does not depend on tokio: the compiler holds that invariant for us.
+//!
+//! What the engines report about themselves (requests running and waiting, KV cache in use, and
+//! whether the reading is recent) enters as plain numbers: [`EngineView`] for the balancer,
+//! [`Aimd::on_engine`] for the concurrency limit. Scraping and parsing their metrics is the
+//! proxy's work; deciding what the numbers mean is this crate's.
 
 pub mod balance;
 pub mod budget;

@@ -9,12 +9,21 @@
 //!   window retries stay under `ratio` (default 10 %) of requests, plus
 //! - a small floor of `min_per_sec` retries per second, so a gateway with little traffic can
 //!   still retry a lone failure, and
-//! - at most `max_retrying_share` of the requests in flight may be retrying at once (at least
-//!   one), so a burst of failures cannot turn most of the in-flight work into retries even
-//!   while the rate budget has room.
+//! - at most `max_retrying_share` of the requests in flight may be retrying at once, so a burst
+//!   of failures cannot turn most of the in-flight work into retries even while the rate budget
+//!   has room; but always at least `min_retrying` (default 4).
 //!
-//! Hence the guarantee (G1): over any window, upstream attempts <= requests x (1 + ratio) +
-//! min_per_sec x window. The window slides in `BUCKETS` steps; time comes from the caller.
+//! Why the `min_retrying` floor: a backend that crashes fails every request it holds at the same
+//! moment. With a share of 0.2 and five requests in flight, the share alone let one of them
+//! retry and refused the other four, although each could have been served elsewhere and the
+//! rate budget had room for all. A crash is exactly the failure retries are for, and its burst
+//! is as large as the backend's slots, which is small on an inference engine, so a small fixed
+//! number may always be retrying at once. The floor only lifts the concurrency cap: every retry
+//! is still withdrawn from the rate budget first.
+//!
+//! Hence the guarantee (G1), which neither concurrency rule weakens: over any window, upstream
+//! attempts <= requests x (1 + ratio) + min_per_sec x window. The window slides in `BUCKETS`
+//! steps; time comes from the caller.
 
 use std::time::{Duration, Instant};
 
@@ -30,8 +39,11 @@ pub struct BudgetConfig {
     pub min_per_sec: f64,
     /// How far back requests and retries are counted.
     pub window: Duration,
-    /// Share of in-flight requests that may be retrying at once.
+    /// Share of in-flight requests that may be retrying at once...
     pub max_retrying_share: f64,
+    /// ...but at least this many, whatever the share allows (0 is taken as 1: a lone failure
+    /// may always retry while the rate allows).
+    pub min_retrying: u32,
 }
 
 impl Default for BudgetConfig {
@@ -41,6 +53,7 @@ impl Default for BudgetConfig {
             min_per_sec: 1.0,
             window: Duration::from_secs(10),
             max_retrying_share: 0.2,
+            min_retrying: 4,
         }
     }
 }
@@ -63,12 +76,32 @@ pub struct RetryBudget {
 }
 
 /// Why a retry was refused.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Refusal {
     /// Retries over the window already reach the ratio plus the floor.
     RateSpent,
     /// Too many of the requests in flight are already retrying.
     TooManyRetrying,
+}
+
+impl Refusal {
+    /// A short stable name, for metrics and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Refusal::RateSpent => "rate_spent",
+            Refusal::TooManyRetrying => "too_many_retrying",
+        }
+    }
+
+    /// One line saying why, for the caller and for operators.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Refusal::RateSpent => {
+                "retry budget spent: recent retries already reach their share of traffic"
+            }
+            Refusal::TooManyRetrying => "too many requests are already being retried at once",
+        }
+    }
 }
 
 impl RetryBudget {
@@ -124,6 +157,10 @@ impl RetryBudget {
 
     /// Takes one retry from the budget if it has room. `in_flight` is the number of requests in
     /// flight and `retrying` how many of them are currently on a retry.
+    ///
+    /// Refused with [`Refusal::RateSpent`] when the window's retries already reach
+    /// `ratio x requests + min_per_sec x window`, else with [`Refusal::TooManyRetrying`] when
+    /// `retrying >= max(floor(max_retrying_share x in_flight), min_retrying)`.
     pub fn try_withdraw(
         &mut self,
         now: Instant,
@@ -134,8 +171,9 @@ impl RetryBudget {
         if (retries + 1) as f64 > self.allowance(requests) {
             return Err(Refusal::RateSpent);
         }
-        let concurrent = (self.config.max_retrying_share.max(0.0) * in_flight as f64).floor();
-        if retrying as f64 >= concurrent.max(1.0) {
+        let by_share = (self.config.max_retrying_share.max(0.0) * in_flight as f64).floor();
+        let floor = f64::from(self.config.min_retrying.max(1));
+        if retrying as f64 >= by_share.max(floor) {
             return Err(Refusal::TooManyRetrying);
         }
         self.current(now).retries += 1;

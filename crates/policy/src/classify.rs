@@ -13,6 +13,12 @@
 //!   or a 500 from a backend marked retry-safe.
 //! - `Timeout`: no response head within the response timeout. The backend may still be working
 //!   on it, so it counts against the backend as overload.
+//! - `UpstreamAuth`: 401 or 403 from the backend. The gateway checks the caller's key itself and
+//!   sends the backend its own credential, so a backend refusing it says the gateway's
+//!   credential for that backend is wrong or revoked, not that the caller is. Retried at once on
+//!   another backend, whose credential may be good; it counts against the backend in outlier
+//!   detection (the gateway cannot use it until its credential is fixed) but is no overload, so
+//!   it leaves the concurrency limit alone.
 //! - `ClientError`: any other 4xx. The same request would fail again anywhere: never retried.
 //! - `ServerError`: any other 5xx (a 500 from a backend not marked retry-safe: a crash on this
 //!   input is likely to repeat, and retrying it multiplies load for nothing).
@@ -43,6 +49,7 @@ pub enum Class {
     Capacity,
     Transient,
     Timeout,
+    UpstreamAuth,
     ClientError,
     ServerError,
 }
@@ -55,18 +62,29 @@ impl Class {
             Class::Capacity => "capacity",
             Class::Transient => "transient",
             Class::Timeout => "timeout",
+            Class::UpstreamAuth => "upstream_auth",
             Class::ClientError => "client_error",
             Class::ServerError => "server_error",
         }
     }
 
-    /// Whether the outcome says the backend is unwell (for ejection and the concurrency limit).
-    /// A client's bad request says nothing about the backend.
+    /// Whether the outcome says the backend cannot serve now (for outlier ejection). A client's
+    /// bad request says nothing about the backend.
     pub fn is_backend_failure(self) -> bool {
         matches!(
             self,
-            Class::Capacity | Class::Transient | Class::Timeout | Class::ServerError
+            Class::Capacity
+                | Class::Transient
+                | Class::Timeout
+                | Class::UpstreamAuth
+                | Class::ServerError
         )
+    }
+
+    /// Whether the outcome says the backend is overloaded: it said it is full, or it did not
+    /// answer in time. These alone cut its concurrency limit (see `concurrency`).
+    pub fn is_overload(self) -> bool {
+        matches!(self, Class::Capacity | Class::Timeout)
     }
 }
 
@@ -142,6 +160,8 @@ pub fn classify(outcome: Outcome, rules: &Rules) -> Class {
                 Class::Capacity
             } else if rules.transient.contains(&status) || (status == 500 && rules.retry_500) {
                 Class::Transient
+            } else if status == 401 || status == 403 {
+                Class::UpstreamAuth
             } else if status < 400 {
                 Class::Success
             } else if status < 500 {

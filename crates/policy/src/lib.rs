@@ -3,6 +3,11 @@
 //! Everything here takes the current time and a random source as arguments, so each decision can
 //! be unit- and property-tested deterministically with a manual clock and a seeded RNG. The crate
 //! does not depend on tokio: the compiler holds that invariant for us.
+//!
+//! What the engines report about themselves (requests running and waiting, KV cache in use, and
+//! whether the reading is recent) enters as plain numbers: [`EngineView`] for the balancer,
+//! [`Aimd::on_engine`] for the concurrency limit. Scraping and parsing their metrics is the
+//! proxy's work; deciding what the numbers mean is this crate's.
 
 pub mod balance;
 pub mod budget;
@@ -13,7 +18,8 @@ pub mod outlier;
 pub mod rate;
 pub mod retry;
 
-pub use balance::{pick, Candidate, Pick};
+pub use balance::affinity::{hrw_score, splitmix64, stable_hash, DEFAULT_LOAD_FACTOR};
+pub use balance::{pick, AffinityOutcome, Candidate, EngineView, Pick, Saturation, Strategy};
 pub use budget::{BudgetConfig, Refusal, RetryBudget};
 pub use classify::{classify, Class, Outcome, Pushback, Rules};
 pub use concurrency::{Aimd, AimdConfig};

@@ -26,6 +26,15 @@
 //! probe whose outcome is never recorded (a lost task, a bug in the caller) must not wedge the
 //! backend: once it is older than `base_ejection` it counts as a failed probe, as of that moment.
 //!
+//! Why a passing active health check ends an ejection early, but only into probing: ejections
+//! grow while a backend is down (each failed probe doubles the next), so a backend back after a
+//! 20 s outage could sit out another 13 to 16 s although it answered `/health` within 2 to 3 s
+//! of its restart. The check is the earliest sign that it is back, so it ends the ejection at
+//! once. It does not re-admit the backend outright, because `/health` passing does not prove
+//! that inference works (a model still loading, a broken GPU): one real request decides, exactly
+//! as after an ejection that ran its course. A failing check during an ejection extends nothing,
+//! since the ejection already holds the backend out.
+//!
 //! Why the pool caps ejections ([`may_eject`]) and has a panic mode ([`panic_mode`]): detection
 //! is per backend, but when many backends fail together the cause is usually shared (a load
 //! spike, the gateway's own network). Ejecting them all would crush the few left, or leave
@@ -83,7 +92,8 @@ pub enum Health {
     Healthy,
     /// Out of rotation until `until`.
     Ejected { until: Instant },
-    /// The ejection is over: one probe request at a time may be sent.
+    /// The ejection is over (its time ran out, or an active health check passed): one probe
+    /// request at a time may be sent.
     Probing,
 }
 
@@ -206,23 +216,25 @@ impl Outlier {
         }
     }
 
-    /// An active health check's result. Success while probing re-admits; success while healthy
-    /// changes nothing (a passing `/health` does not prove that inference works, so it must not
-    /// mask failing requests). Failure while healthy counts like a failed request; failure while
-    /// probing ejects again for the next interval; failure while ejected extends nothing.
+    /// An active health check's result.
+    ///
+    /// Success while ejected, before or after `until`, ends the ejection now: the backend is
+    /// `Probing`, so one real request decides whether it is re-admitted (a probe already out
+    /// stays out and decides). Success never makes it `Healthy` directly, and success while
+    /// healthy changes nothing: a passing `/health` does not prove that inference works, so it
+    /// must not mask failing requests. Failure while healthy counts like a failed request;
+    /// failure while probing ejects again for the next interval; failure while ejected before
+    /// `until` extends nothing.
     pub fn health_check(&mut self, now: Instant, ok: bool, may_eject: bool) -> Option<Instant> {
         self.expire_probe(now);
-        match self.state {
+        match &mut self.state {
             State::Healthy if ok => None,
             State::Healthy => self.count(now, false, may_eject),
-            State::Ejected { until, .. } if now >= until => {
-                if ok {
-                    self.readmit(now);
-                    None
-                } else {
-                    Some(self.eject(now))
-                }
+            State::Ejected { until, .. } if ok => {
+                *until = (*until).min(now);
+                None
             }
+            State::Ejected { until, .. } if now >= *until => Some(self.eject(now)),
             State::Ejected { .. } => None,
         }
     }

@@ -11,6 +11,11 @@
 //! for its queue to drain, so throttling uses a longer base and cap. And a capacity failure is
 //! never retried on the backend that reported it; a transient one prefers another backend too.
 //!
+//! A backend refusing the gateway's own credential (`UpstreamAuth`: 401, 403) is retried at once
+//! and only elsewhere, like a connection that could not be made: waiting fixes no credential,
+//! and another backend holds another one. Its `x-should-retry` and `Retry-After` speak for the
+//! credential it refused, so they do not hold the retry back.
+//!
 //! The shared retry budget (`budget`) is checked by the caller after this decides "retry": this
 //! module knows one request, the budget knows all of them.
 
@@ -78,7 +83,7 @@ impl Default for RetryPolicy {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Decision {
     /// Try again after `after`. `same_backend_ok` is false when the next attempt must go to a
-    /// different backend (always for capacity failures).
+    /// different backend (always for capacity and upstream credential failures).
     Retry {
         after: Duration,
         same_backend_ok: bool,
@@ -122,20 +127,22 @@ impl RetryPolicy {
             Class::ServerError if pushback.should_retry != Some(true) => {
                 return Decision::Stop(Stop::NotRetryable)
             }
-            Class::Capacity => &self.capacity,
-            Class::Transient | Class::Timeout | Class::ServerError => &self.transient,
+            Class::UpstreamAuth => None,
+            Class::Capacity => Some(&self.capacity),
+            Class::Transient | Class::Timeout | Class::ServerError => Some(&self.transient),
         };
-        if pushback.should_retry == Some(false) {
+        if backoff.is_some() && pushback.should_retry == Some(false) {
             return Decision::Stop(Stop::NotRetryable);
         }
         if attempts >= self.max_attempts.clamp(1, MAX_ATTEMPTS_CAP) {
             return Decision::Stop(Stop::AttemptsExhausted);
         }
-        let mut after = backoff.delay(attempts.saturating_sub(1), rng);
-        let same_backend_ok = class != Class::Capacity;
-        // A capacity failure moves to another backend, so the full backend's Retry-After is
-        // honoured by skipping it (the caller's job), not by waiting. Any other retry may land
-        // on the same backend and waits at least as long as it asked.
+        let mut after =
+            backoff.map_or(Duration::ZERO, |b| b.delay(attempts.saturating_sub(1), rng));
+        let same_backend_ok = !matches!(class, Class::Capacity | Class::UpstreamAuth);
+        // A capacity or credential failure moves to another backend, so the backend's
+        // Retry-After is honoured by skipping it (the caller's job), not by waiting. Any other
+        // retry may land on the same backend and waits at least as long as it asked.
         if same_backend_ok {
             if let Some(wait) = pushback.retry_after {
                 after = after.max(wait);

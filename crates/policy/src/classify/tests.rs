@@ -13,9 +13,41 @@ fn defaults_follow_the_documented_table() {
     assert_eq!(c(500), Class::ServerError);
     assert_eq!(c(400), Class::ClientError);
     assert_eq!(c(404), Class::ClientError);
+    assert_eq!(c(401), Class::UpstreamAuth);
+    assert_eq!(c(403), Class::UpstreamAuth);
     assert_eq!(classify(Outcome::ConnectFailed, &r), Class::Transient);
     assert_eq!(classify(Outcome::ResetBeforeResponse, &r), Class::Transient);
     assert_eq!(classify(Outcome::TimedOut, &r), Class::Timeout);
+}
+
+#[test]
+fn a_backend_refusing_the_gateways_credential_is_the_backends_failure() {
+    // 401 and 403 blame the gateway's credential for that backend, not the caller.
+    let r = Rules::default();
+    for status in [401, 403] {
+        let class = classify(Outcome::Response(status), &r);
+        assert_eq!(class, Class::UpstreamAuth);
+        assert_eq!(class.as_str(), "upstream_auth");
+        assert!(class.is_backend_failure());
+        assert!(!class.is_overload());
+    }
+}
+
+#[test]
+fn only_capacity_and_timeouts_are_overload() {
+    let all = [
+        Class::Success,
+        Class::Capacity,
+        Class::Transient,
+        Class::Timeout,
+        Class::UpstreamAuth,
+        Class::ClientError,
+        Class::ServerError,
+    ];
+    let overload: Vec<Class> = all.into_iter().filter(|c| c.is_overload()).collect();
+    assert_eq!(overload, [Class::Capacity, Class::Timeout]);
+    let names: std::collections::HashSet<&str> = all.iter().map(|c| c.as_str()).collect();
+    assert_eq!(names.len(), all.len());
 }
 
 #[test]
@@ -57,19 +89,21 @@ fn pushback_prefers_milliseconds_and_caps_the_wait() {
 
 proptest! {
     #[test]
-    fn every_status_has_exactly_one_class_and_4xx_other_than_capacity_is_a_client_error(
+    fn every_status_has_exactly_one_class_and_other_4xx_are_client_errors(
         status in 100u16..1000,
         retry_500 in any::<bool>(),
     ) {
         let r = Rules { retry_500, ..Rules::default() };
         let class = classify(Outcome::Response(status), &r);
-        if (400..500).contains(&status) && status != 429 {
+        let auth = status == 401 || status == 403;
+        if (400..500).contains(&status) && status != 429 && !auth {
             prop_assert_eq!(class, Class::ClientError);
         }
+        prop_assert_eq!(class == Class::UpstreamAuth, auth);
         if status < 400 {
             prop_assert_eq!(class, Class::Success);
         }
-        prop_assert_eq!(class.is_backend_failure(), status >= 500 || status == 429);
+        prop_assert_eq!(class.is_backend_failure(), status >= 500 || status == 429 || auth);
     }
 
     #[test]

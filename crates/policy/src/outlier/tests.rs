@@ -260,14 +260,60 @@ fn a_readmitted_backend_starts_with_a_clean_window() {
 }
 
 #[test]
-fn a_passing_health_check_readmits_only_once_the_ejection_is_over() {
+fn a_passing_health_check_ends_an_ejection_early() {
+    // A 20 s outage: the first ejection (5 s) and two failed probes (10 s, then 20 s).
+    let t0 = Instant::now();
+    let mut o = Outlier::new(OutlierConfig::default());
+    let mut until = fail(&mut o, t0, 5).unwrap();
+    for _ in 0..2 {
+        assert!(o.admit(until));
+        until = o.record(until, false, true).unwrap();
+    }
+    assert_eq!(until, t0 + secs(35));
+    // The backend restarted at t0 + 20 s and answers /health 2 s later, 13 s before `until`.
+    let check = t0 + secs(22);
+    assert_eq!(o.health_check(check, true, true), None);
+    // Probing at once, not healthy: one real request decides.
+    assert_eq!(o.health(check), Health::Probing);
+    assert!(o.admit(check));
+    assert!(!o.admit(check));
+    assert_eq!(o.record(check + secs(1), true, true), None);
+    assert_eq!(o.health(check + secs(1)), Health::Healthy);
+    assert_eq!(o.ejections(), 3);
+}
+
+#[test]
+fn a_probe_failing_after_a_passing_health_check_ejects_for_longer() {
+    let t0 = Instant::now();
+    let mut o = Outlier::new(OutlierConfig::default());
+    fail(&mut o, t0, 5);
+    o.health_check(t0 + secs(1), true, true);
+    assert!(o.admit(t0 + secs(1)));
+    // /health passed but inference does not work: the probe fails, the next ejection is 10 s.
+    assert_eq!(
+        o.record(t0 + secs(2), false, true),
+        Some(t0 + secs(2) + secs(10))
+    );
+}
+
+#[test]
+fn a_passing_health_check_while_probing_leaves_the_decision_to_a_request() {
     let t0 = Instant::now();
     let mut o = Outlier::new(OutlierConfig::default());
     let until = fail(&mut o, t0, 5).unwrap();
-    assert_eq!(o.health_check(t0 + secs(1), true, true), None);
-    assert_eq!(o.health(t0 + secs(1)), Health::Ejected { until });
+    // Probing, no probe out: still probing after the check.
     assert_eq!(o.health_check(until, true, true), None);
-    assert_eq!(o.health(until), Health::Healthy);
+    assert_eq!(o.health(until), Health::Probing);
+    // A probe out: the check neither re-admits nor lets a second probe through.
+    assert!(o.admit(until));
+    assert_eq!(o.health_check(until + secs(1), true, true), None);
+    assert_eq!(o.health(until + secs(1)), Health::Probing);
+    assert!(!o.admit(until + secs(1)));
+    // The probe's failure still counts.
+    assert_eq!(
+        o.record(until + secs(2), false, true),
+        Some(until + secs(2) + secs(10))
+    );
 }
 
 #[test]
@@ -431,7 +477,14 @@ proptest! {
                 }
                 Op::Check { ok, may_eject } => {
                     o.health_check(now, ok, may_eject);
-                    probe = None;
+                    // A passing check leaves a probe that is out to decide.
+                    if !(ok && before == Health::Probing) {
+                        probe = None;
+                    }
+                    // And it never re-admits an ejected or probing backend by itself.
+                    if ok && before != Health::Healthy {
+                        prop_assert_eq!(o.health(now), Health::Probing);
+                    }
                 }
             }
         }

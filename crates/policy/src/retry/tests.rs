@@ -78,6 +78,46 @@ fn capacity_moves_elsewhere_without_waiting_for_the_full_backend() {
 }
 
 #[test]
+fn a_refused_gateway_credential_moves_to_another_backend_at_once() {
+    let p = RetryPolicy::default();
+    // The backend's pushback speaks for the credential it refused, not for the next backend.
+    for pushback in [
+        Pushback::default(),
+        Pushback {
+            retry_after: Some(Duration::from_secs(30)),
+            should_retry: Some(false),
+        },
+    ] {
+        for attempts in 1..3 {
+            let d = p.decide(Class::UpstreamAuth, pushback, attempts, LONG, &mut rng());
+            assert_eq!(
+                d,
+                Decision::Retry {
+                    after: Duration::ZERO,
+                    same_backend_ok: false
+                }
+            );
+        }
+    }
+    let d = p.decide(
+        Class::UpstreamAuth,
+        Pushback::default(),
+        3,
+        LONG,
+        &mut rng(),
+    );
+    assert_eq!(d, Decision::Stop(Stop::AttemptsExhausted));
+    let d = p.decide(
+        Class::UpstreamAuth,
+        Pushback::default(),
+        1,
+        Duration::ZERO,
+        &mut rng(),
+    );
+    assert_eq!(d, Decision::Stop(Stop::Deadline));
+}
+
+#[test]
 fn a_retry_after_beyond_the_deadline_stops() {
     let wait = Pushback {
         retry_after: Some(Duration::from_secs(30)),
@@ -110,6 +150,7 @@ fn class() -> impl Strategy<Value = Class> {
         Just(Class::Capacity),
         Just(Class::Transient),
         Just(Class::Timeout),
+        Just(Class::UpstreamAuth),
         Just(Class::ClientError),
         Just(Class::ServerError),
     ]
@@ -144,10 +185,14 @@ proptest! {
             prop_assert!(attempts < max_attempts.clamp(1, MAX_ATTEMPTS_CAP));
             prop_assert!(after < left);
             prop_assert!(class != Class::ClientError && class != Class::Success);
-            prop_assert!(should_retry != Some(false));
-            prop_assert_eq!(same_backend_ok, class != Class::Capacity);
+            let auth = class == Class::UpstreamAuth;
+            prop_assert!(should_retry != Some(false) || auth);
+            prop_assert_eq!(same_backend_ok, class != Class::Capacity && !auth);
             let cap = if class == Class::Capacity { p.capacity.cap } else { p.transient.cap };
             prop_assert!(after <= cap.max(push.retry_after.unwrap_or_default()));
+            if auth {
+                prop_assert_eq!(after, Duration::ZERO);
+            }
         }
     }
 }

@@ -295,10 +295,11 @@ pub struct HealthCheckConfig {
 pub struct AdaptiveConfig {
     pub enabled: bool,
     pub min_limit: u32,
-    /// Starting limit; `None`: a quarter of `max_concurrency`, at least `min_limit`.
+    /// Starting limit; `None`: the backend's `max_concurrency`.
     pub initial_limit: Option<u32>,
     pub backoff_ratio: f64,
-    pub latency_tolerance: f64,
+    /// Each period this long without an overload signal moves a cut limit halfway back up.
+    pub recovery: Duration,
 }
 
 #[derive(Debug, Clone, PartialEq)]

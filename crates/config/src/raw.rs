@@ -208,6 +208,7 @@ pub struct RawRetry {
     #[serde(default, with = "humantime_serde")]
     pub budget_window: Option<Duration>,
     pub max_retrying_share: Option<f64>,
+    pub min_retrying: Option<u32>,
     pub client_retry_headers: Option<Vec<String>>,
     pub shed_client_retries: Option<bool>,
     pub naive: Option<bool>,
@@ -249,4 +250,6 @@ pub struct RawAdaptive {
     pub initial_limit: Option<u32>,
     pub backoff_ratio: Option<f64>,
     pub latency_tolerance: Option<f64>,
+    #[serde(default, with = "humantime_serde")]
+    pub recovery: Option<Duration>,
 }

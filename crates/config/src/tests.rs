@@ -228,7 +228,12 @@ fn balance_takes_documented_defaults() {
     );
     let b = Config::from_toml(&toml).unwrap().models[0].balance.clone();
     assert_eq!(
-        (b.strategy, b.prefix_chars, b.load_factor, b.session_from_user),
+        (
+            b.strategy,
+            b.prefix_chars,
+            b.load_factor,
+            b.session_from_user
+        ),
         (Balance::PrefixAffinity, 64, 2.0, true)
     );
     assert_eq!(b.session_header.as_str(), "x-conversation");

@@ -11,7 +11,7 @@
 //!   still retry a lone failure, and
 //! - at most `max_retrying_share` of the requests in flight may be retrying at once, so a burst
 //!   of failures cannot turn most of the in-flight work into retries even while the rate budget
-//!   has room; but always at least `min_retrying` (default 4).
+//!   has room; but always at least `min_retrying` (default 8).
 //!
 //! Why the `min_retrying` floor: a backend that crashes fails every request it holds at the same
 //! moment. With a share of 0.2 and five requests in flight, the share alone let one of them
@@ -53,7 +53,7 @@ impl Default for BudgetConfig {
             min_per_sec: 1.0,
             window: Duration::from_secs(10),
             max_retrying_share: 0.2,
-            min_retrying: 4,
+            min_retrying: 8,
         }
     }
 }

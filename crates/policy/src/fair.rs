@@ -54,6 +54,25 @@ impl Priority {
         }
     }
 
+    /// The lower of the two classes: a request may lower its tenant's class, never raise it.
+    pub fn lowered_to(self, asked: Priority) -> Priority {
+        if asked.rank() > self.rank() {
+            asked
+        } else {
+            self
+        }
+    }
+
+    /// The value of the `priority` field of engines that schedule by it (vLLM: lower runs
+    /// first, 0 when absent): the standard class is the engine's default.
+    pub fn engine_value(self) -> i64 {
+        match self {
+            Priority::Critical => -10,
+            Priority::Standard => 0,
+            Priority::Batch => 10,
+        }
+    }
+
     /// 0 for the highest class.
     fn rank(self) -> usize {
         self as usize

@@ -9,23 +9,26 @@
 //! caller-chosen session id; the balancer maps the key onto backends with bounded loads
 //! (`spillway_policy::balance`), so affinity never piles a popular prefix onto one backend.
 //!
-//! The hash is FNV-1a, written out here: it must be the same in every gateway instance and
-//! release, which `std`'s hasher does not promise.
+//! The hash is `spillway_policy`'s `stable_hash`: it must be the same in every gateway instance
+//! and release, which `std`'s hasher does not promise.
 
 use http::HeaderMap;
 use serde::Deserialize;
 use serde_json::Value;
 use spillway_config::{Balance, BalanceConfig};
+use spillway_policy::balance::affinity::stable_hash;
 
 /// The key a request's affinity hashes to, or `None` when it has none (no prompt, no session)
 /// or the model does not use affinity: the balancer then uses least load.
 pub fn key(balance: &BalanceConfig, headers: &HeaderMap, body: &[u8]) -> Option<u64> {
     match balance.strategy {
         Balance::LeastLoad | Balance::RoundRobin => None,
-        Balance::PrefixAffinity => prompt_prefix(body, balance.prefix_chars).map(|p| fnv1a(&p)),
+        Balance::PrefixAffinity => {
+            prompt_prefix(body, balance.prefix_chars).map(|p| stable_hash(&p))
+        }
         Balance::SessionAffinity => {
             if let Some(id) = headers.get(&balance.session_header) {
-                return (!id.is_empty()).then(|| fnv1a(id.as_bytes()));
+                return (!id.is_empty()).then(|| stable_hash(id.as_bytes()));
             }
             if !balance.session_from_user {
                 return None;
@@ -33,14 +36,9 @@ pub fn key(balance: &BalanceConfig, headers: &HeaderMap, body: &[u8]) -> Option<
             let peek: UserPeek<'_> = serde_json::from_slice(body).ok()?;
             peek.user
                 .filter(|u| !u.is_empty())
-                .map(|u| fnv1a(u.as_bytes()))
+                .map(|u| stable_hash(u.as_bytes()))
         }
     }
-}
-
-/// A stable 64-bit identity for a backend, from its name.
-pub fn backend_id(name: &str) -> u64 {
-    fnv1a(name.as_bytes())
 }
 
 #[derive(Deserialize)]
@@ -138,15 +136,6 @@ impl Prefix {
     }
 }
 
-fn fnv1a(bytes: &[u8]) -> u64 {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in bytes {
-        hash ^= u64::from(*b);
-        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    hash
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -176,7 +165,12 @@ mod tests {
         let h = HeaderMap::new();
         let a = key(&c, &h, &chat(&system, "first question")).unwrap();
         let b = key(&c, &h, &chat(&system, "another question entirely")).unwrap();
-        let other = key(&c, &h, &chat(&"You translate. ".repeat(8), "first question")).unwrap();
+        let other = key(
+            &c,
+            &h,
+            &chat(&"You translate. ".repeat(8), "first question"),
+        )
+        .unwrap();
         assert_eq!(a, b);
         assert_ne!(a, other);
     }
@@ -207,7 +201,12 @@ mod tests {
     #[test]
     fn a_multibyte_character_is_never_cut() {
         let c = config(Balance::PrefixAffinity, 2);
-        assert!(key(&c, &HeaderMap::new(), r#"{"model":"m","prompt":"éé"}"#.as_bytes()).is_some());
+        assert!(key(
+            &c,
+            &HeaderMap::new(),
+            r#"{"model":"m","prompt":"éé"}"#.as_bytes()
+        )
+        .is_some());
     }
 
     #[test]
@@ -216,8 +215,8 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert("x-session-id", "s-1".parse().unwrap());
         let body = br#"{"model":"m","user":"u-9"}"#;
-        assert_eq!(key(&c, &h, body), Some(fnv1a(b"s-1")));
-        assert_eq!(key(&c, &HeaderMap::new(), body), Some(fnv1a(b"u-9")));
+        assert_eq!(key(&c, &h, body), Some(stable_hash(b"s-1")));
+        assert_eq!(key(&c, &HeaderMap::new(), body), Some(stable_hash(b"u-9")));
         let no_user = BalanceConfig {
             session_from_user: false,
             ..c

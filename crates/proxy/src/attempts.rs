@@ -15,13 +15,13 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::{header, HeaderMap, HeaderValue};
 use hyper::body::Incoming;
-use spillway_policy::{classify, Class, Decision, Outcome, Pushback, Stop};
+use spillway_policy::{classify, Class, Decision, Outcome, Priority, Pushback, Stop};
 use tracing::{debug, warn};
 
 use crate::error::{ApiError, ErrorKind};
 use crate::metrics::{RequestLabels, UpstreamFailure};
-use crate::pool::{Backend, Endpoint, InFlight, ModelPool};
-use crate::request::with_model;
+use crate::pool::{Acquired, Ask, Backend, Endpoint, InFlight, ModelPool};
+use crate::request::with_fields;
 use crate::server::{Gateway, NO_CAPACITY_RETRY_AFTER};
 use crate::upstream;
 
@@ -65,6 +65,10 @@ pub(crate) struct Attempts<'a> {
     pub deadline: Instant,
     /// Until when a seated request waits for a backend to free up before its first attempt.
     pub wait_until: Instant,
+    /// The request's affinity key, if its model balances by affinity.
+    pub affinity_key: Option<u64>,
+    /// Its priority class, passed to engines that take one (`forward_priority`).
+    pub priority: Priority,
 }
 
 /// The last failed attempt, for the answer when no retry follows.
@@ -86,18 +90,32 @@ impl Attempts<'_> {
         let mut _retrying: Option<Counted<'_>> = None;
         loop {
             let exclude: &[usize] = if exclude_tried { &tried } else { &[] };
-            let acquired = self
-                .pool
-                .acquire(self.bulkhead, self.region, exclude, avoid_region.as_deref())
-                .or_else(|| {
-                    // A transient failure prefers another backend but may use the same one.
-                    let fallback =
-                        exclude_tried && last.as_ref().is_some_and(|f| f.class != Class::Capacity);
-                    fallback
-                        .then(|| self.pool.acquire(self.bulkhead, self.region, &[], None))
-                        .flatten()
-                });
-            let Some((index, hold, spilled_over)) = acquired else {
+            let ask = Ask {
+                bulkhead: self.bulkhead,
+                region: self.region,
+                avoid_region: avoid_region.as_deref(),
+                affinity_key: self.affinity_key,
+            };
+            let acquired = self.pool.acquire(ask, exclude).or_else(|| {
+                // A transient failure prefers another backend but may use the same one; a
+                // capacity answer or a refused credential never goes back to it.
+                let fallback = exclude_tried
+                    && last
+                        .as_ref()
+                        .is_some_and(|f| !matches!(f.class, Class::Capacity | Class::UpstreamAuth));
+                let again = Ask {
+                    avoid_region: None,
+                    ..ask
+                };
+                fallback.then(|| self.pool.acquire(again, &[])).flatten()
+            });
+            let Some(Acquired {
+                index,
+                hold,
+                spilled_over,
+                affinity,
+            }) = acquired
+            else {
                 // A seated request found every backend full: a limit fell or a backend left
                 // after it was seated. It waits for one to free up, as it would have in the
                 // queue, rather than being refused while a backend is about to have room.
@@ -119,9 +137,11 @@ impl Attempts<'_> {
             attempts += 1;
             tried.push(index);
             let backend = hold.backend().clone();
+            if attempts == 1 {
+                self.pool.metrics.affinity(affinity);
+            }
             labels.backend = backend.name.clone();
             let in_flight = backend.outstanding();
-            let sent = Instant::now();
             let (outcome, response) = match self.send(&backend).await {
                 Ok(r) => (Outcome::Response(r.status().as_u16()), Some(r)),
                 Err(outcome) => (outcome, None),
@@ -135,9 +155,15 @@ impl Attempts<'_> {
             let pushback = response
                 .as_ref()
                 .map_or_else(Pushback::default, |r| pushback(r.headers()));
-            let streamed = response.as_ref().is_some_and(|r| is_sse(r.headers()));
-            let latency = streamed.then(|| now.duration_since(sent));
-            self.pool.record(&backend, now, class, latency, in_flight);
+            self.pool.record(&backend, now, class, in_flight);
+            if class == Class::UpstreamAuth {
+                // The gateway's own key for this backend is wrong: the operator must hear of it.
+                warn!(
+                    backend = %backend.name,
+                    status = response.as_ref().map_or(0, |r| r.status().as_u16()),
+                    "the backend refused spillway's credential for it; check its api_key_env"
+                );
+            }
             if class == Class::Capacity {
                 if let Some(wait) = pushback.retry_after {
                     // The full backend asked for time: it gets it, and this request moves on.
@@ -170,14 +196,18 @@ impl Attempts<'_> {
                         pushback,
                     };
                     return match response {
-                        Some(response) if class != Class::Capacity => (
-                            Ok(Chosen {
-                                response,
-                                hold,
-                                spilled_over,
-                            }),
-                            attempts,
-                        ),
+                        Some(response)
+                            if !matches!(class, Class::Capacity | Class::UpstreamAuth) =>
+                        {
+                            (
+                                Ok(Chosen {
+                                    response,
+                                    hold,
+                                    spilled_over,
+                                }),
+                                attempts,
+                            )
+                        }
                         _ => (Err(self.give_up(failure, stop)), attempts),
                     };
                 }
@@ -195,19 +225,20 @@ impl Attempts<'_> {
                     .unwrap_or_else(|e| e.into_inner())
                     .try_withdraw(now, self.pool.in_flight.load(Ordering::Relaxed), others);
                 if let Err(refusal) = granted {
-                    self.pool.metrics.budget_exhausted();
+                    self.pool.metrics.budget_exhausted(refusal);
                     debug!(
                         class = class.as_str(),
-                        ?refusal,
+                        refusal = refusal.as_str(),
                         "retry budget refused a retry"
                     );
                     return (
                         Err(ApiError::new(
                             ErrorKind::RetryBudgetExhausted,
                             format!(
-                                "the backends of the model {:?} are failing ({}) and the retry budget is spent",
+                                "the backend of the model {:?} failed ({}) and no retry was allowed: {}",
                                 &*self.pool.name,
-                                class.as_str()
+                                class.as_str(),
+                                refusal.describe()
                             ),
                         )
                         .retry_after(NO_CAPACITY_RETRY_AFTER)),
@@ -236,9 +267,13 @@ impl Attempts<'_> {
 
     /// Sends one attempt to `backend`; `Err` is the outcome when no response head came.
     async fn send(&self, backend: &Arc<Backend>) -> Result<http::Response<Incoming>, Outcome> {
-        let body = match &backend.rename_to {
-            Some(name) => with_model(self.body, name).unwrap_or_else(|_| self.body.clone()),
-            None => self.body.clone(),
+        let priority = backend
+            .forward_priority
+            .then(|| self.priority.engine_value());
+        let body = match (&backend.rename_to, priority) {
+            (None, None) => self.body.clone(),
+            (name, priority) => with_fields(self.body, name.as_deref(), priority)
+                .unwrap_or_else(|_| self.body.clone()),
         };
         let gw = self.gw;
         let build = || {
@@ -320,6 +355,12 @@ impl Attempts<'_> {
                     .retry_after
                     .unwrap_or(NO_CAPACITY_RETRY_AFTER)
                     .max(NO_CAPACITY_RETRY_AFTER),
+            ),
+            (Class::UpstreamAuth, _) => ApiError::new(
+                ErrorKind::UpstreamAuth,
+                format!(
+                    "the backends of the model {model:?} refused spillway's own credentials for them; the gateway's operator must fix its backend keys"
+                ),
             ),
             (_, Outcome::ConnectFailed) => ApiError::new(
                 ErrorKind::NoCapacity,

@@ -30,6 +30,9 @@ pub enum ErrorKind {
     UpstreamTimeout,
     /// A backend could not be reached or broke the connection.
     UpstreamUnavailable,
+    /// A backend refused the gateway's own credential for it (its 401 or 403): the operator's
+    /// fault, never the caller's, so it is not relayed as an authentication error.
+    UpstreamAuth,
     /// The gateway is shutting down.
     ShuttingDown,
     /// The key's tenant is disabled.
@@ -171,6 +174,11 @@ impl ApiError {
                 StatusCode::BAD_GATEWAY,
                 "server_error",
                 "upstream_unavailable",
+            ),
+            UpstreamAuth => (
+                StatusCode::BAD_GATEWAY,
+                "server_error",
+                "upstream_auth_failed",
             ),
             ShuttingDown => (
                 StatusCode::SERVICE_UNAVAILABLE,

@@ -11,6 +11,7 @@ use std::time::Instant;
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
+use spillway_policy::Priority;
 use tracing::{debug, warn};
 
 use crate::admission::{insert_rate_headers, Admitted, Ask};
@@ -145,7 +146,13 @@ async fn route(
             .unwrap_or_else(|e| e.into_inner())
             .deposit(now);
     }
-    gw.admission.seat(pool, &tenant, &mut admitted).await?;
+    let class = requested_class(&parts.headers, &gw.server.priority_header)?
+        .map_or(tenant.limits.priority, |asked| {
+            tenant.limits.priority.lowered_to(asked)
+        });
+    gw.admission
+        .seat(pool, &tenant, class, &mut admitted)
+        .await?;
     let _in_flight = Counted::new(&pool.in_flight);
     let attempts = Attempts {
         gw,
@@ -157,6 +164,8 @@ async fn route(
         bulkhead: tenant.pool.as_deref(),
         deadline: started + retry.deadline,
         wait_until: Instant::now() + gw.admission.queue_wait(),
+        affinity_key: crate::affinity::key(&pool.balance, &parts.headers, &body),
+        priority: class,
     };
     let (chosen, made) = attempts.run(labels).await;
     pool.metrics.attempts(made);
@@ -196,6 +205,28 @@ async fn route(
         observer,
     );
     Ok(Response::from_parts(head, Body::new(relay)))
+}
+
+/// The class a request asks for in `header` (`critical`, `standard` or `batch`), if any. It can
+/// only lower the tenant's class (see `Priority::lowered_to`).
+fn requested_class(
+    headers: &http::HeaderMap,
+    header: &http::HeaderName,
+) -> Result<Option<Priority>, ApiError> {
+    let Some(value) = headers.get(header) else {
+        return Ok(None);
+    };
+    value
+        .to_str()
+        .ok()
+        .and_then(|v| v.trim().parse::<Priority>().ok())
+        .map(Some)
+        .ok_or_else(|| {
+            ApiError::new(
+                ErrorKind::MalformedRequest,
+                format!("the {header} header must be critical, standard or batch"),
+            )
+        })
 }
 
 /// The end of a relayed response: its metrics, and the admission it settles, with the tokens

@@ -7,7 +7,7 @@
 //! harder. The decisions themselves are the pure ones in `spillway_policy`; this module holds
 //! their state behind short locks and runs the probe tasks.
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -25,6 +25,10 @@ use tracing::{debug, info};
 use crate::pool::{Backend, ModelPool};
 use crate::upstream::HttpClient;
 
+fn millis(epoch: Instant, at: Instant) -> u64 {
+    at.saturating_duration_since(epoch).as_millis() as u64
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -36,6 +40,10 @@ pub struct BackendHealth {
     aimd: Option<Mutex<Aimd>>,
     /// The concurrency limit in force: the adaptive one, or `max_concurrency` without it.
     limit: AtomicU32,
+    /// Milliseconds since `epoch` from which the adaptive limit may recover (`u64::MAX`: not
+    /// before something else changes it), so that reading the limit takes no lock until then.
+    recover_at_ms: AtomicU64,
+    epoch: Instant,
 }
 
 impl BackendHealth {
@@ -50,11 +58,45 @@ impl BackendHealth {
             outlier: outlier.map(|c| Mutex::new(Outlier::new(c))),
             aimd: aimd.map(Mutex::new),
             limit: AtomicU32::new(limit),
+            recover_at_ms: AtomicU64::new(u64::MAX),
+            epoch: Instant::now(),
         }
     }
 
+    /// The concurrency limit now. An adaptive limit that was cut recovers while no overload
+    /// signal arrives, also while the backend is idle: it is brought up to date here, lazily.
     pub fn limit(&self) -> u32 {
+        let due = self.recover_at_ms.load(Ordering::Relaxed);
+        if due != u64::MAX {
+            let now = Instant::now();
+            if millis(self.epoch, now) >= due {
+                if let Some(aimd) = &self.aimd {
+                    let mut aimd = lock(aimd);
+                    aimd.tick(now);
+                    self.publish(&aimd);
+                }
+            }
+        }
         self.limit.load(Ordering::Relaxed)
+    }
+
+    /// Stores the adaptive limit and when it may next recover.
+    fn publish(&self, aimd: &Aimd) {
+        self.limit.store(aimd.limit(), Ordering::Relaxed);
+        let due = aimd
+            .next_recovery()
+            .map_or(u64::MAX, |at| millis(self.epoch, at));
+        self.recover_at_ms.store(due, Ordering::Relaxed);
+    }
+
+    /// A fresh reading of the engine's own load: it sets the limit's floor (the engine runs that
+    /// many at once) and its queue growing past `max_queue` is an overload signal.
+    pub fn engine_reading(&self, now: Instant, running: u32, waiting: u32, max_queue: u32) {
+        if let Some(aimd) = &self.aimd {
+            let mut aimd = lock(aimd);
+            aimd.on_engine(now, running, waiting, max_queue);
+            self.publish(&aimd);
+        }
     }
 
     pub fn health(&self, now: Instant) -> Health {
@@ -77,25 +119,25 @@ impl BackendHealth {
         self.outlier.as_ref().is_none_or(|o| lock(o).admit(now))
     }
 
-    /// Records an attempt's outcome. `latency` is the time to a streamed response's head (the
-    /// only latency that tracks load rather than output length); `in_flight` the backend's
-    /// outstanding requests when it was sent. Returns when an ejection it caused ends.
+    /// Records an attempt's outcome; `in_flight` is the backend's outstanding requests when it
+    /// was sent. Only explicit capacity answers and timeouts cut the adaptive limit: how long a
+    /// response head took is not a signal (an engine sends it when a slot takes the request).
+    /// Returns when an ejection it caused ends.
     pub fn record(
         &self,
         now: Instant,
         class: Class,
-        latency: Option<Duration>,
         in_flight: u32,
         may_eject: bool,
     ) -> Option<Instant> {
         if let Some(aimd) = &self.aimd {
             let mut aimd = lock(aimd);
-            match class {
-                Class::Capacity | Class::Timeout => aimd.on_overload(now),
-                Class::Success => aimd.on_success(now, latency, in_flight),
-                Class::Transient | Class::ClientError | Class::ServerError => {}
+            if class.is_overload() {
+                aimd.on_overload(now);
+            } else if class == Class::Success {
+                aimd.on_success(now, in_flight);
             }
-            self.limit.store(aimd.limit(), Ordering::Relaxed);
+            self.publish(&aimd);
         }
         let failed = class.is_backend_failure();
         if class == Class::ClientError {
@@ -126,19 +168,9 @@ impl ModelPool {
     }
 
     /// Records an attempt's outcome on `backend` and logs and counts an ejection.
-    pub fn record(
-        &self,
-        backend: &Backend,
-        now: Instant,
-        class: Class,
-        latency: Option<Duration>,
-        in_flight: u32,
-    ) {
+    pub fn record(&self, backend: &Backend, now: Instant, class: Class, in_flight: u32) {
         let may_eject = class.is_backend_failure() && self.may_eject(now);
-        if let Some(until) = backend
-            .health
-            .record(now, class, latency, in_flight, may_eject)
-        {
+        if let Some(until) = backend.health.record(now, class, in_flight, may_eject) {
             ejected(backend, until - now, class.as_str());
         }
     }

@@ -6,8 +6,8 @@
 //! place.
 
 mod admin;
-mod affinity;
 mod admission;
+mod affinity;
 mod attempts;
 pub mod auth;
 mod connections;

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use metrics::{counter, gauge, histogram, Counter, Gauge, Histogram, Label};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
-use spillway_policy::Class;
+use spillway_policy::{AffinityOutcome, Class, Refusal};
 
 use crate::pool::{Backend, Models};
 use crate::relay::{BodyEnd, EndObserver};
@@ -31,6 +31,7 @@ pub const ATTEMPTS: &str = "spillway_attempts_per_request";
 pub const UPSTREAM_ATTEMPTS: &str = "spillway_upstream_attempts_total";
 pub const RETRIES: &str = "spillway_retries_total";
 pub const BUDGET_EXHAUSTED: &str = "spillway_retry_budget_exhausted_total";
+pub const AFFINITY: &str = "spillway_affinity_total";
 pub const CLIENT_RETRIES: &str = "spillway_client_retries_total";
 pub const CLIENT_RETRIES_SHED: &str = "spillway_client_retries_shed_total";
 pub const STORE_POOL_CONNECTIONS: &str = "spillway_store_pool_connections";
@@ -139,7 +140,11 @@ fn describe() {
     );
     describe_counter!(
         BUDGET_EXHAUSTED,
-        "Retries refused because the model's retry budget was spent."
+        "Retries the model's retry budget refused, by reason: rate_spent (retries over the window reached the ratio plus the floor) or too_many_retrying (too many requests retrying at once)."
+    );
+    describe_counter!(
+        AFFINITY,
+        "Requests of affinity-balanced models by outcome: hit (placed on the backend their prefix or session maps to) or overflow (that backend was over its load bound or could not take it)."
     );
     describe_counter!(
         CLIENT_RETRIES,
@@ -375,17 +380,21 @@ impl RequestLabels {
 /// One model's retry series, registered when its pool is built.
 pub struct PoolMetrics {
     attempts: Histogram,
-    retries: [Counter; 4],
-    budget_exhausted: Counter,
+    retries: [Counter; 5],
+    budget_exhausted: [Counter; 2],
+    affinity: [Counter; 2],
 }
 
 impl PoolMetrics {
-    const RETRIED: [Class; 4] = [
+    const RETRIED: [Class; 5] = [
         Class::Capacity,
         Class::Transient,
         Class::Timeout,
         Class::ServerError,
+        Class::UpstreamAuth,
     ];
+    const REFUSALS: [Refusal; 2] = [Refusal::RateSpent, Refusal::TooManyRetrying];
+    const AFFINITY: [AffinityOutcome; 2] = [AffinityOutcome::Hit, AffinityOutcome::Overflow];
 
     pub fn new(model: &Arc<str>) -> Self {
         recorder();
@@ -397,7 +406,16 @@ impl PoolMetrics {
                 labels.push(Label::new("reason", c.as_str()));
                 counter!(RETRIES, labels)
             }),
-            budget_exhausted: counter!(BUDGET_EXHAUSTED, m()),
+            budget_exhausted: Self::REFUSALS.map(|r| {
+                let mut labels = m();
+                labels.push(Label::new("reason", r.as_str()));
+                counter!(BUDGET_EXHAUSTED, labels)
+            }),
+            affinity: Self::AFFINITY.map(|a| {
+                let mut labels = m();
+                labels.push(Label::new("outcome", a.as_str()));
+                counter!(AFFINITY, labels)
+            }),
         }
     }
 
@@ -411,8 +429,18 @@ impl PoolMetrics {
         }
     }
 
-    pub fn budget_exhausted(&self) {
-        self.budget_exhausted.increment(1);
+    pub fn budget_exhausted(&self, why: Refusal) {
+        if let Some(i) = Self::REFUSALS.iter().position(|r| *r == why) {
+            self.budget_exhausted[i].increment(1);
+        }
+    }
+
+    /// A request of an affinity-balanced model was placed: on its key's backend, or elsewhere
+    /// because that one was over its load bound or could not take it.
+    pub fn affinity(&self, outcome: AffinityOutcome) {
+        if let Some(i) = Self::AFFINITY.iter().position(|a| *a == outcome) {
+            self.affinity[i].increment(1);
+        }
     }
 }
 

@@ -11,10 +11,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use http::{HeaderName, HeaderValue, Uri};
+use spillway_config::Balance;
 use spillway_config::{BackendConfig, BackendKind, Config};
+use spillway_policy::balance::affinity::stable_hash;
 use spillway_policy::concurrency::AimdConfig;
 use spillway_policy::outlier::Health;
-use spillway_policy::{pick, Candidate, RetryBudget, Rules};
+use spillway_policy::{
+    pick, AffinityOutcome, Candidate, EngineView, RetryBudget, Rules, Saturation, Strategy,
+};
 use tokio::sync::Notify;
 
 use crate::health::BackendHealth;
@@ -52,12 +56,16 @@ impl Endpoint {
 #[derive(Debug)]
 pub struct Backend {
     pub name: Arc<str>,
+    /// A stable hash of the name: the backend's identity for affinity.
+    pub id: u64,
     pub kind: &'static str,
     pub region: String,
     pub weight: u32,
     pub max_concurrency: u32,
     /// Its dedicated pool (bulkhead), if any: only tenants of that pool use it.
     pub bulkhead: Option<Arc<str>>,
+    /// Send the request's priority class as the body's `priority` field.
+    pub forward_priority: bool,
     /// The model name to put in the body, when it differs from the client's.
     pub rename_to: Option<String>,
     /// The header carrying the upstream key (`authorization` or Azure's `api-key`).
@@ -129,12 +137,14 @@ impl Backend {
             rules: cfg.rules.clone(),
             health_uri,
             health,
+            id: stable_hash(name.as_bytes()),
             name,
             kind: cfg.kind.as_str(),
             region: cfg.region.clone(),
             weight: cfg.weight,
             max_concurrency: cfg.max_concurrency,
             bulkhead: cfg.pool.as_deref().map(Arc::from),
+            forward_priority: cfg.forward_priority,
             rename_to: (cfg.upstream_model != **model).then(|| cfg.upstream_model.clone()),
             auth_header,
             uris,
@@ -147,6 +157,11 @@ impl Backend {
 
     pub fn uri(&self, endpoint: Endpoint) -> &Uri {
         &self.uris[endpoint.index()]
+    }
+
+    /// What the engine last reported about its load, as the balancer reads it.
+    pub fn engine_view(&self, _now: Instant) -> EngineView {
+        EngineView::Unknown
     }
 
     pub fn outstanding(&self) -> u32 {
@@ -219,6 +234,30 @@ fn upstream_uri(kind: &BackendKind, base: &Uri, endpoint: Endpoint) -> Result<Ur
         .map_err(|e| format!("cannot build upstream URL {text:?}: {e}"))
 }
 
+/// A backend taken for one attempt.
+#[derive(Debug)]
+pub struct Acquired {
+    /// Its index in the pool.
+    pub index: usize,
+    pub hold: InFlight,
+    /// Outside the preferred region.
+    pub spilled_over: bool,
+    /// Whether the request's affinity was honoured, overflowed, or not asked for.
+    pub affinity: AffinityOutcome,
+}
+
+/// What one pick is asked for, besides health and room.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Ask<'a> {
+    /// Only backends of this dedicated pool (`None`: the shared backends).
+    pub bulkhead: Option<&'a str>,
+    pub region: Option<&'a str>,
+    /// Avoided while another region has room (after a capacity failure there).
+    pub avoid_region: Option<&'a str>,
+    /// The request's affinity key, for `prefix_affinity` and `session_affinity`.
+    pub affinity_key: Option<u64>,
+}
+
 /// A model's backends, and the retry budget their requests share.
 #[derive(Debug)]
 pub struct ModelPool {
@@ -233,6 +272,11 @@ pub struct ModelPool {
     pub metrics: PoolMetrics,
     /// Woken whenever a backend of this pool frees a unit of concurrency.
     freed: Arc<Notify>,
+    pub balance: spillway_config::BalanceConfig,
+    /// When an engine's load counts as saturated.
+    pub saturation: Saturation,
+    /// The next turn of `round_robin`.
+    turn: AtomicU64,
 }
 
 impl ModelPool {
@@ -263,16 +307,9 @@ impl ModelPool {
         let _ = tokio::time::timeout(at_most, self.freed.notified()).await;
     }
 
-    /// Picks a backend with room, preferring `region` and avoiding `avoid_region` while another
-    /// region has room, skipping those in `exclude`, cooling down or ejected (unless the pool is
-    /// in panic mode), and takes a unit of its concurrency.
-    pub fn acquire(
-        &self,
-        bulkhead: Option<&str>,
-        region: Option<&str>,
-        exclude: &[usize],
-        avoid_region: Option<&str>,
-    ) -> Option<(usize, InFlight, bool)> {
+    /// Picks a backend with room for `ask`, skipping those in `exclude`, cooling down or ejected
+    /// (unless the pool is in panic mode), and takes a unit of its concurrency.
+    pub fn acquire(&self, ask: Ask<'_>, exclude: &[usize]) -> Option<Acquired> {
         let now = Instant::now();
         // One look at each backend's health per pick: panic mode is derived from it.
         let states: Vec<(Health, bool)> =
@@ -280,7 +317,7 @@ impl ModelPool {
         let healthy = states.iter().filter(|(h, _)| *h == Health::Healthy).count();
         let panic = self.panics_with(healthy);
         let usable = |i: usize, b: &Backend| {
-            b.bulkhead.as_deref() == bulkhead
+            b.bulkhead.as_deref() == ask.bulkhead
                 && !exclude.contains(&i)
                 && !b.skipped(now)
                 && (panic || !matches!(states[i].0, Health::Ejected { .. }))
@@ -288,24 +325,35 @@ impl ModelPool {
         // Healthy backends first (another region first after a capacity failure); degraded
         // ones only when no healthy backend has room.
         let healthy = |i: usize, b: &Backend| usable(i, b) && (panic || !states[i].1);
-        let elsewhere = |i: usize, b: &Backend| healthy(i, b) && Some(&*b.region) != avoid_region;
-        if avoid_region.is_some() {
-            if let Some(found) = self.acquire_among(region, now, panic, elsewhere) {
+        let elsewhere =
+            |i: usize, b: &Backend| healthy(i, b) && Some(&*b.region) != ask.avoid_region;
+        if ask.avoid_region.is_some() {
+            if let Some(found) = self.acquire_among(ask, now, panic, elsewhere) {
                 return Some(found);
             }
         }
-        self.acquire_among(region, now, panic, healthy)
-            .or_else(|| self.acquire_among(region, now, panic, usable))
+        self.acquire_among(ask, now, panic, healthy)
+            .or_else(|| self.acquire_among(ask, now, panic, usable))
     }
 
     fn acquire_among(
         &self,
-        region: Option<&str>,
+        ask: Ask<'_>,
         now: Instant,
         panic: bool,
         usable: impl Fn(usize, &Backend) -> bool,
-    ) -> Option<(usize, InFlight, bool)> {
+    ) -> Option<Acquired> {
         let mut rng = rand::rng();
+        let strategy = match (self.balance.strategy, ask.affinity_key) {
+            (Balance::RoundRobin, _) => Strategy::RoundRobin {
+                turn: self.turn.fetch_add(1, Ordering::Relaxed),
+            },
+            (Balance::PrefixAffinity | Balance::SessionAffinity, Some(key)) => Strategy::Affinity {
+                key,
+                load_factor: self.balance.load_factor,
+            },
+            _ => Strategy::LeastLoad,
+        };
         // A backend may fill up between the snapshot and the CAS, or have its one probe out:
         // re-pick without it. The list is allocated only in that rare case.
         let mut full: Vec<usize> = Vec::new();
@@ -318,15 +366,22 @@ impl ModelPool {
                     region: &b.region,
                     weight: b.weight,
                     outstanding: b.outstanding(),
-                    max_concurrency: b.health.limit(),
+                    limit: b.health.limit(),
                     available: usable(i, b) && !full.contains(&i),
+                    id: b.id,
+                    engine: b.engine_view(now),
                 })
                 .collect();
-            let choice = pick(&candidates, region, &mut rng)?;
+            let choice = pick(&candidates, ask.region, strategy, self.saturation, &mut rng)?;
             let backend = &self.backends[choice.index];
             if panic || backend.health.admit(now) {
-                if let Some(guard) = backend.try_acquire() {
-                    return Some((choice.index, guard, choice.spilled_over));
+                if let Some(hold) = backend.try_acquire() {
+                    return Some(Acquired {
+                        index: choice.index,
+                        hold,
+                        spilled_over: choice.spilled_over,
+                        affinity: choice.affinity,
+                    });
                 }
             }
             full.push(choice.index);
@@ -364,7 +419,7 @@ impl Models {
                         .unwrap_or(b.max_concurrency)
                         .clamp(min_limit, b.max_concurrency),
                     backoff_ratio: adaptive.backoff_ratio,
-                    latency_tolerance: adaptive.latency_tolerance,
+                    recovery: adaptive.recovery,
                     ..AimdConfig::with_max_limit(b.max_concurrency)
                 }
             })
@@ -392,6 +447,9 @@ impl Models {
                 max_ejected_share: config.outlier.max_ejected_share,
                 panic_threshold: config.outlier.panic_threshold,
                 freed,
+                balance: m.balance.clone(),
+                saturation: Saturation::default(),
+                turn: AtomicU64::new(0),
             };
             out.pools.insert(m.name.clone(), Arc::new(pool));
             out.names.push(m.name.clone());

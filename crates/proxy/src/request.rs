@@ -182,12 +182,26 @@ pub fn summarize(body: &[u8]) -> Result<RequestSummary, ApiError> {
 
 /// The body with `model` replaced, every other field kept as it was (order included).
 pub fn with_model(body: &Bytes, model: &str) -> Result<Bytes, ApiError> {
+    with_fields(body, Some(model), None)
+}
+
+/// The body with `model` and `priority` set where given, every other field kept as it was.
+pub fn with_fields(
+    body: &Bytes,
+    model: Option<&str>,
+    priority: Option<i64>,
+) -> Result<Bytes, ApiError> {
     let mut value: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(body)
         .map_err(|e| ApiError::new(ErrorKind::MalformedRequest, e.to_string()))?;
-    value.insert(
-        "model".to_owned(),
-        serde_json::Value::String(model.to_owned()),
-    );
+    if let Some(model) = model {
+        value.insert(
+            "model".to_owned(),
+            serde_json::Value::String(model.to_owned()),
+        );
+    }
+    if let Some(priority) = priority {
+        value.insert("priority".to_owned(), serde_json::Value::from(priority));
+    }
     serde_json::to_vec(&value)
         .map(Bytes::from)
         .map_err(|e| ApiError::new(ErrorKind::Internal, e.to_string()))

@@ -97,6 +97,7 @@ pub(super) fn check_retry(raw: RawRetry, p: &mut Problems) -> RetryConfig {
             "retry.max_retrying_share",
             p,
         ),
+        min_retrying: raw.min_retrying.unwrap_or(b.min_retrying).max(1),
     };
     let mut client_retry_headers = Vec::new();
     for (i, name) in raw
@@ -160,13 +161,13 @@ pub(super) fn check_outlier(raw: RawOutlier, p: &mut Problems) -> OutlierSetting
 pub(super) fn check_health(raw: RawHealthCheck, p: &mut Problems) -> HealthCheckConfig {
     let interval = duration(
         raw.interval,
-        Duration::from_secs(10),
+        Duration::from_secs(2),
         "health_check.interval",
         p,
     );
     let timeout = duration(
         raw.timeout,
-        Duration::from_secs(2),
+        Duration::from_secs(1),
         "health_check.timeout",
         p,
     );
@@ -196,19 +197,24 @@ pub(super) fn check_adaptive(raw: RawAdaptive, p: &mut Problems) -> AdaptiveConf
             format!("must be at least 0.1 and less than 1, got {backoff_ratio}"),
         );
     }
-    let latency_tolerance = raw.latency_tolerance.unwrap_or(2.0);
-    if !(1.0..=100.0).contains(&latency_tolerance) {
+    if raw.latency_tolerance.is_some() {
         p.add(
             "adaptive_concurrency.latency_tolerance",
-            format!("must be between 1 and 100, got {latency_tolerance}"),
+            "is no longer used: a response head that came later than another's is not an overload signal (see docs/routing.md); remove it",
         );
     }
+    let recovery = duration(
+        raw.recovery,
+        Duration::from_secs(1),
+        "adaptive_concurrency.recovery",
+        p,
+    );
     AdaptiveConfig {
         enabled: raw.enabled.unwrap_or(true),
         min_limit: min_limit.max(1),
         initial_limit: raw.initial_limit,
         backoff_ratio: backoff_ratio.clamp(0.1, 0.99),
-        latency_tolerance: latency_tolerance.clamp(1.0, 100.0),
+        recovery,
     }
 }
 

@@ -152,6 +152,7 @@ impl Admission {
         &self,
         pool: &crate::pool::ModelPool,
         tenant: &Tenant,
+        class: spillway_policy::Priority,
         admitted: &mut Admitted,
     ) -> Result<(), ApiError> {
         let key = (pool.name.clone(), tenant.pool.clone());
@@ -177,7 +178,6 @@ impl Admission {
             )
             .retry_after(OVERLOADED_RETRY_AFTER));
         }
-        let class = tenant.limits.priority;
         // Naive: everyone in one line, first come first served.
         let line = if self.naive {
             Arc::from("")

@@ -29,8 +29,9 @@ pub struct MockProfile {
     /// Length of the vectors `/v1/embeddings` returns.
     pub embedding_dim: u32,
     /// Prompt tokens per second a request prefills before its first token: the time to first
-    /// token becomes `ttft + uncached prompt tokens / prefill_tokens_per_sec`. 0 means prefill is
-    /// free, so the first token comes after `ttft` whatever the prompt.
+    /// token becomes `ttft + uncached prompt tokens / prefill_tokens_per_sec` (an embeddings
+    /// request prefills its whole input before it is answered). 0 means prefill is free, so the
+    /// first token comes after `ttft` whatever the prompt.
     pub prefill_tokens_per_sec: f64,
     /// Tokens the simulated KV cache holds; `/metrics` reports the share of it that running
     /// requests take (prompt plus the output they will generate). It reports load and limits

@@ -9,8 +9,10 @@
 //! only after the same text), and a bounded set of those hashes, least recently used evicted
 //! first, stands for the cache. A lookup counts the blocks matched from the start.
 //!
-//! A prompt's blocks count as cached from the moment its prefill starts, not when it ends: two
-//! identical requests moments apart both benefit, which slightly flatters the second one.
+//! Two simplifications: a prompt's blocks count as cached from the moment its prefill starts,
+//! not when it ends, which slightly flatters a repeat sent moments later; and only the text is
+//! hashed, not the roles and message boundaries a real chat template adds, so the same text
+//! matches whichever messages it was split into.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Mutex, MutexGuard, PoisonError};

@@ -22,7 +22,7 @@ use serde_json::Value;
 use crate::embeddings::Embedding;
 use crate::error::ApiError;
 use crate::faults::{self, Injected};
-use crate::generate::{Pace, Plan};
+use crate::generate::{self, Pace, Plan};
 use crate::prefix::{Chunker, PromptBlocks};
 use crate::request::{self, Endpoint, Generation, CHARS_PER_TOKEN};
 use crate::slots::SlotPermit;
@@ -172,23 +172,27 @@ async fn admit(
     }
     // Read before taking a slot, so a malformed request never holds one.
     let profile = &live.profile;
-    let work = match endpoint {
+    let (work, kv_tokens) = match endpoint {
         Endpoint::Embeddings => {
-            Work::Embed(Embedding::parse(fields, profile.embedding_dim).map_err(invalid)?)
+            let e = Embedding::parse(fields, profile.embedding_dim).map_err(invalid)?;
+            let kv = u64::from(e.prompt_tokens());
+            (Work::Embed(e), kv)
         }
         Endpoint::Chat | Endpoint::Completions => {
             let g = request::generation(endpoint, fields).map_err(invalid)?;
+            let output = generate::output_length(&g, profile).0;
+            let kv = u64::from(g.prompt_tokens) + u64::from(output);
             let entries = profile.prefix_cache_entries as usize;
             let prompt = (entries > 0).then(|| {
                 let mut blocks = Chunker::new(&model, profile.prefix_chars as usize, entries);
                 request::for_each_prompt_text(endpoint, fields, |text| blocks.push(text));
                 blocks.finish()
             });
-            Work::Generate { g, prompt }
+            (Work::Generate { g, prompt }, kv)
         }
     };
 
-    let permit = server.slots().acquire().await.map_err(|full| {
+    let permit = server.slots().acquire(kv_tokens).await.map_err(|full| {
         let error = ApiError::queue_full(full.capacity, full.queue);
         Refusal::Error(error, Event::RejectedQueueFull)
     })?;

@@ -9,8 +9,10 @@
 //! (`PUT`/`PATCH /control`), and `/stats` reports what it saw and did, so a test or an incident
 //! replay can flip a healthy backend into a failure mode and then check what reached it.
 //!
-//! Like vLLM, it prefills a prompt before the first token, and a prefix cache makes a prompt
-//! sharing its start with one served recently prefill faster, on this server only.
+//! It also gives the load signals a gateway reads from a real vLLM, from its own state: `GET
+//! /metrics` in vLLM's Prometheus names (requests running and waiting, KV-cache usage, prefix
+//! cache queries and hits), and a prefix cache that makes a prompt sharing its start with one
+//! served recently prefill faster, on this server only.
 //!
 //! It serves three callers: `spillway mock-backend` ([`MockArgs`], [`run`]), the gateway's
 //! in-process mock backends ([`MockServer::serve`]) and tests ([`spawn`]).
@@ -25,6 +27,7 @@ mod embeddings;
 mod error;
 mod faults;
 mod generate;
+mod metrics;
 mod prefix;
 mod request;
 mod routes;

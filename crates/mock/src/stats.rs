@@ -92,6 +92,14 @@ pub(crate) struct Recorder {
     seen: Mutex<Seen>,
 }
 
+/// The counters `/metrics` exposes, read without the lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct EngineCounters {
+    pub(crate) served: u64,
+    pub(crate) prefix_query_tokens: u64,
+    pub(crate) prefix_hit_tokens: u64,
+}
+
 #[derive(Debug, Default)]
 struct Seen {
     by_path: BTreeMap<String, u64>,
@@ -188,6 +196,15 @@ impl Recorder {
             .fetch_add(queried.into(), Ordering::Relaxed);
         self.prefix_hit_tokens
             .fetch_add(hit.into(), Ordering::Relaxed);
+    }
+
+    pub(crate) fn engine_counters(&self) -> EngineCounters {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        EngineCounters {
+            served: get(&self.served),
+            prefix_query_tokens: get(&self.prefix_query_tokens),
+            prefix_hit_tokens: get(&self.prefix_hit_tokens),
+        }
     }
 
     /// The counters now, with the slot occupancy the caller read from the gate.

@@ -28,6 +28,22 @@ pub struct MockProfile {
     pub max_output_tokens: u32,
     /// Length of the vectors `/v1/embeddings` returns.
     pub embedding_dim: u32,
+    /// Prompt tokens per second a request prefills before its first token: the time to first
+    /// token becomes `ttft + uncached prompt tokens / prefill_tokens_per_sec` (an embeddings
+    /// request prefills its whole input before it is answered). 0 means prefill is free, so the
+    /// first token comes after `ttft` whatever the prompt.
+    pub prefill_tokens_per_sec: f64,
+    /// Tokens the simulated KV cache holds; `/metrics` reports the share of it that running
+    /// requests take (prompt plus the output they will generate). It reports load and limits
+    /// nothing: admission is by `capacity` and `queue` alone.
+    pub kv_cache_tokens: u32,
+    /// Prompt blocks the prefix cache remembers, least recently used evicted first; 0 turns the
+    /// cache off, so every prompt prefills whole.
+    pub prefix_cache_entries: u32,
+    /// Characters per prefix-cache block (1024 is about 256 tokens). A prompt is cached up to the
+    /// last block it shares with a prompt this server served recently, as in vLLM's automatic
+    /// prefix caching; an exact repeat is cached whole.
+    pub prefix_chars: u32,
     /// Injected failures.
     pub fault: MockFault,
 }
@@ -52,6 +68,11 @@ pub struct MockFault {
     pub reset_rate: f64,
     /// Break every streamed response off after this many chunks (no `[DONE]`, connection dropped).
     pub break_stream_after: Option<u32>,
+    /// Answer every `GET /metrics` with this status instead of the metrics.
+    pub metrics_error_status: Option<u16>,
+    /// Hang this long before answering each `GET /metrics`.
+    #[serde(with = "humantime_serde")]
+    pub metrics_stall: Option<Duration>,
 }
 
 impl Default for MockProfile {
@@ -64,6 +85,10 @@ impl Default for MockProfile {
             tokens_per_sec: 200.0,
             max_output_tokens: 16,
             embedding_dim: 16,
+            prefill_tokens_per_sec: 0.0,
+            kv_cache_tokens: 65536,
+            prefix_cache_entries: 256,
+            prefix_chars: 1024,
             fault: MockFault::default(),
         }
     }
@@ -79,6 +104,8 @@ impl Default for MockFault {
             stall: Duration::from_secs(30),
             reset_rate: 0.0,
             break_stream_after: None,
+            metrics_error_status: None,
+            metrics_stall: None,
         }
     }
 }
@@ -96,8 +123,19 @@ impl MockProfile {
         if self.capacity == 0 {
             out.push(("capacity", "must be at least 1".to_owned()));
         }
-        if !(self.tokens_per_sec.is_finite() && self.tokens_per_sec >= 0.0) {
-            out.push(("tokens_per_sec", "must be a finite number >= 0".to_owned()));
+        for (field, rate) in [
+            ("tokens_per_sec", self.tokens_per_sec),
+            ("prefill_tokens_per_sec", self.prefill_tokens_per_sec),
+        ] {
+            if !(rate.is_finite() && rate >= 0.0) {
+                out.push((field, "must be a finite number >= 0".to_owned()));
+            }
+        }
+        if self.kv_cache_tokens == 0 {
+            out.push(("kv_cache_tokens", "must be at least 1".to_owned()));
+        }
+        if self.prefix_chars == 0 {
+            out.push(("prefix_chars", "must be at least 1".to_owned()));
         }
         for (field, rate) in [
             ("fault.error_rate", self.fault.error_rate),
@@ -108,15 +146,63 @@ impl MockProfile {
                 out.push((field, format!("must be between 0 and 1, got {rate}")));
             }
         }
-        if !(400..=599).contains(&self.fault.error_status) {
-            out.push((
-                "fault.error_status",
-                format!(
-                    "must be a 4xx or 5xx status, got {}",
-                    self.fault.error_status
-                ),
-            ));
+        let statuses = [
+            ("fault.error_status", Some(self.fault.error_status)),
+            (
+                "fault.metrics_error_status",
+                self.fault.metrics_error_status,
+            ),
+        ];
+        for (field, status) in statuses {
+            if let Some(status) = status.filter(|s| !(400..=599).contains(s)) {
+                out.push((field, format!("must be a 4xx or 5xx status, got {status}")));
+            }
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_profile_has_no_problems() {
+        assert_eq!(MockProfile::default().problems(), []);
+    }
+
+    #[test]
+    fn cache_prefill_and_metrics_fault_settings_are_checked() {
+        let p = MockProfile {
+            prefill_tokens_per_sec: f64::INFINITY,
+            kv_cache_tokens: 0,
+            prefix_chars: 0,
+            fault: MockFault {
+                metrics_error_status: Some(200),
+                ..MockFault::default()
+            },
+            ..MockProfile::default()
+        };
+        let fields: Vec<&str> = p.problems().iter().map(|(f, _)| *f).collect();
+        assert_eq!(
+            fields,
+            [
+                "prefill_tokens_per_sec",
+                "kv_cache_tokens",
+                "prefix_chars",
+                "fault.metrics_error_status"
+            ]
+        );
+        let negative = MockProfile {
+            prefill_tokens_per_sec: -1.0,
+            prefix_cache_entries: 0,
+            fault: MockFault {
+                metrics_error_status: Some(503),
+                ..MockFault::default()
+            },
+            ..MockProfile::default()
+        };
+        let fields: Vec<&str> = negative.problems().iter().map(|(f, _)| *f).collect();
+        assert_eq!(fields, ["prefill_tokens_per_sec"]);
     }
 }

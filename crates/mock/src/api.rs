@@ -3,8 +3,9 @@
 //! The order is the order a real, sometimes broken, backend would impose: the body is read and
 //! remembered (so `/stats` shows what reached the server even when a fault then hits it), the
 //! profile's faults strike before the server looks at the request, then the key, the request
-//! and the model are checked, a generation slot is taken (or 429), and only then is the reply
-//! generated at the profile's pace. Every exit records exactly one outcome.
+//! and the model are checked, a generation slot is taken (or 429), the prompt is looked up in
+//! the prefix cache, and only then is the reply generated at the profile's pace: the uncached
+//! part of the prompt prefilled, then the tokens. Every exit records exactly one outcome.
 
 use std::sync::Arc;
 
@@ -21,8 +22,9 @@ use serde_json::Value;
 use crate::embeddings::Embedding;
 use crate::error::ApiError;
 use crate::faults::{self, Injected};
-use crate::generate::{Pace, Plan};
-use crate::request::{self, Endpoint, Generation};
+use crate::generate::{self, Pace, Plan};
+use crate::prefix::{Chunker, PromptBlocks};
+use crate::request::{self, Endpoint, Generation, CHARS_PER_TOKEN};
 use crate::slots::SlotPermit;
 use crate::stats::{Event, Outcome, Remembered};
 use crate::stream::{self, StreamParts};
@@ -46,7 +48,7 @@ pub(crate) async fn infer(
     let live = server.live();
     let mut outcome = server.recorder().arrive(parts.uri.path());
     match admit(&server, &live, endpoint, deployment, &parts, body, &outcome).await {
-        Ok(admitted) => reply(admitted, &live, outcome).await,
+        Ok(admitted) => reply(&server, admitted, &live, outcome).await,
         Err(Refusal::Reset) => {
             outcome.settle(Some(Event::ResetInjected));
             let mut r = Response::new(Body::empty());
@@ -97,7 +99,11 @@ fn invalid(error: ApiError) -> Refusal {
 
 /// What a checked request asks for.
 enum Work {
-    Generate(Generation),
+    /// `prompt` is the prompt's blocks for the prefix cache, unless the cache is off.
+    Generate {
+        g: Generation,
+        prompt: Option<PromptBlocks>,
+    },
     Embed(Embedding),
 }
 
@@ -165,16 +171,28 @@ async fn admit(
         return Err(invalid(ApiError::model_not_found(&model)));
     }
     // Read before taking a slot, so a malformed request never holds one.
-    let work = match endpoint {
+    let profile = &live.profile;
+    let (work, kv_tokens) = match endpoint {
         Endpoint::Embeddings => {
-            Work::Embed(Embedding::parse(fields, live.profile.embedding_dim).map_err(invalid)?)
+            let e = Embedding::parse(fields, profile.embedding_dim).map_err(invalid)?;
+            let kv = u64::from(e.prompt_tokens());
+            (Work::Embed(e), kv)
         }
         Endpoint::Chat | Endpoint::Completions => {
-            Work::Generate(request::generation(endpoint, fields).map_err(invalid)?)
+            let g = request::generation(endpoint, fields).map_err(invalid)?;
+            let output = generate::output_length(&g, profile).0;
+            let kv = u64::from(g.prompt_tokens) + u64::from(output);
+            let entries = profile.prefix_cache_entries as usize;
+            let prompt = (entries > 0).then(|| {
+                let mut blocks = Chunker::new(&model, profile.prefix_chars as usize, entries);
+                request::for_each_prompt_text(endpoint, fields, |text| blocks.push(text));
+                blocks.finish()
+            });
+            (Work::Generate { g, prompt }, kv)
         }
     };
 
-    let permit = server.slots().acquire().await.map_err(|full| {
+    let permit = server.slots().acquire(kv_tokens).await.map_err(|full| {
         let error = ApiError::queue_full(full.capacity, full.queue);
         Refusal::Error(error, Event::RejectedQueueFull)
     })?;
@@ -186,15 +204,17 @@ async fn admit(
     })
 }
 
-async fn reply(a: Admitted, live: &Live, mut outcome: Outcome) -> Response {
+async fn reply(server: &MockServer, a: Admitted, live: &Live, mut outcome: Outcome) -> Response {
     let profile = &live.profile;
-    let pace = Pace::start(profile);
     let response = match a.work {
         Work::Embed(embedding) => {
+            let pace = Pace::start(profile, embedding.prompt_tokens());
             tokio::time::sleep_until(pace.due(0)).await;
             Json(embedding.response(&a.model)).into_response()
         }
-        Work::Generate(g) => {
+        Work::Generate { g, prompt } => {
+            let prefill = uncached_tokens(server, &g, prompt.as_ref(), profile);
+            let pace = Pace::start(profile, prefill);
             let plan = Plan::new(a.endpoint, &a.model, &g, profile);
             if g.stream {
                 return event_stream(StreamParts {
@@ -215,6 +235,26 @@ async fn reply(a: Admitted, live: &Live, mut outcome: Outcome) -> Response {
     drop(a.permit);
     outcome.settle(Some(Event::Served));
     response
+}
+
+/// The prompt tokens left to prefill: all of them, less the start the prefix cache holds. The
+/// lookup is counted; with the cache off there is none.
+fn uncached_tokens(
+    server: &MockServer,
+    g: &Generation,
+    prompt: Option<&PromptBlocks>,
+    profile: &spillway_config::MockProfile,
+) -> u32 {
+    let Some(prompt) = prompt else {
+        return g.prompt_tokens;
+    };
+    let capacity = profile.prefix_cache_entries as usize;
+    let cached_chars = server.prefix_cache().lookup_and_insert(prompt, capacity);
+    let hit = u32::try_from(cached_chars / CHARS_PER_TOKEN)
+        .unwrap_or(u32::MAX)
+        .min(g.prompt_tokens);
+    server.recorder().prefix_lookup(g.prompt_tokens, hit);
+    g.prompt_tokens - hit
 }
 
 fn event_stream(parts: StreamParts) -> Response {

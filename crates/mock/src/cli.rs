@@ -39,6 +39,18 @@ pub struct MockArgs {
     /// Length of embedding vectors.
     #[arg(long, value_name = "N", default_value_t = MockProfile::default().embedding_dim)]
     pub embedding_dim: u32,
+    /// Prompt tokens per second prefilled before the first token (0: prefill is free).
+    #[arg(long, value_name = "RATE", default_value_t = MockProfile::default().prefill_tokens_per_sec)]
+    pub prefill_tokens_per_sec: f64,
+    /// KV-cache size in tokens, for the usage `/metrics` reports.
+    #[arg(long, value_name = "N", default_value_t = MockProfile::default().kv_cache_tokens)]
+    pub kv_cache_tokens: u32,
+    /// Prompt blocks the prefix cache remembers (0: no prefix cache).
+    #[arg(long, value_name = "N", default_value_t = MockProfile::default().prefix_cache_entries)]
+    pub prefix_cache_entries: u32,
+    /// Characters per prefix-cache block.
+    #[arg(long, value_name = "N", default_value_t = MockProfile::default().prefix_chars)]
+    pub prefix_chars: u32,
     /// Share of requests answered with --error-status, from 0 to 1.
     #[arg(long, value_name = "RATE", default_value_t = MockProfile::default().fault.error_rate)]
     pub error_rate: f64,
@@ -60,6 +72,12 @@ pub struct MockArgs {
     /// Break every stream off after N events (no `[DONE]`).
     #[arg(long, value_name = "N")]
     pub break_stream_after: Option<u32>,
+    /// Answer `/metrics` with this status instead of the metrics.
+    #[arg(long, value_name = "STATUS")]
+    pub metrics_error_status: Option<u16>,
+    /// Hang this long before answering `/metrics`, e.g. 2s.
+    #[arg(long, value_name = "DURATION")]
+    pub metrics_stall: Option<humantime::Duration>,
     /// Require `Authorization: Bearer KEY` or `api-key: KEY`, with KEY read from this
     /// environment variable (the key itself never appears on the command line).
     #[arg(long, value_name = "VAR")]
@@ -77,6 +95,10 @@ impl MockArgs {
             tokens_per_sec: self.tokens_per_sec,
             max_output_tokens: self.max_output_tokens,
             embedding_dim: self.embedding_dim,
+            prefill_tokens_per_sec: self.prefill_tokens_per_sec,
+            kv_cache_tokens: self.kv_cache_tokens,
+            prefix_cache_entries: self.prefix_cache_entries,
+            prefix_chars: self.prefix_chars,
             fault: spillway_config::MockFault {
                 error_rate: self.error_rate,
                 error_status: self.error_status,
@@ -85,6 +107,8 @@ impl MockArgs {
                 stall: self.stall.into(),
                 reset_rate: self.reset_rate,
                 break_stream_after: self.break_stream_after,
+                metrics_error_status: self.metrics_error_status,
+                metrics_stall: self.metrics_stall.map(Into::into),
             },
         };
         let problems = profile.problems();
@@ -179,6 +203,12 @@ mod tests {
             "1500ms",
             "--break-stream-after",
             "3",
+            "--prefill-tokens-per-sec",
+            "1000",
+            "--prefix-cache-entries",
+            "0",
+            "--metrics-stall",
+            "2s",
         ])
         .profile()
         .unwrap();
@@ -188,6 +218,9 @@ mod tests {
         assert_eq!(p.fault.error_status, 503);
         assert_eq!(p.fault.retry_after, Some(Duration::from_millis(1500)));
         assert_eq!(p.fault.break_stream_after, Some(3));
+        assert_eq!(p.prefill_tokens_per_sec, 1000.0);
+        assert_eq!(p.prefix_cache_entries, 0);
+        assert_eq!(p.fault.metrics_stall, Some(Duration::from_secs(2)));
     }
 
     #[test]

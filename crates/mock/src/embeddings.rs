@@ -87,6 +87,10 @@ impl Embedding {
         })
     }
 
+    pub(crate) fn prompt_tokens(&self) -> u32 {
+        self.prompt_tokens
+    }
+
     /// The OpenAI `list` of `embedding` objects.
     pub(crate) fn response(&self, model: &str) -> Value {
         let data: Vec<Value> = self

@@ -3,8 +3,9 @@
 //! The shapes follow what the official `openai` SDKs parse: `chat.completion` and
 //! `text_completion` objects with `usage`, and for streams `chat.completion.chunk` /
 //! `text_completion` chunks framed as server-sent events. Timing is a schedule (first token
-//! after `ttft`, then one per `1 / tokens_per_sec`) measured from one start instant, so slow
-//! polling never makes a stream drift later than the profile says.
+//! after `ttft` plus the prefill of the prompt tokens the prefix cache did not hold, then one per
+//! `1 / tokens_per_sec`) measured from one start instant, so slow polling never makes a stream
+//! drift later than the profile says.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -45,10 +46,7 @@ impl Plan {
         g: &Generation,
         profile: &MockProfile,
     ) -> Self {
-        let (tokens, finish_reason) = match g.max_tokens {
-            Some(limit) if limit <= profile.max_output_tokens => (limit, "length"),
-            _ => (profile.max_output_tokens, "stop"),
-        };
+        let (tokens, finish_reason) = output_length(g, profile);
         let chat = endpoint == Endpoint::Chat;
         let prefix = if chat { "chatcmpl" } else { "cmpl" };
         Self {
@@ -134,6 +132,14 @@ impl Plan {
     }
 }
 
+/// How many tokens a request gets and why it stops there.
+pub(crate) fn output_length(g: &Generation, profile: &MockProfile) -> (u32, &'static str) {
+    match g.max_tokens {
+        Some(limit) if limit <= profile.max_output_tokens => (limit, "length"),
+        _ => (profile.max_output_tokens, "stop"),
+    }
+}
+
 /// When each token of one request is due.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Pace {
@@ -143,22 +149,26 @@ pub(crate) struct Pace {
 }
 
 impl Pace {
-    /// Starts the schedule now, when the request holds its generation slot.
-    pub(crate) fn start(profile: &MockProfile) -> Self {
-        let tps = profile.tokens_per_sec;
-        let interval = if tps > 0.0 {
-            Duration::try_from_secs_f64(1.0 / tps).map_or(LONGEST_WAIT, |d| d.min(LONGEST_WAIT))
-        } else {
-            Duration::ZERO
+    /// Starts the schedule now, when the request holds its generation slot and has `prefill`
+    /// prompt tokens to compute before its first token.
+    pub(crate) fn start(profile: &MockProfile, prefill: u32) -> Self {
+        let time_for = |tokens: f64, rate: f64| {
+            if rate > 0.0 {
+                Duration::try_from_secs_f64(tokens / rate)
+                    .map_or(LONGEST_WAIT, |d| d.min(LONGEST_WAIT))
+            } else {
+                Duration::ZERO
+            }
         };
+        let prefill = time_for(prefill.into(), profile.prefill_tokens_per_sec);
         Self {
             start: Instant::now(),
-            ttft: profile.ttft.min(LONGEST_WAIT),
-            interval,
+            ttft: profile.ttft.saturating_add(prefill).min(LONGEST_WAIT),
+            interval: time_for(1.0, profile.tokens_per_sec),
         }
     }
 
-    /// Token `i` (from 0) is due `ttft + i / tokens_per_sec` after the start.
+    /// Token `i` (from 0) is due `ttft + prefill + i / tokens_per_sec` after the start.
     pub(crate) fn due(&self, i: u32) -> Instant {
         let offset = self
             .ttft
@@ -246,15 +256,27 @@ mod tests {
             tokens_per_sec: 100.0,
             ..MockProfile::default()
         };
-        let pace = Pace::start(&p);
+        let pace = Pace::start(&p, 0);
         assert_eq!(pace.due(0) - pace.start, Duration::from_millis(10));
         assert_eq!(pace.due(3) - pace.start, Duration::from_millis(40));
+        let prefilling = MockProfile {
+            prefill_tokens_per_sec: 1000.0,
+            ..p
+        };
+        let pace = Pace::start(&prefilling, 500);
+        assert_eq!(pace.due(0) - pace.start, Duration::from_millis(510));
         let slow = MockProfile {
             ttft: Duration::MAX,
             tokens_per_sec: 1e-300,
             ..MockProfile::default()
         };
-        let pace = Pace::start(&slow);
+        let pace = Pace::start(&slow, 0);
         assert_eq!(pace.due(u32::MAX) - pace.start, LONGEST_WAIT);
+        let slow_prefill = MockProfile {
+            prefill_tokens_per_sec: 1e-300,
+            ..MockProfile::default()
+        };
+        let pace = Pace::start(&slow_prefill, u32::MAX);
+        assert_eq!(pace.due(0) - pace.start, LONGEST_WAIT);
     }
 }

@@ -9,6 +9,11 @@
 //! (`PUT`/`PATCH /control`), and `/stats` reports what it saw and did, so a test or an incident
 //! replay can flip a healthy backend into a failure mode and then check what reached it.
 //!
+//! It also gives the load signals a gateway reads from a real vLLM, from its own state: `GET
+//! /metrics` in vLLM's Prometheus names (requests running and waiting, KV-cache usage, prefix
+//! cache queries and hits), and a prefix cache that makes a prompt sharing its start with one
+//! served recently prefill faster, on this server only.
+//!
 //! It serves three callers: `spillway mock-backend` ([`MockArgs`], [`run`]), the gateway's
 //! in-process mock backends ([`MockServer::serve`]) and tests ([`spawn`]).
 //!
@@ -22,6 +27,8 @@ mod embeddings;
 mod error;
 mod faults;
 mod generate;
+mod metrics;
+mod prefix;
 mod request;
 mod routes;
 mod server;
@@ -38,6 +45,7 @@ pub use cli::{run, MockArgs};
 pub use spillway_config::{MockFault, MockProfile};
 pub use stats::{LastRequest, MockStats};
 
+use prefix::PrefixCache;
 use slots::Slots;
 use stats::Recorder;
 
@@ -51,6 +59,7 @@ struct Shared {
     live: RwLock<Arc<Live>>,
     slots: Arc<Slots>,
     stats: Arc<Recorder>,
+    prefix: PrefixCache,
 }
 
 /// The settings requests read when they arrive; replaced whole, never edited in place, so a
@@ -74,6 +83,7 @@ impl MockServer {
                 })),
                 slots: Arc::new(slots),
                 stats: Arc::new(Recorder::default()),
+                prefix: PrefixCache::default(),
             }),
         }
     }
@@ -121,6 +131,7 @@ impl MockServer {
 
     /// Replaces the profile with `next(current)` if that succeeds, atomically with respect to
     /// other changes, so two concurrent `PATCH /control` calls cannot lose one another's edit.
+    /// Turning the prefix cache off, or changing its block length, forgets what it held.
     pub(crate) fn try_update_profile<E>(
         &self,
         next: impl FnOnce(&MockProfile) -> Result<MockProfile, E>,
@@ -132,6 +143,11 @@ impl MockServer {
                 .write()
                 .unwrap_or_else(PoisonError::into_inner);
             let profile = next(&live.profile)?;
+            if profile.prefix_cache_entries == 0
+                || profile.prefix_chars != live.profile.prefix_chars
+            {
+                self.shared.prefix.clear();
+            }
             *live = Arc::new(Live {
                 profile: profile.clone(),
                 required_key: live.required_key.clone(),
@@ -157,6 +173,10 @@ impl MockServer {
 
     pub(crate) fn recorder(&self) -> &Arc<Recorder> {
         &self.shared.stats
+    }
+
+    pub(crate) fn prefix_cache(&self) -> &PrefixCache {
+        &self.shared.prefix
     }
 
     fn replace_live(&self, next: impl FnOnce(&Live) -> Live) {

@@ -34,7 +34,7 @@ pub(crate) fn generation(
     body: &Map<String, Value>,
 ) -> Result<Generation, ApiError> {
     let prompt_tokens = match endpoint {
-        Endpoint::Chat => chat_prompt_tokens(body.get("messages"))?,
+        Endpoint::Chat => chat_prompt_tokens(body)?,
         Endpoint::Completions | Endpoint::Embeddings => {
             text_prompt_tokens(body.get("prompt"), "prompt")?
         }
@@ -74,9 +74,49 @@ pub(crate) fn generation(
     })
 }
 
-/// Prompt tokens as tokenizers roughly count English: four characters a token, at least one.
+/// Characters per token, as tokenizers roughly count English.
+pub(crate) const CHARS_PER_TOKEN: usize = 4;
+
+/// Prompt tokens of `chars` characters of text, at least one.
 pub(crate) fn tokens_for_chars(chars: usize) -> u32 {
-    u32::try_from(chars / 4).unwrap_or(u32::MAX).max(1)
+    u32::try_from(chars / CHARS_PER_TOKEN)
+        .unwrap_or(u32::MAX)
+        .max(1)
+}
+
+/// Calls `f` with each piece of a checked request's prompt text, in order: the chat messages'
+/// contents (strings and text parts), or a completion's string prompt or prompts. Prompts given
+/// as token ids have no text. These are the characters [`tokens_for_chars`] counts.
+pub(crate) fn for_each_prompt_text<'a>(
+    endpoint: Endpoint,
+    body: &'a Map<String, Value>,
+    mut f: impl FnMut(&'a str),
+) {
+    match endpoint {
+        Endpoint::Chat => {
+            let messages = body.get("messages").and_then(Value::as_array);
+            for content in messages
+                .into_iter()
+                .flatten()
+                .filter_map(|m| m.get("content"))
+            {
+                match content {
+                    Value::String(s) => f(s),
+                    Value::Array(parts) => parts
+                        .iter()
+                        .filter_map(|p| p.get("text").and_then(Value::as_str))
+                        .for_each(&mut f),
+                    _ => {}
+                }
+            }
+        }
+        Endpoint::Completions => match body.get("prompt") {
+            Some(Value::String(s)) => f(s),
+            Some(Value::Array(items)) => items.iter().filter_map(Value::as_str).for_each(f),
+            _ => {}
+        },
+        Endpoint::Embeddings => {}
+    }
 }
 
 /// Tokens of a completion `prompt` or an embeddings `input`: a string, strings, token ids, or
@@ -105,33 +145,20 @@ pub(crate) fn text_prompt_tokens(v: Option<&Value>, param: &'static str) -> Resu
     }
 }
 
-fn chat_prompt_tokens(messages: Option<&Value>) -> Result<u32, ApiError> {
-    let invalid = || {
-        ApiError::invalid_param(
-            "messages",
-            "`messages` must be a non-empty array of message objects",
-        )
-    };
-    let messages = match messages {
-        Some(Value::Array(m)) if !m.is_empty() => m,
-        _ => return Err(invalid()),
-    };
-    let mut chars = 0usize;
-    for message in messages {
-        let message = message.as_object().ok_or_else(invalid)?;
-        match message.get("content") {
-            Some(Value::String(s)) => chars = chars.saturating_add(s.chars().count()),
-            Some(Value::Array(parts)) => {
-                for text in parts
-                    .iter()
-                    .filter_map(|p| p.get("text").and_then(Value::as_str))
-                {
-                    chars = chars.saturating_add(text.chars().count());
-                }
-            }
-            _ => {}
+fn chat_prompt_tokens(body: &Map<String, Value>) -> Result<u32, ApiError> {
+    match body.get("messages") {
+        Some(Value::Array(m)) if !m.is_empty() && m.iter().all(Value::is_object) => {}
+        _ => {
+            return Err(ApiError::invalid_param(
+                "messages",
+                "`messages` must be a non-empty array of message objects",
+            ))
         }
     }
+    let mut chars = 0usize;
+    for_each_prompt_text(Endpoint::Chat, body, |s| {
+        chars = chars.saturating_add(s.chars().count());
+    });
     Ok(tokens_for_chars(chars))
 }
 
@@ -205,6 +232,26 @@ mod tests {
         }
         assert!(parse(Endpoint::Completions, json!({})).is_err());
         assert!(parse(Endpoint::Completions, json!({"prompt": [{"a": 1}]})).is_err());
+    }
+
+    #[test]
+    fn prompt_text_is_what_the_token_estimate_counts() {
+        let texts = |endpoint, v: Value| {
+            let mut out = Vec::new();
+            for_each_prompt_text(endpoint, v.as_object().unwrap(), |s| out.push(s.to_owned()));
+            out
+        };
+        let chat = json!({"messages": [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "image_url"}]},
+            {"role": "assistant", "tool_calls": []},
+        ]});
+        assert_eq!(texts(Endpoint::Chat, chat), ["be brief", "hi"]);
+        assert_eq!(
+            texts(Endpoint::Completions, json!({"prompt": ["a", "b"]})),
+            ["a", "b"]
+        );
+        assert!(texts(Endpoint::Completions, json!({"prompt": [1, 2]})).is_empty());
     }
 
     #[test]

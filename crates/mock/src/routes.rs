@@ -1,5 +1,5 @@
-//! The URL map: OpenAI `/v1` paths, Azure OpenAI deployment paths, and the mock's own
-//! `/health`, `/stats` and `/control`.
+//! The URL map: OpenAI `/v1` paths, Azure OpenAI deployment paths, vLLM's `/metrics`, and the
+//! mock's own `/health`, `/stats` and `/control`.
 //!
 //! Azure paths name the model in the URL (`/openai/deployments/{deployment}/...`) and require
 //! `?api-version=`; they serve the same handlers so a gateway's Azure backend kind can be tested
@@ -15,6 +15,7 @@ use serde_json::json;
 use crate::api::{self, authorize};
 use crate::control;
 use crate::error::ApiError;
+use crate::metrics;
 use crate::request::Endpoint;
 use crate::{MockServer, MockStats};
 
@@ -38,6 +39,7 @@ pub(crate) fn router(server: MockServer) -> Router {
         )
         .route("/v1/models", get(models))
         .route("/health", get(health))
+        .route("/metrics", get(metrics::metrics))
         .route("/stats", get(stats))
         .route("/stats/reset", post(reset_stats))
         .route(

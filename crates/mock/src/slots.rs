@@ -7,6 +7,9 @@
 //! /control`) and the new capacity must hold for the next request, including requests already
 //! waiting when it grows. Waiters are woken together and race for a freed slot, so the queue is
 //! bounded but not strictly first-in first-out; for a simulated backend that is close enough.
+//!
+//! Each slot also holds the KV-cache tokens its request needs, given back with the slot, so the
+//! load `/metrics` reports is read in one place and can never outlive the requests behind it.
 
 use std::pin::pin;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -26,6 +29,18 @@ struct Occupancy {
     queue: u32,
     generating: u32,
     waiting: u32,
+    kv_tokens: u64,
+}
+
+/// What the requests hold right now.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Load {
+    /// Requests holding a generation slot.
+    pub(crate) generating: u32,
+    /// Requests waiting for one.
+    pub(crate) waiting: u32,
+    /// KV-cache tokens the generating requests hold.
+    pub(crate) kv_tokens: u64,
 }
 
 /// The queue was full: the caller should answer 429.
@@ -35,10 +50,12 @@ pub(crate) struct QueueFull {
     pub(crate) queue: u32,
 }
 
-/// A held generation slot, given back when dropped (also when the request is cancelled).
+/// A held generation slot and its KV-cache tokens, given back when dropped (also when the
+/// request is cancelled).
 #[derive(Debug)]
 pub(crate) struct SlotPermit {
     slots: Arc<Slots>,
+    kv_tokens: u64,
 }
 
 impl Slots {
@@ -66,17 +83,26 @@ impl Slots {
 
     /// (generating, waiting) right now.
     pub(crate) fn occupancy(&self) -> (u32, u32) {
-        let s = self.lock();
-        (s.generating, s.waiting)
+        let load = self.load();
+        (load.generating, load.waiting)
     }
 
-    /// Takes a slot, waiting in the queue if there is room there, or refuses at once.
-    pub(crate) async fn acquire(self: &Arc<Self>) -> Result<SlotPermit, QueueFull> {
+    pub(crate) fn load(&self) -> Load {
+        let s = self.lock();
+        Load {
+            generating: s.generating,
+            waiting: s.waiting,
+            kv_tokens: s.kv_tokens,
+        }
+    }
+
+    /// Takes a slot holding `kv_tokens`, waiting in the queue if there is room there, or refuses
+    /// at once.
+    pub(crate) async fn acquire(self: &Arc<Self>, kv_tokens: u64) -> Result<SlotPermit, QueueFull> {
         {
             let mut s = self.lock();
             if s.generating < s.capacity {
-                s.generating += 1;
-                return Ok(self.permit());
+                return Ok(self.admit(&mut s, kv_tokens));
             }
             if s.waiting >= s.queue {
                 return Err(QueueFull {
@@ -97,19 +123,21 @@ impl Slots {
             {
                 let mut s = self.lock();
                 if s.generating < s.capacity {
-                    s.generating += 1;
                     s.waiting -= 1;
                     waiting.admitted = true;
-                    return Ok(self.permit());
+                    return Ok(self.admit(&mut s, kv_tokens));
                 }
             }
             freed.await;
         }
     }
 
-    fn permit(self: &Arc<Self>) -> SlotPermit {
+    fn admit(self: &Arc<Self>, s: &mut Occupancy, kv_tokens: u64) -> SlotPermit {
+        s.generating += 1;
+        s.kv_tokens = s.kv_tokens.saturating_add(kv_tokens);
         SlotPermit {
             slots: Arc::clone(self),
+            kv_tokens,
         }
     }
 
@@ -140,6 +168,7 @@ impl Drop for SlotPermit {
         let anyone_waiting = {
             let mut s = self.slots.lock();
             s.generating = s.generating.saturating_sub(1);
+            s.kv_tokens = s.kv_tokens.saturating_sub(self.kv_tokens);
             s.waiting > 0
         };
         if anyone_waiting {
@@ -163,12 +192,12 @@ mod tests {
     #[tokio::test]
     async fn full_capacity_queues_then_refuses() {
         let slots = Arc::new(Slots::new(1, 1));
-        let held = slots.acquire().await.unwrap();
-        let mut queued = pin!(slots.acquire());
+        let held = slots.acquire(1).await.unwrap();
+        let mut queued = pin!(slots.acquire(1));
         assert!(poll_once(queued.as_mut()).is_none());
         assert_eq!(slots.occupancy(), (1, 1));
         assert_eq!(
-            slots.acquire().await.unwrap_err(),
+            slots.acquire(1).await.unwrap_err(),
             QueueFull {
                 capacity: 1,
                 queue: 1
@@ -184,8 +213,8 @@ mod tests {
     #[tokio::test]
     async fn growing_capacity_admits_requests_already_waiting() {
         let slots = Arc::new(Slots::new(1, 4));
-        let _held = slots.acquire().await.unwrap();
-        let mut queued = pin!(slots.acquire());
+        let _held = slots.acquire(1).await.unwrap();
+        let mut queued = pin!(slots.acquire(1));
         assert!(poll_once(queued.as_mut()).is_none());
         slots.resize(2, 4);
         let _admitted = poll_once(queued.as_mut()).unwrap().unwrap();
@@ -195,9 +224,9 @@ mod tests {
     #[tokio::test]
     async fn cancelled_waiter_leaves_the_queue() {
         let slots = Arc::new(Slots::new(1, 1));
-        let _held = slots.acquire().await.unwrap();
+        let _held = slots.acquire(1).await.unwrap();
         {
-            let mut queued = pin!(slots.acquire());
+            let mut queued = pin!(slots.acquire(1));
             assert!(poll_once(queued.as_mut()).is_none());
             assert_eq!(slots.occupancy(), (1, 1));
         }
@@ -207,13 +236,28 @@ mod tests {
     #[tokio::test]
     async fn shrinking_capacity_holds_new_requests_until_below_it() {
         let slots = Arc::new(Slots::new(2, 4));
-        let a = slots.acquire().await.unwrap();
-        let _b = slots.acquire().await.unwrap();
+        let a = slots.acquire(1).await.unwrap();
+        let _b = slots.acquire(1).await.unwrap();
         slots.resize(1, 4);
-        let mut queued = pin!(slots.acquire());
+        let mut queued = pin!(slots.acquire(1));
         assert!(poll_once(queued.as_mut()).is_none());
         drop(a);
         assert!(poll_once(queued.as_mut()).is_none());
         assert_eq!(slots.occupancy(), (1, 1));
+    }
+
+    #[tokio::test]
+    async fn kv_tokens_are_held_with_the_slot_and_not_while_waiting() {
+        let slots = Arc::new(Slots::new(1, 1));
+        let a = slots.acquire(100).await.unwrap();
+        let mut queued = pin!(slots.acquire(30));
+        assert!(poll_once(queued.as_mut()).is_none());
+        let load = slots.load();
+        assert_eq!((load.generating, load.waiting, load.kv_tokens), (1, 1, 100));
+        drop(a);
+        let b = poll_once(queued.as_mut()).unwrap().unwrap();
+        assert_eq!(slots.load().kv_tokens, 30);
+        drop(b);
+        assert_eq!(slots.load(), Load::default());
     }
 }

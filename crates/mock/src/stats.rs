@@ -13,7 +13,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 /// A snapshot of the server's counters. Counters cover inference requests only (chat,
-/// completions, embeddings, on `/v1` or Azure paths), never `/stats`, `/control` or `/health`.
+/// completions, embeddings, on `/v1` or Azure paths), never `/stats`, `/control`, `/health` or
+/// `/metrics`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct MockStats {
     /// Inference requests that reached the server, whatever became of them.
@@ -34,6 +35,14 @@ pub struct MockStats {
     pub streams_broken: u64,
     /// Requests whose client went away before the response was complete.
     pub cancelled: u64,
+    /// Requests that found the start of their prompt in the prefix cache.
+    pub prefix_cache_hits: u64,
+    /// Requests that looked their prompt up in the prefix cache and found none of it.
+    pub prefix_cache_misses: u64,
+    /// Prompt tokens looked up in the prefix cache (none while it is off).
+    pub prefix_cache_query_tokens: u64,
+    /// Prompt tokens found in the prefix cache, and so not prefilled.
+    pub prefix_cache_hit_tokens: u64,
     /// Requests holding a generation slot right now.
     pub in_flight: u64,
     /// Requests waiting for a generation slot right now.
@@ -76,7 +85,19 @@ pub(crate) struct Recorder {
     stalls_injected: AtomicU64,
     streams_broken: AtomicU64,
     cancelled: AtomicU64,
+    prefix_hits: AtomicU64,
+    prefix_misses: AtomicU64,
+    prefix_query_tokens: AtomicU64,
+    prefix_hit_tokens: AtomicU64,
     seen: Mutex<Seen>,
+}
+
+/// The counters `/metrics` exposes, read without the lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct EngineCounters {
+    pub(crate) served: u64,
+    pub(crate) prefix_query_tokens: u64,
+    pub(crate) prefix_hit_tokens: u64,
 }
 
 #[derive(Debug, Default)]
@@ -163,6 +184,29 @@ impl Recorder {
         counter.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Counts one prefix-cache lookup of `queried` prompt tokens, `hit` of them cached.
+    pub(crate) fn prefix_lookup(&self, queried: u32, hit: u32) {
+        let requests = if hit > 0 {
+            &self.prefix_hits
+        } else {
+            &self.prefix_misses
+        };
+        requests.fetch_add(1, Ordering::Relaxed);
+        self.prefix_query_tokens
+            .fetch_add(queried.into(), Ordering::Relaxed);
+        self.prefix_hit_tokens
+            .fetch_add(hit.into(), Ordering::Relaxed);
+    }
+
+    pub(crate) fn engine_counters(&self) -> EngineCounters {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        EngineCounters {
+            served: get(&self.served),
+            prefix_query_tokens: get(&self.prefix_query_tokens),
+            prefix_hit_tokens: get(&self.prefix_hit_tokens),
+        }
+    }
+
     /// The counters now, with the slot occupancy the caller read from the gate.
     pub(crate) fn snapshot(&self, in_flight: u32, queued: u32) -> MockStats {
         let seen = self.lock();
@@ -177,6 +221,10 @@ impl Recorder {
             stalls_injected: get(&self.stalls_injected),
             streams_broken: get(&self.streams_broken),
             cancelled: get(&self.cancelled),
+            prefix_cache_hits: get(&self.prefix_hits),
+            prefix_cache_misses: get(&self.prefix_misses),
+            prefix_cache_query_tokens: get(&self.prefix_query_tokens),
+            prefix_cache_hit_tokens: get(&self.prefix_hit_tokens),
             in_flight: in_flight.into(),
             queued: queued.into(),
             by_path: seen.by_path.clone(),
@@ -197,6 +245,10 @@ impl Recorder {
             &self.stalls_injected,
             &self.streams_broken,
             &self.cancelled,
+            &self.prefix_hits,
+            &self.prefix_misses,
+            &self.prefix_query_tokens,
+            &self.prefix_hit_tokens,
         ] {
             c.store(0, Ordering::Relaxed);
         }
@@ -253,8 +305,15 @@ mod tests {
         served.settle(Some(Event::Served));
         served.settle(Some(Event::Served));
         drop(served);
+        r.prefix_lookup(10, 0);
+        r.prefix_lookup(10, 8);
         let s = r.snapshot(0, 0);
         assert_eq!((s.received, s.served, s.cancelled), (2, 1, 1));
+        assert_eq!((s.prefix_cache_hits, s.prefix_cache_misses), (1, 1));
+        assert_eq!(
+            (s.prefix_cache_query_tokens, s.prefix_cache_hit_tokens),
+            (20, 8)
+        );
         assert_eq!(s.by_path["/v1/chat/completions"], 2);
         r.reset();
         assert_eq!(r.snapshot(0, 0), MockStats::default());

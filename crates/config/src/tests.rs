@@ -173,7 +173,9 @@ fn resilience_sections_take_documented_defaults() {
     assert!(c.retry.shed_client_retries && !c.retry.naive);
     assert!(c.outlier.enabled && c.health_check.enabled && c.adaptive_concurrency.enabled);
     assert_eq!(c.outlier.detector, OutlierConfig::default());
-    assert_eq!(c.health_check.interval, Duration::from_secs(10));
+    assert_eq!(c.health_check.interval, Duration::from_secs(2));
+    assert_eq!(c.health_check.timeout, Duration::from_secs(1));
+    assert_eq!(c.adaptive_concurrency.recovery, Duration::from_secs(1));
     let b = &c.models[0].backends[0];
     assert_eq!(b.rules, Rules::default());
     assert_eq!(b.health_path.as_deref(), Some("/models"));

@@ -174,3 +174,205 @@ async fn overflow_waits_for_a_backend_instead_of_an_instant_503() {
     }
     assert_eq!(chats_received(&live).await, 3);
 }
+
+/// A chat body with a system prompt of `system_chars` characters.
+fn prompt_body(model: &str, system_chars: usize, stream: bool) -> serde_json::Value {
+    serde_json::json!({
+        "model": model,
+        "messages": [
+            {"role": "system", "content": "a".repeat(system_chars)},
+            {"role": "user", "content": "Hello there"}
+        ],
+        "stream": stream,
+        "max_tokens": 4,
+    })
+}
+
+#[tokio::test]
+async fn the_adaptive_limit_never_throttles_a_healthy_backend() {
+    // A healthy engine with room for all: short and long prompts (a long prompt's prefill makes
+    // its first token later), streamed and not, 16 at once. Time to the head varies by orders of
+    // magnitude between them; none of that is overload.
+    let engine = mock(&[
+        "--model",
+        "m",
+        "--capacity",
+        "64",
+        "--ttft",
+        "1ms",
+        "--tokens-per-sec",
+        "0",
+        "--prefill-tokens-per-sec",
+        "20000",
+        "--prefix-cache-entries",
+        "0",
+    ]);
+    let cfg = format!(
+        "[health_check]\nenabled = false\n\n{}",
+        limited_model("m", &[("engine", engine.url("/v1"))], 16)
+    );
+    let gw = gateway(&cfg);
+    let c = client();
+    let clients = (0..16).map(|i| {
+        let (c, url) = (c.clone(), gw.url("/v1/chat/completions"));
+        async move {
+            let mut statuses = Vec::new();
+            for j in 0..12 {
+                let long = (i + j) % 3 == 0;
+                let body = prompt_body("m", if long { 8000 } else { 20 }, (i + j) % 2 == 0);
+                let r = c
+                    .post(&url)
+                    .bearer_auth(KEY)
+                    .json(&body)
+                    .send()
+                    .await
+                    .unwrap();
+                let status = r.status().as_u16();
+                let _ = r.bytes().await;
+                statuses.push(status);
+            }
+            statuses
+        }
+    });
+    let statuses: Vec<u16> = futures_util::future::join_all(clients)
+        .await
+        .into_iter()
+        .flatten()
+        .collect();
+    let failed: Vec<&u16> = statuses.iter().filter(|s| **s != 200).collect();
+    assert!(
+        failed.is_empty(),
+        "{} of {} failed: {failed:?}",
+        failed.len(),
+        statuses.len()
+    );
+    let page = metrics(&gw).await;
+    assert_eq!(
+        sample(
+            &page,
+            "spillway_backend_concurrency_limit{model=\"m\",backend=\"engine\"}"
+        ),
+        Some(16.0),
+        "{page}"
+    );
+    let stats = get_json(&engine.url("/stats")).await;
+    assert_eq!(stats["rejected_queue_full"], 0);
+}
+
+#[tokio::test]
+async fn a_backend_crash_fails_its_in_flight_requests_over_to_the_healthy_one() {
+    let slow = ["--model", "m", "--ttft", "3s", "--tokens-per-sec", "0"];
+    let doomed = mock(&slow);
+    let healthy = mock(&["--model", "m", "--ttft", "10ms", "--tokens-per-sec", "0"]);
+    let cfg = format!(
+        "[health_check]\nenabled = false\n\n{}",
+        limited_model(
+            "m",
+            &[
+                ("doomed", doomed.url("/v1")),
+                ("healthy", healthy.url("/v1"))
+            ],
+            64
+        )
+    );
+    let gw = gateway(&cfg);
+    let c = client();
+    // Six requests in flight at once, about half of them on the backend about to crash.
+    let sends: Vec<_> = (0..6)
+        .map(|_| {
+            let req = c
+                .post(gw.url("/v1/chat/completions"))
+                .bearer_auth(KEY)
+                .json(&chat_body("m", false))
+                .send();
+            tokio::spawn(req)
+        })
+        .collect();
+    eventually(
+        std::time::Duration::from_secs(10),
+        "requests in flight on the doomed backend",
+        || async {
+            get_json(&doomed.url("/stats")).await["in_flight"]
+                .as_u64()
+                .unwrap_or(0)
+                >= 2
+        },
+    )
+    .await;
+    drop(doomed); // killed: its connections break before any response byte
+    for send in sends {
+        let r = send.await.unwrap().unwrap();
+        let status = r.status();
+        assert_eq!(status, 200, "{}", r.text().await.unwrap());
+    }
+}
+
+#[tokio::test]
+async fn a_refused_backend_credential_is_the_gateways_fault_not_the_callers() {
+    let locked = mock_with_env(
+        &["--model", "m", "--require-api-key-env", "ENGINE_KEY"],
+        &[("ENGINE_KEY", "right-key")],
+    );
+    let cfg = format!(
+        "[health_check]\nenabled = false\n\n{}api_key_env = \"WRONG_ENGINE_KEY\"\n",
+        model("m", &[("locked", "default", locked.url("/v1"))])
+    );
+    let gw = gateway_with_env(&cfg, &[("WRONG_ENGINE_KEY", "wrong-key")]);
+    let r = chat(&gw, &chat_body("m", false)).await;
+    assert_eq!(r.status(), 502);
+    assert_eq!(r.headers()["x-should-retry"], "false");
+    let body: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "upstream_auth_failed", "{body}");
+
+    // With a second backend whose key is right, callers are served.
+    let open = mock(&["--model", "m"]);
+    let cfg = format!(
+        "[health_check]\nenabled = false\n\n{}api_key_env = \"WRONG_ENGINE_KEY\"\n[[models.backends]]\nname = \"open\"\nurl = \"{}\"\n",
+        model("m", &[("locked", "default", locked.url("/v1"))]),
+        open.url("/v1")
+    );
+    let gw = gateway_with_env(&cfg, &[("WRONG_ENGINE_KEY", "wrong-key")]);
+    for _ in 0..10 {
+        let r = chat(&gw, &chat_body("m", false)).await;
+        assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    }
+}
+
+#[tokio::test]
+async fn a_passing_health_check_readmits_a_restarted_backend_before_its_ejection_ends() {
+    let first = mock(&["--model", "m", "--ttft", "0ms", "--tokens-per-sec", "0"]);
+    let addr = first.addr;
+    let other = mock(&["--model", "m", "--ttft", "0ms", "--tokens-per-sec", "0"]);
+    // A long ejection: without the early end the backend would stay out for a minute.
+    let cfg = format!(
+        "[outlier]\nconsecutive_failures = 1\nbase_ejection = \"60s\"\nmax_ejection = \"120s\"\n[health_check]\ninterval = \"100ms\"\ntimeout = \"100ms\"\n\n{}",
+        model(
+            "m",
+            &[("restarted", "default", first.url("/v1")), ("other", "default", other.url("/v1"))]
+        )
+    );
+    let gw = gateway(&cfg);
+    let ejected = "spillway_backend_ejected{model=\"m\",backend=\"restarted\"}";
+    drop(first);
+    eventually(
+        std::time::Duration::from_secs(10),
+        "the dead backend ejected",
+        || async { sample(&metrics(&gw).await, ejected) == Some(1.0) },
+    )
+    .await;
+    let back = mock_at(
+        &addr.to_string(),
+        &["--model", "m", "--ttft", "0ms", "--tokens-per-sec", "0"],
+    );
+    // Once its health checks pass it takes requests again, long before the minute is over.
+    eventually(
+        std::time::Duration::from_secs(20),
+        "the restarted backend serving",
+        || async {
+            let r = chat(&gw, &chat_body("m", false)).await;
+            assert_eq!(r.status(), 200);
+            chats_received(&back).await > 0
+        },
+    )
+    .await;
+}

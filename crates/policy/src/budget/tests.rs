@@ -18,7 +18,7 @@ fn defaults_are_the_documented_ones() {
     assert_eq!(c.min_per_sec, 1.0);
     assert_eq!(c.window, Duration::from_secs(10));
     assert_eq!(c.max_retrying_share, 0.2);
-    assert_eq!(c.min_retrying, 4);
+    assert_eq!(c.min_retrying, 8);
 }
 
 #[test]
@@ -108,7 +108,11 @@ fn only_a_share_of_in_flight_requests_may_retry_at_once() {
 #[test]
 fn at_least_min_retrying_may_retry_whatever_the_share() {
     let t0 = Instant::now();
-    let mut b = RetryBudget::new(BudgetConfig::default(), t0);
+    let config = BudgetConfig {
+        min_retrying: 4,
+        ..BudgetConfig::default()
+    };
+    let mut b = RetryBudget::new(config, t0);
     for _ in 0..5 {
         b.deposit(t0);
     }

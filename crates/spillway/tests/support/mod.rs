@@ -133,6 +133,13 @@ pub fn mock(flags: &[&str]) -> Proc {
     start(&args, &[], None)
 }
 
+/// Starts a standalone mock backend on a given address (to restart one where it was).
+pub fn mock_at(listen: &str, flags: &[&str]) -> Proc {
+    let mut args = vec!["mock-backend", "--listen", listen];
+    args.extend_from_slice(flags);
+    start(&args, &[], None)
+}
+
 pub fn mock_with_env(flags: &[&str], envs: &[(&str, &str)]) -> Proc {
     let mut args = vec!["mock-backend", "--listen", "127.0.0.1:0"];
     args.extend_from_slice(flags);

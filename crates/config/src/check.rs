@@ -9,6 +9,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 mod admission;
+mod engine;
 mod metadata;
 mod resilience;
 
@@ -60,6 +61,7 @@ pub(crate) fn check(raw: RawConfig) -> Result<Config, Vec<Problem>> {
     let outlier = resilience::check_outlier(raw.outlier, &mut p);
     let health_check = resilience::check_health(raw.health_check, &mut p);
     let adaptive_concurrency = resilience::check_adaptive(raw.adaptive_concurrency, &mut p);
+    let engine_metrics = engine::check_engine_metrics(raw.engine_metrics, &mut p);
     let models = check_models(raw.models, &mut p);
     let tenants = check_tenants(raw.tenants, &models, &mut p);
     if let Some(home) = &server.home_region {
@@ -92,6 +94,7 @@ pub(crate) fn check(raw: RawConfig) -> Result<Config, Vec<Problem>> {
             outlier,
             health_check,
             adaptive_concurrency,
+            engine_metrics,
             tenants,
             models,
         })
@@ -325,6 +328,7 @@ fn check_backend(b: RawBackend, model: &str, at: &str, p: &mut Problems) -> Opti
         );
     }
     let rules = resilience::check_backend_rules(&b, &at, p);
+    let (engine, metrics_url) = engine::check_backend_engine(&b, &at, p);
     let health_path = match (&b.health_path, b.kind.as_deref()) {
         (Some(path), _) if path.is_empty() => None,
         (Some(path), _) if !path.starts_with('/') => {
@@ -371,6 +375,8 @@ fn check_backend(b: RawBackend, model: &str, at: &str, p: &mut Problems) -> Opti
         rules,
         health_path,
         pool: b.pool,
+        engine,
+        metrics_url,
     })
 }
 

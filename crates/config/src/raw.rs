@@ -33,6 +33,8 @@ pub struct RawConfig {
     #[serde(default)]
     pub adaptive_concurrency: RawAdaptive,
     #[serde(default)]
+    pub engine_metrics: RawEngineMetrics,
+    #[serde(default)]
     pub tenants: Vec<RawTenant>,
     #[serde(default)]
     pub models: Vec<RawModel>,
@@ -180,6 +182,8 @@ pub struct RawBackend {
     pub retry_500: Option<bool>,
     pub health_path: Option<String>,
     pub pool: Option<String>,
+    pub engine: Option<String>,
+    pub metrics_url: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -242,4 +246,19 @@ pub struct RawAdaptive {
     pub initial_limit: Option<u32>,
     pub backoff_ratio: Option<f64>,
     pub latency_tolerance: Option<f64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawEngineMetrics {
+    #[serde(default, with = "humantime_serde")]
+    pub interval: Option<Duration>,
+    pub jitter: Option<f64>,
+    #[serde(default, with = "humantime_serde")]
+    pub timeout: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    pub stale_after: Option<Duration>,
+    pub max_body_bytes: Option<u64>,
+    pub max_queue: Option<u32>,
+    pub max_kv_usage: Option<f64>,
 }

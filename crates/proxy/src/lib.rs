@@ -10,6 +10,7 @@ mod admission;
 mod attempts;
 pub mod auth;
 mod connections;
+pub mod engine;
 pub mod error;
 mod forward;
 mod health;

@@ -32,6 +32,12 @@
 //! `parse.rs` reads exactly those sample lines strictly and passes over the rest; a property
 //! test holds that no input makes it panic.
 
+mod load;
+pub mod metrics;
 mod parse;
+mod scrape;
 
+pub(crate) use load::EngineLoads;
+pub use load::{EngineLoad, Reading};
 pub use parse::{parse, ParseError, Sample};
+pub use scrape::spawn_scrapes;

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 mod admission;
 mod balance;
+mod engine;
 mod metadata;
 mod resilience;
 
@@ -61,6 +62,7 @@ pub(crate) fn check(raw: RawConfig) -> Result<Config, Vec<Problem>> {
     let outlier = resilience::check_outlier(raw.outlier, &mut p);
     let health_check = resilience::check_health(raw.health_check, &mut p);
     let adaptive_concurrency = resilience::check_adaptive(raw.adaptive_concurrency, &mut p);
+    let engine_metrics = engine::check_engine_metrics(raw.engine_metrics, &mut p);
     let models = check_models(raw.models, &mut p);
     let tenants = check_tenants(raw.tenants, &models, &mut p);
     if let Some(home) = &server.home_region {
@@ -93,6 +95,7 @@ pub(crate) fn check(raw: RawConfig) -> Result<Config, Vec<Problem>> {
             outlier,
             health_check,
             adaptive_concurrency,
+            engine_metrics,
             tenants,
             models,
         })
@@ -339,6 +342,7 @@ fn check_backend(b: RawBackend, model: &str, at: &str, p: &mut Problems) -> Opti
         );
     }
     let rules = resilience::check_backend_rules(&b, &at, p);
+    let (engine, metrics_url) = engine::check_backend_engine(&b, &at, p);
     let health_path = match (&b.health_path, b.kind.as_deref()) {
         (Some(path), _) if path.is_empty() => None,
         (Some(path), _) if !path.starts_with('/') => {
@@ -386,6 +390,8 @@ fn check_backend(b: RawBackend, model: &str, at: &str, p: &mut Problems) -> Opti
         health_path,
         pool: b.pool,
         forward_priority: b.forward_priority.unwrap_or(false),
+        engine,
+        metrics_url,
     })
 }
 

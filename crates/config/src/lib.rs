@@ -53,6 +53,7 @@ pub struct Config {
     pub outlier: OutlierSettings,
     pub health_check: HealthCheckConfig,
     pub adaptive_concurrency: AdaptiveConfig,
+    pub engine_metrics: EngineMetricsConfig,
     pub tenants: Vec<TenantConfig>,
     pub models: Vec<ModelConfig>,
 }
@@ -251,6 +252,57 @@ pub struct BackendConfig {
     /// Send the request's priority class to the engine as the body field `priority` (vLLM's
     /// priority scheduling: lower runs first).
     pub forward_priority: bool,
+    /// The inference engine behind the backend, whose own load signals spillway reads.
+    pub engine: Engine,
+    /// The engine's Prometheus page. `None` when `engine` is `None`, and for a mock backend,
+    /// whose address is known only once it listens (then [`default_metrics_url`] of its base).
+    pub metrics_url: Option<http::Uri>,
+}
+
+/// The inference engine serving a backend: which names its `/metrics` page uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Engine {
+    Vllm,
+    Sglang,
+    Llamacpp,
+    Tgi,
+    /// Told by the names on the page.
+    Auto,
+    /// Not scraped: spillway judges the backend by its own count of outstanding requests.
+    None,
+}
+
+impl Engine {
+    pub const CHOICES: [Engine; 6] = [
+        Engine::Vllm,
+        Engine::Sglang,
+        Engine::Llamacpp,
+        Engine::Tgi,
+        Engine::Auto,
+        Engine::None,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Engine::Vllm => "vllm",
+            Engine::Sglang => "sglang",
+            Engine::Llamacpp => "llamacpp",
+            Engine::Tgi => "tgi",
+            Engine::Auto => "auto",
+            Engine::None => "none",
+        }
+    }
+}
+
+/// The engine's metrics page when none is configured: the scheme and authority of the backend's
+/// base URL and `/metrics` (`http://h:8000/v1` gives `http://h:8000/metrics`), where vLLM, SGLang,
+/// llama.cpp's server and TGI all serve it.
+pub fn default_metrics_url(base: &http::Uri) -> Option<http::Uri> {
+    let mut parts = http::uri::Parts::default();
+    parts.scheme = Some(base.scheme()?.clone());
+    parts.authority = Some(base.authority()?.clone());
+    parts.path_and_query = Some(http::uri::PathAndQuery::from_static("/metrics"));
+    http::Uri::from_parts(parts).ok()
 }
 
 /// `[retry]`: how many attempts, how far apart, and the shared budget they draw from.
@@ -300,6 +352,24 @@ pub struct AdaptiveConfig {
     pub backoff_ratio: f64,
     /// Each period this long without an overload signal moves a cut limit halfway back up.
     pub recovery: Duration,
+}
+
+/// `[engine_metrics]`: how often each engine's own `/metrics` is read, and what counts as full.
+#[derive(Debug, Clone)]
+pub struct EngineMetricsConfig {
+    pub interval: Duration,
+    /// Each interval is randomly shortened or lengthened by up to this share.
+    pub jitter: f64,
+    /// One scrape, request and body, at most this long.
+    pub timeout: Duration,
+    /// A reading older than this is stale, and a stale engine counts as saturated.
+    pub stale_after: Duration,
+    /// Larger pages are refused (vLLM's, with its histograms, runs to hundreds of KiB).
+    pub max_body_bytes: usize,
+    /// An engine with more requests waiting than this counts as saturated.
+    pub max_queue: u32,
+    /// An engine whose KV cache is fuller than this share counts as saturated.
+    pub max_kv_usage: f64,
 }
 
 #[derive(Debug, Clone, PartialEq)]

@@ -33,6 +33,8 @@ pub struct RawConfig {
     #[serde(default)]
     pub adaptive_concurrency: RawAdaptive,
     #[serde(default)]
+    pub engine_metrics: RawEngineMetrics,
+    #[serde(default)]
     pub tenants: Vec<RawTenant>,
     #[serde(default)]
     pub models: Vec<RawModel>,
@@ -187,6 +189,8 @@ pub struct RawBackend {
     pub health_path: Option<String>,
     pub pool: Option<String>,
     pub forward_priority: Option<bool>,
+    pub engine: Option<String>,
+    pub metrics_url: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -252,4 +256,19 @@ pub struct RawAdaptive {
     pub latency_tolerance: Option<f64>,
     #[serde(default, with = "humantime_serde")]
     pub recovery: Option<Duration>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawEngineMetrics {
+    #[serde(default, with = "humantime_serde")]
+    pub interval: Option<Duration>,
+    pub jitter: Option<f64>,
+    #[serde(default, with = "humantime_serde")]
+    pub timeout: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    pub stale_after: Option<Duration>,
+    pub max_body_bytes: Option<u64>,
+    pub max_queue: Option<u32>,
+    pub max_kv_usage: Option<f64>,
 }

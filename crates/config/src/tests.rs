@@ -257,3 +257,146 @@ fn balance_problems_are_reported_with_their_location() {
         assert!(found.iter().any(|f| f == at), "{at} not in {found:?}");
     }
 }
+
+#[test]
+fn engine_settings_take_documented_defaults() {
+    let c = Config::from_toml(MINIMAL).unwrap();
+    let e = &c.engine_metrics;
+    assert_eq!(e.interval, Duration::from_millis(250));
+    assert_eq!(e.jitter, 0.2);
+    assert_eq!(e.timeout, Duration::from_secs(1));
+    assert_eq!(e.stale_after, Duration::from_secs(2));
+    assert_eq!(e.max_body_bytes, 4 * 1024 * 1024);
+    assert_eq!((e.max_queue, e.max_kv_usage), (2, 0.95));
+    let b = &c.models[0].backends[0];
+    assert_eq!(b.engine, Engine::Auto);
+    assert_eq!(
+        b.metrics_url.as_ref().map(|u| u.to_string()).as_deref(),
+        Some("http://127.0.0.1:8000/metrics")
+    );
+}
+
+#[test]
+fn engine_defaults_by_kind_and_explicit_choices() {
+    let c = Config::from_toml(
+        r#"
+[[models]]
+name = "m"
+[[models.backends]]
+name = "az"
+kind = "azure"
+url = "https://r.openai.azure.com"
+api_version = "2024-10-21"
+[[models.backends]]
+name = "mock"
+kind = "mock"
+[[models.backends]]
+name = "llama"
+url = "https://llama.internal:8443/v1"
+engine = "llamacpp"
+[[models.backends]]
+name = "vllm"
+url = "http://vllm:8000/v1"
+engine = "vllm"
+metrics_url = "http://vllm-sidecar:9400/metrics"
+[[models.backends]]
+name = "off"
+url = "http://off:8000/v1"
+engine = "none"
+"#,
+    )
+    .unwrap();
+    let got: Vec<(&str, Option<String>)> = c.models[0]
+        .backends
+        .iter()
+        .map(|b| {
+            (
+                b.engine.as_str(),
+                b.metrics_url.as_ref().map(|u| u.to_string()),
+            )
+        })
+        .collect();
+    let url = |s: &str| Some(s.to_owned());
+    assert_eq!(
+        got,
+        [
+            ("none", None),
+            // Resolved from the in-process mock's address once it listens.
+            ("auto", None),
+            ("llamacpp", url("https://llama.internal:8443/metrics")),
+            ("vllm", url("http://vllm-sidecar:9400/metrics")),
+            ("none", None),
+        ]
+    );
+}
+
+#[test]
+fn default_metrics_url_keeps_scheme_and_authority_only() {
+    let base: http::Uri = "http://h:8000/v1".parse().unwrap();
+    assert_eq!(
+        default_metrics_url(&base).unwrap().to_string(),
+        "http://h:8000/metrics"
+    );
+    let base: http::Uri = "https://user@h/openai/v1?x=1".parse().unwrap();
+    assert_eq!(
+        default_metrics_url(&base).unwrap().to_string(),
+        "https://user@h/metrics"
+    );
+}
+
+#[test]
+fn engine_problems_are_reported_with_their_location() {
+    let toml = format!(
+        "[engine_metrics]\ninterval = \"0s\"\njitter = 1.5\ntimeout = \"3s\"\nstale_after = \"2s\"\n\
+         max_body_bytes = 0\nmax_kv_usage = 2.0\n{}\n{}",
+        MINIMAL.replace(
+            "url = \"http://127.0.0.1:8000/v1\"",
+            "url = \"http://127.0.0.1:8000/v1\"\nengine = \"ollama\"\nmetrics_url = \"ftp://x/metrics\"",
+        ),
+        r#"[[models.backends]]
+name = "az"
+kind = "azure"
+url = "https://r.openai.azure.com"
+api_version = "2024-10-21"
+metrics_url = "https://r.openai.azure.com/metrics"
+"#
+    );
+    let text: Vec<String> = problems(&toml).iter().map(|p| p.to_string()).collect();
+    for e in [
+        "engine_metrics.interval: must be greater than zero",
+        "engine_metrics.jitter: must be between 0 and 1, got 1.5",
+        "engine_metrics.stale_after: must be longer than engine_metrics.timeout (3s)",
+        "engine_metrics.max_body_bytes: must be between 1 and 67108864, got 0",
+        "engine_metrics.max_kv_usage: must be between 0 and 1, got 2",
+        "models[\"m\"].backends[0] (\"b\").engine: unknown engine \"ollama\": expected \"vllm\", \"sglang\", \"llamacpp\", \"tgi\", \"auto\" or \"none\"",
+        "models[\"m\"].backends[0] (\"b\").metrics_url: \"ftp://x/metrics\" is not an http(s) URL",
+        "models[\"m\"].backends[1] (\"az\").metrics_url: is not scraped when engine is \"none\"",
+    ] {
+        assert!(
+            text.iter().any(|t| t.starts_with(e)),
+            "missing {e:?} in {text:#?}"
+        );
+    }
+}
+
+#[test]
+fn stale_after_must_exceed_the_interval() {
+    let p = problems(&format!(
+        "[engine_metrics]\ninterval = \"2s\"\ntimeout = \"500ms\"\n{MINIMAL}"
+    ));
+    let text: Vec<String> = p.iter().map(|p| p.to_string()).collect();
+    assert_eq!(
+        text,
+        ["engine_metrics.stale_after: must be longer than engine_metrics.interval (2s)"]
+    );
+}
+
+#[test]
+fn engine_metrics_section_rejects_unknown_keys() {
+    let err =
+        Config::from_toml(&format!("[engine_metrics]\nintervall = \"1s\"\n{MINIMAL}")).unwrap_err();
+    assert!(
+        matches!(&err, ConfigError::Parse(m) if m.contains("intervall")),
+        "{err:?}"
+    );
+}

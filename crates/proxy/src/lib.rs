@@ -11,6 +11,7 @@ mod affinity;
 mod attempts;
 pub mod auth;
 mod connections;
+pub mod engine;
 pub mod error;
 mod forward;
 mod health;

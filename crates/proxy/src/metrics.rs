@@ -101,6 +101,7 @@ fn describe() {
     describe_counter!(SPILLOVERS, "Requests served outside the preferred region.");
     spillway_directory::metrics::describe();
     crate::admission::metrics::describe();
+    crate::engine::metrics::describe();
     describe_gauge!(OUTSTANDING, "Requests in flight to a backend.");
     describe_gauge!(
         STORE_POOL_CONNECTIONS,
@@ -178,6 +179,7 @@ pub fn render(
                 b.metrics.limit.set(b.health.limit() as f64);
                 let out = b.health.health(now) != spillway_policy::outlier::Health::Healthy;
                 b.metrics.ejected.set(if out { 1.0 } else { 0.0 });
+                crate::engine::metrics::render(&pool.name, b, now);
             }
         }
     }

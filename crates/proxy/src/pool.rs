@@ -21,6 +21,7 @@ use spillway_policy::{
 };
 use tokio::sync::Notify;
 
+use crate::engine::{EngineLoad, EngineLoads};
 use crate::health::BackendHealth;
 use crate::metrics::{BackendMetrics, PoolMetrics};
 
@@ -76,6 +77,9 @@ pub struct Backend {
     pub health_uri: Option<Uri>,
     pub health: BackendHealth,
     pub metrics: BackendMetrics,
+    /// Its engine's own view of its load, shared with every backend on the same engine; `None`
+    /// when `engine = "none"`.
+    pub engine: Option<Arc<EngineLoad>>,
     uris: [Uri; 3],
     outstanding: AtomicU32,
     /// Shared by the pool's backends: woken whenever one of them frees a unit of concurrency.
@@ -147,6 +151,7 @@ impl Backend {
             forward_priority: cfg.forward_priority,
             rename_to: (cfg.upstream_model != **model).then(|| cfg.upstream_model.clone()),
             auth_header,
+            engine: None,
             uris,
             outstanding: AtomicU32::new(0),
             freed,
@@ -177,7 +182,13 @@ impl Backend {
                 (n < limit).then_some(n + 1)
             })
             .ok()
-            .map(|_| InFlight(self.clone()))
+            .map(|_| {
+                // Each unit taken is one attempt about to be sent.
+                if let Some(engine) = &self.engine {
+                    engine.note_sent();
+                }
+                InFlight(self.clone())
+            })
     }
 
     /// Skips this backend for `cooldown` (it refused a connection or timed out).
@@ -425,6 +436,7 @@ impl Models {
             })
         };
         let mut out = Models::default();
+        let mut engines = EngineLoads::new(config.engine_metrics.stale_after);
         for m in &config.models {
             let name: Arc<str> = Arc::from(m.name.as_str());
             let freed = Arc::new(Notify::new());
@@ -433,8 +445,11 @@ impl Models {
                 .iter()
                 .map(|b| {
                     let health = BackendHealth::new(b.max_concurrency, outlier.clone(), aimd(b));
-                    Backend::new(&name, b, &base_of(m, b)?, epoch, health, freed.clone())
-                        .map(Arc::new)
+                    let base = base_of(m, b)?;
+                    let mut backend =
+                        Backend::new(&name, b, &base, epoch, health, freed.clone())?;
+                    backend.engine = engines.for_backend(b, &base, backend.auth_header.as_ref())?;
+                    Ok::<_, String>(Arc::new(backend))
                 })
                 .collect::<Result<Vec<_>, _>>()?;
             let pool = ModelPool {

@@ -21,7 +21,8 @@ use axum::{Json, Router};
 use http::{HeaderValue, StatusCode, Uri};
 use metrics_exporter_prometheus::PrometheusHandle;
 use spillway_config::{
-    BackendKind, Config, HealthCheckConfig, RetryConfig, ServerConfig, UpstreamConfig,
+    BackendKind, Config, EngineMetricsConfig, HealthCheckConfig, RetryConfig, ServerConfig,
+    UpstreamConfig,
 };
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -59,6 +60,7 @@ pub struct Gateway {
     /// Keeps no connections: for resending a request whose pooled connection was stale.
     pub(crate) fresh_client: HttpClient,
     health_check: HealthCheckConfig,
+    engine_metrics: EngineMetricsConfig,
     ready: AtomicBool,
     pub(crate) admission: crate::admission::Admission,
     /// One permit per open client connection (`server.max_connections`).
@@ -133,6 +135,7 @@ impl BoundGateway {
             upstream: config.upstream,
             retry: config.retry,
             health_check: config.health_check,
+            engine_metrics: config.engine_metrics,
             directory: tenants.clone(),
             tenants,
             admin_token: admin_token(&config.admin.token_env),
@@ -210,6 +213,12 @@ impl BoundGateway {
                 stop_rx.clone(),
             );
         }
+        crate::engine::spawn_scrapes(
+            gw.models.pools(),
+            gw.client.clone(),
+            gw.engine_metrics.clone(),
+            stop_rx.clone(),
+        );
         let warm = gw.tenants.clone();
         let (batch, max_keys) = (self.warm_batch, self.warm_max_keys);
         let warm_task = tokio::spawn(async move {

@@ -10,7 +10,7 @@ use super::Problems;
 use crate::raw::{RawAdaptive, RawBackend, RawHealthCheck, RawOutlier, RawRetry};
 use crate::{AdaptiveConfig, HealthCheckConfig, OutlierSettings, RetryConfig};
 
-fn share(value: Option<f64>, default: f64, at: &str, p: &mut Problems) -> f64 {
+pub(super) fn share(value: Option<f64>, default: f64, at: &str, p: &mut Problems) -> f64 {
     let v = value.unwrap_or(default);
     if !(0.0..=1.0).contains(&v) {
         p.add(at, format!("must be between 0 and 1, got {v}"));
@@ -19,7 +19,12 @@ fn share(value: Option<f64>, default: f64, at: &str, p: &mut Problems) -> f64 {
     v
 }
 
-fn duration(value: Option<Duration>, default: Duration, at: &str, p: &mut Problems) -> Duration {
+pub(super) fn duration(
+    value: Option<Duration>,
+    default: Duration,
+    at: &str,
+    p: &mut Problems,
+) -> Duration {
     let d = value.unwrap_or(default);
     if d.is_zero() {
         p.add(at, "must be greater than zero");

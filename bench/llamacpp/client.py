@@ -16,7 +16,8 @@ running at the end are cancelled and counted as `cut_off`. llama.cpp's /metrics 
 once per server) are read when the window opens and when it closes. Prints one line
 `JSON:{...}` on stdout with the summary and every recorded request.
 
-The SDK runs with max_retries=0, so every failure is visible, and a per-request timeout.
+The SDK runs with max_retries=0, so every failure is visible, and a per-request timeout; after a
+failed request a client pauses `--error-pause` seconds (1 s) before its next one.
 """
 
 import argparse
@@ -212,7 +213,12 @@ class Run:
         rec.pop("headers", None)
         if in_window and end <= self.window_end:
             self.records.append(rec)
-        return {"ok": rec["status"] == 200, "content": "".join(content)}
+        ok = rec["status"] == 200
+        if not ok and self.a.error_pause > 0:
+            # A closed loop would otherwise turn a fast refusal into a burst of them and let the
+            # failures, not the offered load, decide the success rate.
+            await asyncio.sleep(self.a.error_pause)
+        return {"ok": ok, "content": "".join(content)}
 
 
 async def affinity_client(run: Run, cid: int, prompts):
@@ -361,6 +367,8 @@ def main():
     ap.add_argument("--turns-max", type=int, default=4)
     ap.add_argument("--session-header", default="x-session-id",
                     help="affinity: header carrying the conversation id ('' for none)")
+    ap.add_argument("--error-pause", type=float, default=1.0,
+                    help="seconds a client waits after a failed request before its next one")
     ap.add_argument("--keepalive", action="store_true",
                     help="reuse connections (off by default: see http_client())")
     ap.add_argument("--long-share", type=float, default=0.3, help="mixed: share of long prompts")

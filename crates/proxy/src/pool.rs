@@ -11,8 +11,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use http::{HeaderName, HeaderValue, Uri};
-use spillway_config::Balance;
 use spillway_config::{BackendConfig, BackendKind, Config};
+use spillway_config::{Balance, Engine};
 use spillway_policy::balance::affinity::stable_hash;
 use spillway_policy::concurrency::AimdConfig;
 use spillway_policy::outlier::Health;
@@ -164,9 +164,25 @@ impl Backend {
         &self.uris[endpoint.index()]
     }
 
-    /// What the engine last reported about its load, as the balancer reads it.
-    pub fn engine_view(&self, _now: Instant) -> EngineView {
-        EngineView::Unknown
+    /// What the engine last reported about its load, as the balancer reads it: a stale reading
+    /// is saturated; so is an engine named in the config that has not been read yet. An engine
+    /// left to `auto` that never answered with a metrics page is judged by outstanding requests,
+    /// like a backend without metrics.
+    pub fn engine_view(&self, now: Instant) -> EngineView {
+        let Some(load) = &self.engine else {
+            return EngineView::Unknown;
+        };
+        match load.reading(now) {
+            None if load.engine() == Engine::Auto => EngineView::Unknown,
+            None => EngineView::Stale,
+            Some(r) if r.stale => EngineView::Stale,
+            Some(r) => EngineView::Fresh {
+                running: r.running,
+                waiting: r.waiting,
+                sent_since: r.sent_since,
+                kv_usage: r.kv_usage,
+            },
+        }
     }
 
     pub fn outstanding(&self) -> u32 {
@@ -446,8 +462,7 @@ impl Models {
                 .map(|b| {
                     let health = BackendHealth::new(b.max_concurrency, outlier.clone(), aimd(b));
                     let base = base_of(m, b)?;
-                    let mut backend =
-                        Backend::new(&name, b, &base, epoch, health, freed.clone())?;
+                    let mut backend = Backend::new(&name, b, &base, epoch, health, freed.clone())?;
                     backend.engine = engines.for_backend(b, &base, backend.auth_header.as_ref())?;
                     Ok::<_, String>(Arc::new(backend))
                 })
@@ -463,7 +478,10 @@ impl Models {
                 panic_threshold: config.outlier.panic_threshold,
                 freed,
                 balance: m.balance.clone(),
-                saturation: Saturation::default(),
+                saturation: Saturation {
+                    max_queue: config.engine_metrics.max_queue,
+                    max_kv_usage: config.engine_metrics.max_kv_usage,
+                },
                 turn: AtomicU64::new(0),
             };
             out.pools.insert(m.name.clone(), Arc::new(pool));

@@ -40,8 +40,33 @@ fn index(c: &[Candidate<'_>], home: Option<&str>, rng: &mut StdRng) -> usize {
 }
 
 #[test]
-fn saturation_defaults_are_the_inference_extension_ones() {
-    assert_eq!(Saturation::default(), SAT);
+fn saturation_defaults_are_the_documented_ones() {
+    assert_eq!(
+        Saturation::default(),
+        Saturation {
+            max_queue: 2,
+            max_kv_usage: 0.95
+        }
+    );
+}
+
+#[test]
+fn a_queueing_engine_counts_what_was_sent_since_its_reading() {
+    let sat = Saturation::default();
+    let fresh = |waiting, sent_since| Candidate {
+        engine: EngineView::Fresh {
+            running: 2,
+            waiting,
+            sent_since,
+            kv_usage: None,
+        },
+        ..cand("a", 1, 0)
+    };
+    // Already queueing: two more sent since the reading make three queued, past the bound.
+    assert!(fresh(1, 2).saturated(sat));
+    assert!(!fresh(1, 1).saturated(sat));
+    // Not queueing at the reading: what was sent since probably took free slots.
+    assert!(!fresh(0, 10).saturated(sat));
 }
 
 #[test]

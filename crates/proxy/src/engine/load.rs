@@ -54,14 +54,6 @@ pub struct Reading {
     pub engine: Engine,
 }
 
-impl Reading {
-    /// Whether the engine should get no more work now: its reading is stale, more requests are
-    /// queued in it than `max_queue`, or its KV cache is fuller than `max_kv_usage`.
-    pub fn saturated(&self, max_queue: u32, max_kv_usage: f64) -> bool {
-        self.stale || self.waiting > max_queue || self.kv_usage.is_some_and(|kv| kv > max_kv_usage)
-    }
-}
-
 impl EngineLoad {
     /// The state of the engine whose page is `uri`, read as `engine` (not [`Engine::None`])
     /// with `auth_header` sent along; readings go stale after `stale_after`.

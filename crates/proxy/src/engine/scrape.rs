@@ -19,7 +19,7 @@ use tracing::debug;
 
 use super::metrics::{Reason, ScrapeErrors};
 use super::{parse, EngineLoad, ParseError, Sample};
-use crate::pool::ModelPool;
+use crate::pool::{Backend, ModelPool};
 use crate::upstream::HttpClient;
 
 /// A backend as `(model, backend)` names, for labels.
@@ -35,20 +35,23 @@ pub fn spawn_scrapes(
     stop: watch::Receiver<bool>,
 ) {
     // Backends sharing an engine share its state: group them by it.
-    let mut engines: Vec<(Arc<EngineLoad>, Vec<Pair>)> = Vec::new();
+    let mut engines: Vec<(Arc<EngineLoad>, Vec<Pair>, Vec<Arc<Backend>>)> = Vec::new();
     for pool in &pools {
         for backend in &pool.backends {
             let Some(load) = &backend.engine else {
                 continue;
             };
             let pair = (pool.name.clone(), backend.name.clone());
-            match engines.iter_mut().find(|(l, _)| Arc::ptr_eq(l, load)) {
-                Some((_, backends)) => backends.push(pair),
-                None => engines.push((load.clone(), vec![pair])),
+            match engines.iter_mut().find(|(l, _, _)| Arc::ptr_eq(l, load)) {
+                Some((_, pairs, backends)) => {
+                    pairs.push(pair);
+                    backends.push(backend.clone());
+                }
+                None => engines.push((load.clone(), vec![pair], vec![backend.clone()])),
             }
         }
     }
-    for (load, backends) in engines {
+    for (load, backends, limits) in engines {
         let errors = ScrapeErrors::new(backends.iter().map(|(m, b)| (m, b)));
         let (client, config, stop) = (client.clone(), config.clone(), stop.clone());
         let label = backends
@@ -56,7 +59,7 @@ pub fn spawn_scrapes(
             .map(|(m, b)| format!("{m}/{b}"))
             .collect::<Vec<_>>()
             .join(",");
-        tokio::spawn(run(load, errors, label, client, config, stop));
+        tokio::spawn(run(load, limits, errors, label, client, config, stop));
     }
 }
 
@@ -68,6 +71,7 @@ pub(crate) fn next_wait(interval: Duration, jitter: f64, unit: f64) -> Duration 
 
 async fn run(
     load: Arc<EngineLoad>,
+    backends: Vec<Arc<Backend>>,
     errors: ScrapeErrors,
     label: String,
     client: HttpClient,
@@ -79,7 +83,16 @@ async fn run(
         let started = tokio::time::Instant::now();
         match scrape(&client, &load, &config).await {
             Ok((engine, sample)) => {
-                load.store(engine, &sample, Instant::now());
+                let now = Instant::now();
+                load.store(engine, &sample, now);
+                // What the engine runs sets each backend's limit floor; its queue growing past
+                // the saturation bound is an overload signal.
+                if let Some(r) = load.reading(now) {
+                    for b in &backends {
+                        b.health
+                            .engine_reading(now, r.running, r.waiting, config.max_queue);
+                    }
+                }
                 if failing {
                     debug!(backends = %label, uri = %load.uri(), "engine metrics readable again");
                     failing = false;

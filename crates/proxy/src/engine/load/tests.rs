@@ -40,7 +40,7 @@ fn a_reading_ages_and_goes_stale_after_stale_after() {
         }
     );
     let old = l.reading(at + Duration::from_millis(2001)).unwrap();
-    assert!(old.stale && old.saturated(u32::MAX, 1.0));
+    assert!(old.stale);
 }
 
 #[test]
@@ -55,20 +55,6 @@ fn attempts_sent_count_until_the_next_reading() {
     l.store(Engine::Llamacpp, &sample(4.0, 0.0, None), at);
     let r = l.reading(at).unwrap();
     assert_eq!((r.running, r.sent_since, r.kv_usage), (4, 0, None));
-}
-
-#[test]
-fn saturation_is_a_queue_past_max_queue_or_a_kv_cache_past_max_kv_usage() {
-    let l = load(Duration::from_secs(2));
-    let at = Instant::now();
-    let saturated = |waiting: f64, kv: Option<f64>| {
-        l.store(Engine::Vllm, &sample(1.0, waiting, kv), at);
-        l.reading(at).unwrap().saturated(2, 0.95)
-    };
-    assert!(!saturated(2.0, Some(0.95)));
-    assert!(saturated(3.0, None));
-    assert!(saturated(0.0, Some(0.96)));
-    assert!(!saturated(0.0, None));
 }
 
 #[test]

@@ -221,7 +221,6 @@ async fn a_stalled_engine_counts_timeouts_and_its_reading_goes_stale() {
     assert!(stale.age > stale_after, "{stale:?}");
     // The last numbers stay, flagged: a reader counts the engine as full, not as idle.
     assert_eq!((stale.running, stale.waiting), (1, 0));
-    assert!(stale.saturated(2, 0.95));
     let _ = stop.send(true);
 }
 

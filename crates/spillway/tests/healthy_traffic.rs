@@ -90,7 +90,7 @@ fn serve_one_then_close(stream: TcpStream, answered: &AtomicU64, dropped: &Atomi
 async fn stale_pooled_connections_are_resent_on_a_new_one_without_counting_against_the_backend() {
     let backend = ClosingBackend::start();
     let cfg = format!(
-        "[health_check]\nenabled = false\n\n{}",
+        "[health_check]\nenabled = false\n\n{}engine = \"none\"\n",
         model("m", &[("closer", "default", backend.url.clone())])
     );
     let gw = gateway(&cfg);
@@ -375,4 +375,34 @@ async fn a_passing_health_check_readmits_a_restarted_backend_before_its_ejection
         },
     )
     .await;
+}
+
+#[tokio::test]
+async fn failures_that_happen_together_all_fail_over_within_the_budget() {
+    // A proxy in front of a dead engine answers 502 to everything at once; the healthy backend
+    // takes a second per request, so every retry is still running when the next failure comes.
+    let broken = mock(&["--model", "m", "--error-rate", "1", "--error-status", "502"]);
+    let healthy = mock(&["--model", "m", "--ttft", "1s", "--tokens-per-sec", "0"]);
+    let cfg = format!(
+        "[health_check]\nenabled = false\n[outlier]\nenabled = false\n\n{}",
+        limited_model(
+            "m",
+            &[("broken", broken.url("/v1")), ("healthy", healthy.url("/v1"))],
+            64
+        )
+    );
+    let gw = gateway(&cfg);
+    let c = client();
+    let sends = (0..8).map(|_| {
+        c.post(gw.url("/v1/chat/completions"))
+            .bearer_auth(KEY)
+            .json(&chat_body("m", false))
+            .send()
+    });
+    for r in futures_util::future::join_all(sends).await {
+        let r = r.unwrap();
+        let status = r.status();
+        assert_eq!(status, 200, "{}", r.text().await.unwrap());
+    }
+    assert!(chats_received(&broken).await >= 1);
 }

@@ -387,7 +387,10 @@ async fn failures_that_happen_together_all_fail_over_within_the_budget() {
         "[health_check]\nenabled = false\n[outlier]\nenabled = false\n\n{}",
         limited_model(
             "m",
-            &[("broken", broken.url("/v1")), ("healthy", healthy.url("/v1"))],
+            &[
+                ("broken", broken.url("/v1")),
+                ("healthy", healthy.url("/v1"))
+            ],
             64
         )
     );

@@ -1,0 +1,160 @@
+//! spillway in front of real llama.cpp servers (the `xllamacpp` wheel with Gemma 3 270M, started
+//! by `tests/llamacpp/serve.py`): it reads their metrics and routes on them.
+//!
+//! Needs `SPILLWAY_LLAMACPP_PYTHON` (a Python with `tests/llamacpp/requirements.txt`); without it
+//! the tests say so and pass, unless `SPILLWAY_REQUIRE_LLAMACPP=1` (as `.ci/run` sets), when they
+//! fail.
+
+mod support;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use support::*;
+
+/// A llama.cpp server, killed on drop.
+struct Llama {
+    child: Child,
+    url: String,
+}
+
+impl Drop for Llama {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts a llama.cpp server with `slots` slots, or `None` (with a note) when none can be run
+/// here and none is required.
+fn llama(slots: u32) -> Option<Llama> {
+    let Ok(python) = std::env::var("SPILLWAY_LLAMACPP_PYTHON") else {
+        assert!(
+            std::env::var("SPILLWAY_REQUIRE_LLAMACPP").as_deref() != Ok("1"),
+            "SPILLWAY_REQUIRE_LLAMACPP=1 but SPILLWAY_LLAMACPP_PYTHON is not set"
+        );
+        eprintln!("skipped: SPILLWAY_LLAMACPP_PYTHON is not set (see tests/llamacpp/README.md)");
+        return None;
+    };
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/llamacpp/serve.py");
+    let ctx = (2048 * slots).to_string();
+    let mut child = Command::new(python)
+        .args([
+            script,
+            "--port",
+            "0",
+            "--threads",
+            "1",
+            "--exit-with-parent",
+        ])
+        .args(["--slots", &slots.to_string(), "--ctx", &ctx])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start tests/llamacpp/serve.py");
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if let Some(url) = line.strip_prefix("ready ") {
+                let _ = tx.send(url.trim().to_owned());
+            }
+        }
+    });
+    let url = match rx.recv_timeout(Duration::from_secs(120)) {
+        Ok(url) => url,
+        Err(_) => {
+            let _ = child.kill();
+            panic!("llama.cpp did not start within 120 s");
+        }
+    };
+    Some(Llama { child, url })
+}
+
+fn gauge(page: &str, name: &str, backend: &str) -> Option<f64> {
+    sample(
+        page,
+        &format!("{name}{{model=\"m\",backend=\"{backend}\"}}"),
+    )
+}
+
+/// A long generation, so that a request holds its slot for seconds.
+fn long_request() -> serde_json::Value {
+    serde_json::json!({
+        "model": "m",
+        "messages": [{"role": "user", "content": "Write a long story about a lighthouse."}],
+        "max_tokens": 400,
+        "ignore_eos": true,
+    })
+}
+
+#[tokio::test]
+async fn llamacpp_metrics_are_read_and_a_queueing_engine_spills_over() {
+    let Some(home) = llama(1) else { return };
+    let Some(away) = llama(1) else { return };
+    let cfg = format!(
+        "home_region = \"region-a\"\n\
+         [engine_metrics]\ninterval = \"100ms\"\ntimeout = \"1s\"\nstale_after = \"3s\"\nmax_queue = 0\n\
+         [upstream]\nresponse_timeout = \"120s\"\n\n\
+         [[models]]\nname = \"m\"\n\
+         [[models.backends]]\nname = \"a\"\nregion = \"region-a\"\nurl = \"{}/v1\"\nengine = \"llamacpp\"\n\
+         [[models.backends]]\nname = \"b\"\nregion = \"region-b\"\nurl = \"{}/v1\"\nengine = \"llamacpp\"\n",
+        home.url, away.url
+    );
+    let gw = gateway(&cfg);
+    let deadline = Duration::from_secs(60);
+    let read = |backend: &'static str, name: &'static str, want: f64| {
+        let gw = &gw;
+        async move {
+            let page = metrics(gw).await;
+            let fresh = gauge(&page, "spillway_engine_reading_age_seconds", backend)
+                .is_some_and(|age| age < 3.0);
+            fresh && gauge(&page, name, backend) == Some(want)
+        }
+    };
+    eventually(deadline, "idle readings of both engines", || async {
+        read("a", "spillway_engine_requests_running", 0.0).await
+            && read("b", "spillway_engine_requests_running", 0.0).await
+    })
+    .await;
+
+    let c = client();
+    let send = || {
+        let req = c
+            .post(gw.url("/v1/chat/completions"))
+            .bearer_auth(KEY)
+            .timeout(Duration::from_secs(120))
+            .json(&long_request())
+            .send();
+        tokio::spawn(req)
+    };
+    // The home engine's one slot takes the first request...
+    let first = send();
+    eventually(deadline, "home running one request", || {
+        read("a", "spillway_engine_requests_running", 1.0)
+    })
+    .await;
+    // ...it queues the second (an empty queue is not saturated)...
+    let second = send();
+    eventually(deadline, "home queueing one request", || {
+        read("a", "spillway_engine_requests_waiting", 1.0)
+    })
+    .await;
+    // ...and, its queue past the bound, the third spills over to the other region.
+    let third = send();
+    eventually(deadline, "the other engine running the third", || {
+        read("b", "spillway_engine_requests_running", 1.0)
+    })
+    .await;
+    let page = metrics(&gw).await;
+    assert_eq!(
+        gauge(&page, "spillway_engine_requests_waiting", "a"),
+        Some(1.0),
+        "{page}"
+    );
+    for r in [first, second, third] {
+        r.abort();
+    }
+}

@@ -25,6 +25,9 @@ use crate::upstream::HttpClient;
 /// A backend as `(model, backend)` names, for labels.
 type Pair = (Arc<str>, Arc<str>);
 
+/// One engine, the names of the backends reading it and the backends themselves.
+type Readers = (Arc<EngineLoad>, Vec<Pair>, Vec<Arc<Backend>>);
+
 /// Starts one scrape task for each distinct engine of `pools` until `stop` turns true; the first
 /// scrape of each is at once, the next ones every `interval`, shortened or lengthened at random
 /// by up to `jitter` so the scrapes of many engines never align.
@@ -35,7 +38,7 @@ pub fn spawn_scrapes(
     stop: watch::Receiver<bool>,
 ) {
     // Backends sharing an engine share its state: group them by it.
-    let mut engines: Vec<(Arc<EngineLoad>, Vec<Pair>, Vec<Arc<Backend>>)> = Vec::new();
+    let mut engines: Vec<Readers> = Vec::new();
     for pool in &pools {
         for backend in &pool.backends {
             let Some(load) = &backend.engine else {

@@ -270,3 +270,51 @@ async fn session_affinity_keeps_a_session_on_one_backend() {
         "a session was split: {on_a} / {on_b}"
     );
 }
+
+#[tokio::test]
+async fn a_priority_header_lowers_the_class_and_reaches_engines_that_take_it() {
+    let engine = mock(&["--model", "m", "--ttft", "0ms", "--tokens-per-sec", "0"]);
+    let cfg = format!(
+        "[health_check]\nenabled = false\n\n{}forward_priority = true\n",
+        model("m", &[("vllm", "default", engine.url("/v1"))])
+    );
+    let gw = gateway(&cfg);
+    let forwarded = |engine: &Proc| {
+        let url = engine.url("/stats");
+        async move { get_json(&url).await["last_request"]["body"]["priority"].clone() }
+    };
+    let body = chat_body("m", false);
+    // No header: the tenant's class (standard), the engine's default value.
+    assert_eq!(chat(&gw, &body).await.status(), 200);
+    assert_eq!(forwarded(&engine).await, 0);
+    // A request may lower its class...
+    let r = chat_with_header(&gw, &body, Some(("x-spillway-priority", "batch"))).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(forwarded(&engine).await, 10);
+    // ...never raise it above its tenant's.
+    let r = chat_with_header(&gw, &body, Some(("x-spillway-priority", "critical"))).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(forwarded(&engine).await, 0);
+    let page = metrics(&gw).await;
+    let waits = |class: &str| {
+        sample(
+            &page,
+            &format!("spillway_queue_wait_seconds_count{{tenant=\"tenant-a\",class=\"{class}\"}}"),
+        )
+    };
+    assert_eq!(
+        (waits("standard"), waits("batch"), waits("critical")),
+        (Some(2.0), Some(1.0), None)
+    );
+    // A value that is no class is the caller's error.
+    let r = chat_with_header(&gw, &body, Some(("x-spillway-priority", "urgent"))).await;
+    assert_eq!(r.status(), 400);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("x-spillway-priority"),
+        "{v}"
+    );
+}

@@ -227,16 +227,11 @@ async fn a_burst_on_one_prefix_overflows_past_the_load_bound() {
     let (a, b) = (mock(&slow), mock(&slow));
     let gw = affinity_gateway(&a, &b, "prefix_affinity");
     let system = "Summarise the ticket below for the on-call engineer. ".repeat(8);
-    let c = client();
-    let sends = (0..6).map(|i| {
-        c.post(gw.url("/v1/chat/completions"))
-            .bearer_auth(KEY)
-            .json(&shared_prompt(&system, &format!("ticket {i}")))
-            .send()
-    });
-    for r in futures_util::future::join_all(sends).await {
-        assert_eq!(r.unwrap().status(), 200);
-    }
+    all_served_at_once(
+        &gw,
+        (0..6).map(|i| shared_prompt(&system, &format!("ticket {i}"))),
+    )
+    .await;
     // With 1.25x the average as the bound, no backend takes all six at once.
     let (on_a, on_b) = (served(&a).await, served(&b).await);
     assert_eq!(on_a + on_b, 6);

@@ -160,18 +160,7 @@ async fn overflow_waits_for_a_backend_instead_of_an_instant_503() {
         1,
     );
     let gw = gateway(&cfg);
-    let c = client();
-    let sends = (0..3).map(|_| {
-        c.post(gw.url("/v1/chat/completions"))
-            .bearer_auth(KEY)
-            .json(&chat_body("m", false))
-            .send()
-    });
-    for r in futures_util::future::join_all(sends).await {
-        let r = r.unwrap();
-        let status = r.status();
-        assert_eq!(status, 200, "{}", r.text().await.unwrap());
-    }
+    all_served_at_once(&gw, (0..3).map(|_| chat_body("m", false))).await;
     assert_eq!(chats_received(&live).await, 3);
 }
 
@@ -395,17 +384,6 @@ async fn failures_that_happen_together_all_fail_over_within_the_budget() {
         )
     );
     let gw = gateway(&cfg);
-    let c = client();
-    let sends = (0..8).map(|_| {
-        c.post(gw.url("/v1/chat/completions"))
-            .bearer_auth(KEY)
-            .json(&chat_body("m", false))
-            .send()
-    });
-    for r in futures_util::future::join_all(sends).await {
-        let r = r.unwrap();
-        let status = r.status();
-        assert_eq!(status, 200, "{}", r.text().await.unwrap());
-    }
+    all_served_at_once(&gw, (0..8).map(|_| chat_body("m", false))).await;
     assert!(chats_received(&broken).await >= 1);
 }

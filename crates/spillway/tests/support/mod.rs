@@ -238,6 +238,23 @@ pub async fn chat_with_header(
     req.send().await.unwrap()
 }
 
+/// Sends every body at once to the gateway's chat completions endpoint as tenant-a, and asserts
+/// that each was answered 200.
+pub async fn all_served_at_once(gw: &Proc, bodies: impl IntoIterator<Item = serde_json::Value>) {
+    let c = client();
+    let sends = bodies.into_iter().map(|body| {
+        c.post(gw.url("/v1/chat/completions"))
+            .bearer_auth(KEY)
+            .json(&body)
+            .send()
+    });
+    for r in futures_util::future::join_all(sends).await {
+        let r = r.unwrap();
+        let status = r.status();
+        assert_eq!(status, 200, "{}", r.text().await.unwrap());
+    }
+}
+
 /// The gateway's `/metrics` page.
 pub async fn metrics(gw: &Proc) -> String {
     client()

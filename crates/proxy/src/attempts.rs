@@ -157,12 +157,16 @@ impl Attempts<'_> {
                 .map_or_else(Pushback::default, |r| pushback(r.headers()));
             self.pool.record(&backend, now, class, in_flight);
             if class == Class::UpstreamAuth {
-                // The gateway's own key for this backend is wrong: the operator must hear of it.
-                warn!(
-                    backend = %backend.name,
-                    status = response.as_ref().map_or(0, |r| r.status().as_u16()),
-                    "the backend refused spillway's credential for it; check its api_key_env"
-                );
+                // The gateway's own key for this backend is wrong: the operator must hear of it,
+                // once in a while rather than once per request.
+                if let Some(held_back) = backend.auth_log.pass(now) {
+                    warn!(
+                        backend = %backend.name,
+                        status = response.as_ref().map_or(0, |r| r.status().as_u16()),
+                        held_back,
+                        "the backend refused spillway's credential for it; check its api_key_env"
+                    );
+                }
             }
             if class == Class::Capacity {
                 if let Some(wait) = pushback.retry_after {

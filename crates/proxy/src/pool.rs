@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use http::{HeaderName, HeaderValue, Uri};
 use spillway_config::{BackendConfig, BackendKind, Config};
 use spillway_config::{Balance, Engine};
+use spillway_directory::log_gate::LogGate;
 use spillway_policy::balance::affinity::stable_hash;
 use spillway_policy::concurrency::AimdConfig;
 use spillway_policy::outlier::Health;
@@ -65,6 +66,8 @@ pub struct Backend {
     pub max_concurrency: u32,
     /// Its dedicated pool (bulkhead), if any: only tenants of that pool use it.
     pub bulkhead: Option<Arc<str>>,
+    /// At most one warning per interval that the backend refuses spillway's credential.
+    pub auth_log: LogGate,
     /// Send the request's priority class as the body's `priority` field.
     pub forward_priority: bool,
     /// The model name to put in the body, when it differs from the client's.
@@ -149,6 +152,7 @@ impl Backend {
             max_concurrency: cfg.max_concurrency,
             bulkhead: cfg.pool.as_deref().map(Arc::from),
             forward_priority: cfg.forward_priority,
+            auth_log: LogGate::new(Duration::from_secs(10)),
             rename_to: (cfg.upstream_model != **model).then(|| cfg.upstream_model.clone()),
             auth_header,
             engine: None,

@@ -18,6 +18,19 @@ fn gauge_sum(page: &str, name: &str, backends: &[&str]) -> f64 {
         .sum()
 }
 
+/// A gateway whose home region `region-a` has backend `a` on `home`, with `b` on `away` in
+/// `region-b`, reading both engines fast.
+fn home_and_away(home: &Proc, away: &Proc) -> Proc {
+    let backends = [
+        ("a", "region-a", home.url("/v1")),
+        ("b", "region-b", away.url("/v1")),
+    ];
+    gateway(&format!(
+        "home_region = \"region-a\"\n{FAST_SCRAPES}{}",
+        model("m", &backends)
+    ))
+}
+
 async fn served(m: &Proc) -> u64 {
     get_json(&m.url("/stats")).await["served"]
         .as_u64()
@@ -49,17 +62,7 @@ async fn spillover_happens_before_an_engines_queue_passes_its_bound() {
         "--tokens-per-sec",
         "0",
     ]);
-    let cfg = format!(
-        "home_region = \"region-a\"\n{FAST_SCRAPES}{}",
-        model(
-            "m",
-            &[
-                ("a", "region-a", home.url("/v1")),
-                ("b", "region-b", away.url("/v1"))
-            ]
-        )
-    );
-    let gw = gateway(&cfg);
+    let gw = home_and_away(&home, &away);
     let c = client();
     let mut sent = Vec::new();
     for i in 1..=7u32 {
@@ -99,17 +102,7 @@ async fn spillover_happens_before_an_engines_queue_passes_its_bound() {
 async fn a_stale_engine_reading_counts_as_saturated() {
     let fast = ["--model", "m", "--ttft", "0ms", "--tokens-per-sec", "0"];
     let (home, away) = (mock(&fast), mock(&fast));
-    let cfg = format!(
-        "home_region = \"region-a\"\n{FAST_SCRAPES}{}",
-        model(
-            "m",
-            &[
-                ("a", "region-a", home.url("/v1")),
-                ("b", "region-b", away.url("/v1"))
-            ]
-        )
-    );
-    let gw = gateway(&cfg);
+    let gw = home_and_away(&home, &away);
     let age = "spillway_engine_reading_age_seconds{model=\"m\",backend=\"a\"}";
     eventually(
         Duration::from_secs(10),

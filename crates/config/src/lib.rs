@@ -15,7 +15,7 @@ use std::time::Duration;
 
 pub use check::{Problem, DEFAULT_STORE_URL};
 pub use mock::{MockFault, MockProfile};
-pub use spillway_policy::{BudgetConfig, OutlierConfig, RetryPolicy, Rules};
+pub use spillway_policy::{BudgetConfig, OutlierConfig, RetryPolicy, Rules, ThrottleConfig};
 
 /// The quickstart configuration `spillway serve` runs when no file is given: two in-process mock
 /// backends for `mock-small` in two regions and one demo tenant. Also shipped as
@@ -316,6 +316,8 @@ pub struct RetryConfig {
     pub client_retry_headers: Vec<http::HeaderName>,
     /// Refuse callers' retries first while a pool is failing or the retry budget is spent.
     pub shed_client_retries: bool,
+    /// Adaptive throttling of each pool while its backends fail (`None`: off).
+    pub throttle: Option<ThrottleConfig>,
     /// Retry every 5xx at once, with no budget, no backoff and no other protection: the
     /// behaviour of the IL-0248 layers, kept for `spillway replay` comparisons only.
     pub naive: bool,

@@ -215,6 +215,10 @@ pub struct RawRetry {
     pub min_retrying: Option<u32>,
     pub client_retry_headers: Option<Vec<String>>,
     pub shed_client_retries: Option<bool>,
+    pub throttle_k: Option<f64>,
+    pub throttle_min_requests: Option<u64>,
+    #[serde(default, with = "humantime_serde")]
+    pub throttle_window: Option<Duration>,
     pub naive: Option<bool>,
 }
 

@@ -400,3 +400,25 @@ fn engine_metrics_section_rejects_unknown_keys() {
         "{err:?}"
     );
 }
+
+#[test]
+fn throttling_takes_documented_defaults_and_can_be_turned_off() {
+    let c = Config::from_toml(MINIMAL).unwrap();
+    assert_eq!(c.retry.throttle, Some(ThrottleConfig::default()));
+    let t = ThrottleConfig::default();
+    assert_eq!(
+        (t.k, t.window, t.min_requests),
+        (2.0, Duration::from_secs(5), 20)
+    );
+    let off = Config::from_toml(&format!("[retry]\nthrottle_k = 0\n{MINIMAL}")).unwrap();
+    assert_eq!(off.retry.throttle, None);
+    let text: Vec<String> = problems(&format!("[retry]\nthrottle_k = 0.5\n{MINIMAL}"))
+        .iter()
+        .map(|p| p.to_string())
+        .collect();
+    assert!(
+        text.iter()
+            .any(|t| t.starts_with("retry.throttle_k: must be 0 (off) or between 1 and 100")),
+        "{text:?}"
+    );
+}

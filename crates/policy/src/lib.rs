@@ -17,6 +17,7 @@ pub mod fair;
 pub mod outlier;
 pub mod rate;
 pub mod retry;
+pub mod throttle;
 
 pub use balance::affinity::{hrw_score, splitmix64, stable_hash, DEFAULT_LOAD_FACTOR};
 pub use balance::{pick, AffinityOutcome, Candidate, EngineView, Pick, Saturation, Strategy};
@@ -30,3 +31,4 @@ pub use rate::{
     Reservation, TenantLimiter,
 };
 pub use retry::{Backoff, Decision, RetryPolicy, Stop};
+pub use throttle::{Throttle, ThrottleConfig};

@@ -156,6 +156,10 @@ impl Attempts<'_> {
                 .as_ref()
                 .map_or_else(Pushback::default, |r| pushback(r.headers()));
             self.pool.record(&backend, now, class, in_flight);
+            if outcome != Outcome::ConnectFailed {
+                // A connection never made put no load on a backend.
+                self.pool.throttle_record(now, !class.is_backend_failure());
+            }
             if class == Class::UpstreamAuth {
                 // The gateway's own key for this backend is wrong: the operator must hear of it,
                 // once in a while rather than once per request.

@@ -26,6 +26,9 @@ pub enum ErrorKind {
     RetryBudgetExhausted,
     /// A caller's own retry, refused first while the model's backends are failing.
     ClientRetryShed,
+    /// Refused by adaptive throttling: the model's backends have been failing, and only a share
+    /// of requests reaches them until they accept again.
+    BackendsFailing,
     /// A backend did not answer in time.
     UpstreamTimeout,
     /// A backend could not be reached or broke the connection.
@@ -164,6 +167,11 @@ impl ApiError {
                 StatusCode::SERVICE_UNAVAILABLE,
                 "server_error",
                 "client_retry_shed",
+            ),
+            BackendsFailing => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                "backends_failing",
             ),
             UpstreamTimeout => (
                 StatusCode::GATEWAY_TIMEOUT,

@@ -140,6 +140,19 @@ async fn route(
             .retry_after(crate::server::NO_CAPACITY_RETRY_AFTER));
         }
     }
+    if !pool.throttle_admits(now) {
+        // The backends have been failing: only a share of requests reaches them until they
+        // accept again, however often callers resend.
+        pool.metrics.throttled();
+        return Err(ApiError::new(
+            ErrorKind::BackendsFailing,
+            format!(
+                "the backends of the model {:?} are failing; spillway sends them only a share of requests until they recover",
+                &*pool.name
+            ),
+        )
+        .retry_after(crate::server::NO_CAPACITY_RETRY_AFTER));
+    }
     if !retry.naive {
         pool.budget
             .lock()

@@ -175,15 +175,42 @@ impl ModelPool {
         }
     }
 
-    /// Whether the pool is failing: its retry budget is spent, or so few backends are healthy
-    /// that it is in panic mode. Callers' retries are shed first while it is.
+    /// Whether the pool is failing: its retry budget is spent, its backends have failed enough
+    /// recently for throttling to be in force, or so few backends are healthy that it is in panic
+    /// mode. Callers' retries are shed first while it is.
     pub fn is_failing(&self, now: Instant) -> bool {
         let spent = self
             .budget
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .is_spent(now);
-        spent || self.in_panic(now)
+        spent || self.throttling(now) || self.in_panic(now)
+    }
+
+    /// Whether adaptive throttling refuses some requests now.
+    pub fn throttling(&self, now: Instant) -> bool {
+        self.throttle
+            .as_ref()
+            .is_some_and(|t| lock(t).is_throttling(now))
+    }
+
+    /// Whether a new request may be sent to the backends now (adaptive throttling).
+    pub fn throttle_admits(&self, now: Instant) -> bool {
+        self.throttle
+            .as_ref()
+            .is_none_or(|t| lock(t).admit(now, rand::rng().random()))
+    }
+
+    /// Counts an attempt sent to a backend, and whether the backend accepted it (answered with
+    /// anything but a backend failure), for adaptive throttling.
+    pub fn throttle_record(&self, now: Instant, accepted: bool) {
+        if let Some(t) = &self.throttle {
+            let mut t = lock(t);
+            t.sent(now);
+            if accepted {
+                t.accepted(now);
+            }
+        }
     }
 
     /// Whether so few backends are healthy that health is ignored (panic mode).

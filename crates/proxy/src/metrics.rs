@@ -32,6 +32,7 @@ pub const UPSTREAM_ATTEMPTS: &str = "spillway_upstream_attempts_total";
 pub const RETRIES: &str = "spillway_retries_total";
 pub const BUDGET_EXHAUSTED: &str = "spillway_retry_budget_exhausted_total";
 pub const AFFINITY: &str = "spillway_affinity_total";
+pub const THROTTLED: &str = "spillway_throttled_total";
 pub const CLIENT_RETRIES: &str = "spillway_client_retries_total";
 pub const CLIENT_RETRIES_SHED: &str = "spillway_client_retries_shed_total";
 pub const STORE_POOL_CONNECTIONS: &str = "spillway_store_pool_connections";
@@ -142,6 +143,10 @@ fn describe() {
     describe_counter!(
         BUDGET_EXHAUSTED,
         "Retries the model's retry budget refused, by reason: rate_spent (retries over the window reached the ratio plus the floor) or too_many_retrying (too many requests retrying at once)."
+    );
+    describe_counter!(
+        THROTTLED,
+        "Requests refused by adaptive throttling while the model's backends were failing, before reaching any backend."
     );
     describe_counter!(
         AFFINITY,
@@ -385,6 +390,7 @@ pub struct PoolMetrics {
     retries: [Counter; 5],
     budget_exhausted: [Counter; 2],
     affinity: [Counter; 2],
+    throttled: Counter,
 }
 
 impl PoolMetrics {
@@ -413,6 +419,7 @@ impl PoolMetrics {
                 labels.push(Label::new("reason", r.as_str()));
                 counter!(BUDGET_EXHAUSTED, labels)
             }),
+            throttled: counter!(THROTTLED, m()),
             affinity: Self::AFFINITY.map(|a| {
                 let mut labels = m();
                 labels.push(Label::new("outcome", a.as_str()));
@@ -429,6 +436,10 @@ impl PoolMetrics {
         if let Some(i) = Self::RETRIED.iter().position(|c| *c == class) {
             self.retries[i].increment(1);
         }
+    }
+
+    pub fn throttled(&self) {
+        self.throttled.increment(1);
     }
 
     pub fn budget_exhausted(&self, why: Refusal) {

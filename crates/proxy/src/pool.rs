@@ -19,6 +19,7 @@ use spillway_policy::concurrency::AimdConfig;
 use spillway_policy::outlier::Health;
 use spillway_policy::{
     pick, AffinityOutcome, Candidate, EngineView, RetryBudget, Rules, Saturation, Strategy,
+    Throttle,
 };
 use tokio::sync::Notify;
 
@@ -295,6 +296,9 @@ pub struct ModelPool {
     pub name: Arc<str>,
     pub backends: Vec<Arc<Backend>>,
     pub budget: Mutex<RetryBudget>,
+    /// Adaptive throttling while the pool's backends fail (`retry.throttle_k`; none when off or
+    /// naive).
+    pub throttle: Option<Mutex<Throttle>>,
     /// Client requests of this model in flight, and how many of them are on a retry.
     pub in_flight: AtomicU64,
     pub retrying: AtomicU64,
@@ -476,6 +480,11 @@ impl Models {
                 name,
                 backends,
                 budget: Mutex::new(RetryBudget::new(config.retry.budget, epoch)),
+                throttle: config
+                    .retry
+                    .throttle
+                    .filter(|_| !naive)
+                    .map(|t| Mutex::new(Throttle::new(t, epoch))),
                 in_flight: AtomicU64::new(0),
                 retrying: AtomicU64::new(0),
                 max_ejected_share: config.outlier.max_ejected_share,

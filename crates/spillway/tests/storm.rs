@@ -196,3 +196,125 @@ async fn a_retry_storm_stays_within_the_budget_and_recovers() {
     );
     eprintln!("{all}");
 }
+
+/// What an open-loop storm of naive callers got: chains started, chains that ended in a success,
+/// and requests sent.
+#[derive(Default)]
+struct Storm {
+    chains: AtomicU64,
+    chains_ok: AtomicU64,
+    requests: AtomicU64,
+}
+
+/// `per_sec` new logical requests a second for `length`, each resent at once after every 5xx, up
+/// to 48 times (IL-0248's callers), marked as retries with `x-stainless-retry-count` if `marked`.
+async fn open_loop_storm(gw: &Proc, per_sec: u32, length: Duration, marked: bool) -> Arc<Storm> {
+    let tally = Arc::new(Storm::default());
+    let c = client();
+    let url = gw.url("/v1/chat/completions");
+    let mut chains = Vec::new();
+    let started = Instant::now();
+    let gap = Duration::from_secs(1) / per_sec;
+    let mut next = started;
+    while next < started + length {
+        tokio::time::sleep_until(next.into()).await;
+        let (c, url, tally) = (c.clone(), url.clone(), tally.clone());
+        chains.push(tokio::spawn(async move {
+            tally.chains.fetch_add(1, Ordering::Relaxed);
+            for attempt in 0..=48u32 {
+                tally.requests.fetch_add(1, Ordering::Relaxed);
+                let mut req = c.post(&url).bearer_auth(KEY).json(&chat_body("m", false));
+                if marked && attempt > 0 {
+                    req = req.header("x-stainless-retry-count", attempt.to_string());
+                }
+                match req.send().await {
+                    Ok(r) if r.status().is_success() => {
+                        let _ = r.bytes().await;
+                        tally.chains_ok.fetch_add(1, Ordering::Relaxed);
+                        return;
+                    }
+                    Ok(r) if r.status().is_client_error() => return,
+                    _ => continue,
+                }
+            }
+        }));
+        next += gap;
+    }
+    for chain in chains {
+        chain.await.unwrap();
+    }
+    tally
+}
+
+async fn set_fault_status(m: &Proc, rate: f64, status: u16) {
+    let r = client()
+        .patch(m.url("/control"))
+        .json(&serde_json::json!({"fault": {"error_rate": rate, "error_status": status}}))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_storm_with_every_backend_failing_does_not_multiply_backend_attempts() {
+    let (a, b) = (mock(&MOCK), mock(&MOCK));
+    let gw = gateway(&format!(
+        "[health_check]\ninterval = \"200ms\"\ntimeout = \"150ms\"\n\n{}",
+        model(
+            "m",
+            &[
+                ("a", "default", a.url("/v1")),
+                ("b", "default", b.url("/v1"))
+            ]
+        )
+    ));
+    let received = || async { chats_received(&a).await + chats_received(&b).await };
+    for (status, marked) in [(500, false), (503, true)] {
+        set_fault_status(&a, 1.0, status).await;
+        set_fault_status(&b, 1.0, status).await;
+        let before = received().await;
+        let storm = open_loop_storm(&gw, 50, Duration::from_secs(10), marked).await;
+        let attempts = received().await - before;
+        let logical = storm.chains.load(Ordering::Relaxed);
+        let sent = storm.requests.load(Ordering::Relaxed);
+        let figures = format!(
+            "{status} (marked retries: {marked}): {logical} logical requests, {sent} sent by the callers, {attempts} reached the backends"
+        );
+        eprintln!("{figures}");
+        // Without throttling, 49 attempts per logical request reached the backends.
+        assert!(attempts as f64 <= logical as f64 * 1.1, "{figures}");
+        assert!(attempts > 0, "no probe at all: {figures}");
+
+        // Healed: service comes back within seconds, though callers storm on.
+        set_fault_status(&a, 0.0, 500).await;
+        set_fault_status(&b, 0.0, 500).await;
+        let healed = Instant::now();
+        eventually(
+            Duration::from_secs(15),
+            "full service to come back",
+            || async {
+                let s = open_loop_storm(&gw, 50, Duration::from_millis(500), marked).await;
+                let chains = s.chains.load(Ordering::Relaxed);
+                s.chains_ok.load(Ordering::Relaxed) == chains
+                    && s.requests.load(Ordering::Relaxed) == chains
+            },
+        )
+        .await;
+        eprintln!(
+            "{status}: full service again {:?} after the backends healed",
+            healed.elapsed()
+        );
+        let after = open_loop_storm(&gw, 50, Duration::from_secs(2), marked).await;
+        assert_eq!(
+            after.chains_ok.load(Ordering::Relaxed),
+            after.chains.load(Ordering::Relaxed),
+            "{figures}"
+        );
+        assert_eq!(
+            after.requests.load(Ordering::Relaxed),
+            after.chains.load(Ordering::Relaxed),
+            "healthy again, yet requests were refused: {figures}"
+        );
+    }
+}

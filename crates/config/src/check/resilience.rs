@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use spillway_policy::{Backoff, BudgetConfig, OutlierConfig, RetryPolicy, Rules};
+use spillway_policy::{Backoff, BudgetConfig, OutlierConfig, RetryPolicy, Rules, ThrottleConfig};
 
 use super::Problems;
 use crate::raw::{RawAdaptive, RawBackend, RawHealthCheck, RawOutlier, RawRetry};
@@ -104,6 +104,7 @@ pub(super) fn check_retry(raw: RawRetry, p: &mut Problems) -> RetryConfig {
         ),
         min_retrying: raw.min_retrying.unwrap_or(b.min_retrying).max(1),
     };
+    let throttle = check_throttle(&raw, p);
     let mut client_retry_headers = Vec::new();
     for (i, name) in raw
         .client_retry_headers
@@ -125,6 +126,7 @@ pub(super) fn check_retry(raw: RawRetry, p: &mut Problems) -> RetryConfig {
         deadline: duration(raw.deadline, Duration::from_secs(300), "retry.deadline", p),
         client_retry_headers,
         shed_client_retries: raw.shed_client_retries.unwrap_or(true),
+        throttle,
         naive: raw.naive.unwrap_or(false),
     }
 }
@@ -161,6 +163,27 @@ pub(super) fn check_outlier(raw: RawOutlier, p: &mut Problems) -> OutlierSetting
         max_ejected_share: share(raw.max_ejected_share, 0.5, "outlier.max_ejected_share", p),
         panic_threshold: share(raw.panic_threshold, 0.5, "outlier.panic_threshold", p),
     }
+}
+
+/// `retry.throttle_k` (0 turns throttling off), `retry.throttle_window` and
+/// `retry.throttle_min_requests`.
+fn check_throttle(raw: &RawRetry, p: &mut Problems) -> Option<ThrottleConfig> {
+    let d = ThrottleConfig::default();
+    let k = raw.throttle_k.unwrap_or(d.k);
+    if !(k == 0.0 || (1.0..=100.0).contains(&k)) {
+        p.add(
+            "retry.throttle_k",
+            format!("must be 0 (off) or between 1 and 100, got {k}"),
+        );
+        return None;
+    }
+    let window = duration(raw.throttle_window, d.window, "retry.throttle_window", p);
+    let min_requests = raw.throttle_min_requests.unwrap_or(d.min_requests);
+    (k > 0.0).then_some(ThrottleConfig {
+        k,
+        window,
+        min_requests,
+    })
 }
 
 pub(super) fn check_health(raw: RawHealthCheck, p: &mut Problems) -> HealthCheckConfig {

@@ -216,7 +216,7 @@ pub struct RawRetry {
     pub client_retry_headers: Option<Vec<String>>,
     pub shed_client_retries: Option<bool>,
     pub throttle_k: Option<f64>,
-    pub throttle_min_requests: Option<u64>,
+    pub throttle_probes: Option<u64>,
     #[serde(default, with = "humantime_serde")]
     pub throttle_window: Option<Duration>,
     pub naive: Option<bool>,

@@ -406,10 +406,7 @@ fn throttling_takes_documented_defaults_and_can_be_turned_off() {
     let c = Config::from_toml(MINIMAL).unwrap();
     assert_eq!(c.retry.throttle, Some(ThrottleConfig::default()));
     let t = ThrottleConfig::default();
-    assert_eq!(
-        (t.k, t.window, t.min_requests),
-        (2.0, Duration::from_secs(5), 20)
-    );
+    assert_eq!((t.k, t.window, t.probes), (2.0, Duration::from_secs(1), 5));
     let off = Config::from_toml(&format!("[retry]\nthrottle_k = 0\n{MINIMAL}")).unwrap();
     assert_eq!(off.retry.throttle, None);
     let text: Vec<String> = problems(&format!("[retry]\nthrottle_k = 0.5\n{MINIMAL}"))

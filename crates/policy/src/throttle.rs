@@ -1,38 +1,37 @@
-//! Adaptive throttling of a model's pool: refuse locally, in proportion to how often its
-//! backends have been failing, so callers' resends cannot multiply the load on failing backends.
+//! Adaptive throttling of a model's pool: while its backends fail, attempts are sent to them
+//! only in proportion to what they accept, so callers' resends cannot multiply their load.
 //!
 //! Why a budget on retries is not enough: spillway's own retries are bounded by the retry budget,
 //! but a caller that resends every 5xx at once (IL-0248's layers did, up to 48 times) turns each
 //! failure into a new request, and each new request is a first attempt the budget lets through.
-//! With every backend failing, the backends then receive 49 attempts per logical request. The
-//! cure is the adaptive throttling of the Google SRE book ("Handling Overload"): per pool and over
-//! a sliding window, the gateway counts the attempts it sent (`requests`) and those the backends
-//! accepted (`accepts`: answered with anything but a backend failure), and refuses a new
-//! request locally with probability
+//! With every backend failing, the backends then received 49 attempts per logical request. So
+//! over a short sliding window the pool counts the attempts it sent (`sent`) and those the
+//! backends accepted (`accepted`: answered with anything but a backend failure), and a new request
+//! goes to a backend only while
 //!
 //! ```text
-//! max(0, (requests - K x accepts) / (requests + 1))
+//! sent < K x accepted + probes
 //! ```
 //!
-//! While the backends accept everything, `requests <= K x accepts` and nothing is refused: no
-//! effect on healthy traffic, nor while fewer than `1 - 1/K` of the attempts fail. When a share
-//! `f` above that fails, a request is let through with probability about `K x (1 - f)`: the load
-//! sent falls as the failures rise. When nothing is accepted, a request is let through with
-//! probability `1 / (requests + 1)`, so a pool asked for `n` attempts over a window sends about
-//! `sqrt(2n)` of them: probes that show when the backends heal, however fast callers resend.
+//! and is refused locally otherwise. This is the budget form of the adaptive throttling in the
+//! Google SRE book's "Handling Overload" chapter (whose clients refuse with probability
+//! `(requests - K x accepts) / (requests + 1)`), and of Finagle's and Envoy's retry budgets
+//! applied to every attempt: it holds G1 as stated, attempts reaching the backends stay within
+//! `K` times what they accept plus `probes` per window, however callers retry.
 //!
-//! What it cannot do, and nothing can: while some attempts still succeed, a caller that resends
-//! until it succeeds needs `1 / (1 - f)` attempts per success on average, sent or refused; the
-//! throttle makes the refused ones cost the backends nothing.
-//!
-//! One change from the book: `requests` counts the attempts sent, not the ones refused locally.
-//! Counting refusals, as the book's clients do, holds the throttle shut after the backends heal
-//! while callers keep resending the refusals (each resend is another request to count, and the
-//! few let through cannot raise `accepts` to match): recovery would wait for the callers to give
-//! up. Counting what was sent, the first probes that succeed reopen the pool within a fraction of
-//! a second, and the failures of the outage leave the window within `window` (default 5 s, in
-//! ten buckets, so constant memory). Until they have, the successes must outnumber them `1 / (K -
-//! 1)` to one before nothing is refused: about `sqrt(2n)` successes, a few seconds of traffic.
+//! - Healthy traffic is never refused: while at least `1 / K` of the attempts are accepted (half,
+//!   with the default K = 2), `sent <= K x accepted`. Attempts are counted when their outcome is
+//!   known, so a burst of requests on an idle pool is not refused for being in flight, and a
+//!   refused connection is not counted at all (it put no load on a backend).
+//! - With every backend failing, the backends see about `probes` attempts per window, and past
+//!   them one probe each `window / probes` (default: 5 a second and one each 200 ms): what shows
+//!   that they have healed, soon after they have. At the start of an outage the accepts of the last
+//!   window still count, so up to `K` times the traffic of one window (a second by default) gets
+//!   through first: the window is short for that reason.
+//! - Recovery needs nothing from the callers: what was refused locally is not counted (the
+//!   book's clients count it, which holds the throttle shut while callers resend refusals), and
+//!   each accepted probe lets `K` more through, so the pool reopens within a round trip or two of
+//!   the backends healing.
 
 use std::time::{Duration, Instant};
 
@@ -46,17 +45,17 @@ pub struct ThrottleConfig {
     pub k: f64,
     /// How far back requests and accepts are counted.
     pub window: Duration,
-    /// Nothing is refused while fewer attempts than this were sent in the window: a handful of
-    /// failures (one refused connection, a bad minute of a quiet model) is no sample to shed on.
-    pub min_requests: u64,
+    /// Attempts always allowed per window, whatever was accepted: the probes that show when the
+    /// backends heal, and room for a quiet pool's few failures.
+    pub probes: u64,
 }
 
 impl Default for ThrottleConfig {
     fn default() -> Self {
         ThrottleConfig {
             k: 2.0,
-            window: Duration::from_secs(5),
-            min_requests: 20,
+            window: Duration::from_secs(1),
+            probes: 5,
         }
     }
 }
@@ -75,6 +74,8 @@ pub struct Throttle {
     epoch: Instant,
     step: Duration,
     buckets: [Bucket; BUCKETS],
+    /// Before this, no probe beyond the window's allowance goes out.
+    next_probe: Option<Instant>,
 }
 
 impl Throttle {
@@ -95,6 +96,7 @@ impl Throttle {
             epoch: now,
             step,
             buckets: [Bucket::default(); BUCKETS],
+            next_probe: None,
         }
     }
 
@@ -127,20 +129,19 @@ impl Throttle {
             .fold((0, 0), |(q, a), b| (q + b.requests, a + b.accepts))
     }
 
-    /// The probability with which an attempt asked for now is refused locally.
-    pub fn refusal_probability(&self, now: Instant) -> f64 {
-        let (requests, accepts) = self.totals(now);
-        if requests < self.config.min_requests {
-            return 0.0;
+    /// Whether a new request may be sent to a backend now: while `sent < K x accepted + probes`
+    /// over the window, or, past that, as the one probe of each `window / probes` (so that a
+    /// probe goes out soon after the backends heal, not only when a window's probes expire).
+    pub fn admit(&mut self, now: Instant) -> bool {
+        let (sent, accepted) = self.totals(now);
+        if (sent as f64) < self.config.k * accepted as f64 + self.config.probes as f64 {
+            return true;
         }
-        let excess = requests as f64 - self.config.k * accepts as f64;
-        (excess / (requests as f64 + 1.0)).clamp(0.0, 1.0)
-    }
-
-    /// Whether a new request may be sent to a backend now: `unit` is a random number in
-    /// `[0, 1)`, and the request is refused when it is below the refusal probability.
-    pub fn admit(&self, now: Instant, unit: f64) -> bool {
-        unit >= self.refusal_probability(now)
+        if self.next_probe.is_some_and(|at| now < at) {
+            return false;
+        }
+        self.next_probe = Some(now + self.config.window / self.config.probes.max(1) as u32);
+        true
     }
 
     /// An attempt was sent to a backend (a first attempt or a retry).
@@ -153,10 +154,11 @@ impl Throttle {
         self.current(now).accepts += 1;
     }
 
-    /// Whether the backends have recently refused so much that throttling is in force: callers'
-    /// own retries are shed while it is.
+    /// Whether the backends have recently failed more than `1 - 1/K` of what was sent to them
+    /// (with at least `probes` attempts sent): callers' own retries are shed while they have.
     pub fn is_throttling(&self, now: Instant) -> bool {
-        self.refusal_probability(now) > 0.0
+        let (sent, accepted) = self.totals(now);
+        sent >= self.config.probes && sent as f64 > self.config.k * accepted as f64
     }
 }
 

@@ -196,9 +196,7 @@ impl ModelPool {
 
     /// Whether a new request may be sent to the backends now (adaptive throttling).
     pub fn throttle_admits(&self, now: Instant) -> bool {
-        self.throttle
-            .as_ref()
-            .is_none_or(|t| lock(t).admit(now, rand::rng().random()))
+        self.throttle.as_ref().is_none_or(|t| lock(t).admit(now))
     }
 
     /// Counts an attempt sent to a backend, and whether the backend accepted it (answered with

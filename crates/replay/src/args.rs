@@ -22,11 +22,12 @@ pub struct ReplayArgs {
 /// The incidents that can be replayed.
 #[derive(Debug, Clone, clap::Subcommand)]
 pub enum Scenario {
-    /// IL-0248: home-region backends answer HTTP 500 and callers resend at once, up to 48 times.
+    /// IL-0248: backends answer HTTP 500 and callers resend at once, up to 48 times.
     ///
     /// Runs three mock backends and a gateway on 127.0.0.1, once with spillway's protections
-    /// and once as a naive gateway, switches the fault on and off on a schedule (steady, fault,
-    /// recovery), and prints per phase what the callers and the backends saw.
+    /// and once as a naive gateway, switches the fault on and off on a schedule (steady; fault:
+    /// the home region fails; outage: every backend fails; recovery), and prints per phase what
+    /// the callers and the backends saw.
     RetryStorm(RetryStormArgs),
     /// IL-0136: the key cache flushed at peak, the gateway restarted, the store gone for 30 s.
     ///
@@ -62,6 +63,10 @@ pub struct RetryStormArgs {
     /// Length of the phase in which the home region's backends answer HTTP 500.
     #[arg(long, value_name = "DURATION", default_value = "20s")]
     pub fault: humantime::Duration,
+    /// Length of the phase, after the fault, in which every backend (both regions) answers
+    /// HTTP 500: nothing healthy is left to fail over to.
+    #[arg(long, value_name = "DURATION", default_value = "10s")]
+    pub outage: humantime::Duration,
     /// Length of the phase after the backends are healthy again.
     #[arg(long, value_name = "DURATION", default_value = "10s")]
     pub recovery: humantime::Duration,
@@ -107,8 +112,8 @@ impl fmt::Display for Mode {
 #[derive(Debug, Clone)]
 pub(crate) struct StormPlan {
     pub(crate) modes: Vec<Mode>,
-    /// Steady, fault, recovery.
-    pub(crate) phases: [Duration; 3],
+    /// Steady, fault, outage, recovery.
+    pub(crate) phases: [Duration; 4],
     pub(crate) load: LoadPlan,
     pub(crate) json: Option<PathBuf>,
 }
@@ -159,9 +164,9 @@ impl RetryStormArgs {
                 self.client_retries
             ));
         }
-        let phases = [self.steady, self.fault, self.recovery].map(Duration::from);
+        let phases = [self.steady, self.fault, self.outage, self.recovery].map(Duration::from);
         check_phases(
-            &["--steady", "--fault", "--recovery"],
+            &["--steady", "--fault", "--outage", "--recovery"],
             &phases,
             &mut problems,
         );
@@ -243,7 +248,7 @@ mod tests {
     fn defaults_run_both_modes_with_the_incident_s_figures() {
         let plan = parse(&[]).unwrap().check().unwrap();
         assert_eq!(plan.modes, [Mode::Protected, Mode::Naive]);
-        assert_eq!(plan.phases.map(|d| d.as_secs()), [10, 20, 10]);
+        assert_eq!(plan.phases.map(|d| d.as_secs()), [10, 20, 10, 10]);
         assert_eq!(plan.load.rate, 100.0);
         assert_eq!(plan.load.max_outstanding, 256);
         assert_eq!(plan.load.client_retries, 48);

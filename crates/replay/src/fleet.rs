@@ -128,17 +128,19 @@ impl Fleet {
 
     /// Turns the scenario's fault on or off on every backend it hits: on, every request gets
     /// HTTP 500 at once (IL-0248's capacity failures surfacing as transient server errors).
+    /// Switches the fault on or off on the faulted backends (a1, a2), or on every backend.
     pub(crate) async fn set_fault(
         &self,
         control: &HttpClient,
         on: bool,
+        everywhere: bool,
     ) -> Result<(), ReplayError> {
         let patch = if on {
             json!({"fault": {"error_rate": 1.0, "error_status": 500}})
         } else {
             json!({"fault": {"error_rate": 0.0}})
         };
-        for backend in self.backends.iter().filter(|b| b.faulted) {
+        for backend in self.backends.iter().filter(|b| everywhere || b.faulted) {
             let what = || format!("PATCH /control on mock backend {}", backend.name);
             let answer = control
                 .patch_json(uri(backend.addr, "/control"), &patch, CONTROL_TIMEOUT)

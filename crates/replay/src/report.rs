@@ -118,7 +118,7 @@ impl Report {
 
 /// What one run produced, ready to be turned into figures.
 pub(crate) struct RunInputs<'a> {
-    pub(crate) phases: [Duration; 3],
+    pub(crate) phases: [Duration; 4],
     /// Per phase then the drain slot.
     pub(crate) slots: &'a [SlotTally],
     /// Each backend's `received` at the start and at the end of every phase.
@@ -230,7 +230,8 @@ pub(crate) fn table(report: &Report) -> String {
         .collect();
     let mut out = format!(
         "retry-storm (IL-0248): {} new requests/s offered, at most {} chains in flight, \
-         {} immediate resends per request; phases: {} (a1 and a2 answer HTTP 500 during fault)\n\n",
+         {} immediate resends per request; phases: {} (a1 and a2 answer HTTP 500 during fault, \
+         every backend during outage)\n\n",
         trim_float(s.load.rate),
         s.load.max_outstanding,
         s.load.client_retries,
@@ -427,7 +428,7 @@ mod tests {
     fn plan() -> StormPlan {
         StormPlan {
             modes: vec![Mode::Protected],
-            phases: [1, 2, 1].map(Duration::from_secs),
+            phases: [1, 2, 1, 1].map(Duration::from_secs),
             load: LoadPlan {
                 rate: 10.0,
                 max_outstanding: 4,
@@ -458,6 +459,7 @@ mod tests {
         let received = vec![
             vec![0, 0, 0],
             vec![5, 5, 0],
+            vec![45, 45, 10],
             vec![45, 45, 10],
             vec![45, 45, 10],
         ];

@@ -91,12 +91,16 @@ async fn drive(
         for (i, name) in PHASES.iter().enumerate() {
             let started = match i {
                 1 => {
-                    fleet.set_fault(control, true).await?;
+                    fleet.set_fault(control, true, false).await?;
                     "fault: a1 and a2 now answer every request with HTTP 500"
                 }
                 2 => {
-                    fleet.set_fault(control, false).await?;
-                    "recovery: a1 and a2 are healthy again"
+                    fleet.set_fault(control, true, true).await?;
+                    "outage: every backend (b1 too) now answers every request with HTTP 500"
+                }
+                3 => {
+                    fleet.set_fault(control, false, true).await?;
+                    "recovery: every backend is healthy again"
                 }
                 _ => "steady: all backends healthy",
             };

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-/// Far above what the short runs below need (7 s of phases, start-up, a 5 s drain at most).
+/// Far above what the short runs below need (11 s of phases, start-up, a 5 s drain at most).
 const RUN_DEADLINE: Duration = Duration::from_secs(120);
 
 /// Runs `spillway ARGS`, killing it if it outlives `deadline`.
@@ -90,8 +90,8 @@ fn run_of(report: &Value, mode: &str) -> Value {
     run
 }
 
-/// Runs a short retry storm (2 s steady, 3 s fault, 2 s recovery at 50 requests/s) with the
-/// given mode flag and returns the JSON figures and the stdout table.
+/// Runs a short retry storm (2 s steady, 3 s fault, 3 s outage, 3 s recovery at 50 requests/s)
+/// with the given mode flag and returns the JSON figures and the stdout table.
 fn short_storm(mode_flag: Option<&str>, name: &str) -> (Value, String) {
     let mut args = vec!["replay", "retry-storm"];
     args.extend(mode_flag);
@@ -100,8 +100,10 @@ fn short_storm(mode_flag: Option<&str>, name: &str) -> (Value, String) {
         "2s",
         "--fault",
         "3s",
+        "--outage",
+        "3s",
         "--recovery",
-        "2s",
+        "3s",
         "--rate",
         "50",
     ]);
@@ -125,7 +127,7 @@ fn retry_storm_protected_reports_every_phase_and_a_finite_fault_amplification() 
     let run = &runs[0];
     assert_eq!(run["mode"], "protected");
     assert_eq!(run["completed"], true, "{run}");
-    for name in ["steady", "fault", "recovery"] {
+    for name in ["steady", "fault", "outage", "recovery"] {
         let p = phase(run, name);
         assert!(p["new_requests"].as_u64().unwrap() > 0, "{name}: {p}");
         assert!(p["client_requests"].as_u64().unwrap() > 0, "{name}: {p}");
@@ -158,15 +160,15 @@ fn retry_storm_protected_reports_every_phase_and_a_finite_fault_amplification() 
 fn retry_storm_naive_gateway_amplifies_the_fault_and_the_protected_one_does_not() {
     let (report, table) = short_storm(None, "both");
     let runs = report["runs"].as_array().unwrap();
-    let fault = |mode: &str| {
+    let fault = |mode: &str, name: &str| {
         let run = runs
             .iter()
             .find(|r| r["mode"] == mode)
             .unwrap_or_else(|| panic!("no {mode} run in {report}"));
         assert_eq!(run["completed"], true, "{run}");
-        phase(run, "fault").clone()
+        phase(run, name).clone()
     };
-    let (protected, naive) = (fault("protected"), fault("naive"));
+    let (protected, naive) = (fault("protected", "fault"), fault("naive", "fault"));
     let amplification = |p: &Value| p["amplification"].as_f64().unwrap();
     assert!(amplification(&naive) >= 2.0, "{table}");
     assert!(amplification(&protected) <= 1.25, "{table}");
@@ -174,6 +176,11 @@ fn retry_storm_naive_gateway_amplifies_the_fault_and_the_protected_one_does_not(
         protected["success_rate"].as_f64().unwrap() >= 0.95,
         "{table}"
     );
+    // Every backend failing: nothing to fail over to. The naive gateway passes the callers'
+    // resends on, multiplied; the protected one refuses nearly all of them locally.
+    let (protected, naive) = (fault("protected", "outage"), fault("naive", "outage"));
+    assert!(amplification(&naive) >= 10.0, "{table}");
+    assert!(amplification(&protected) <= 1.1, "{table}");
 }
 
 #[test]

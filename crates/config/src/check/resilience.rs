@@ -166,7 +166,7 @@ pub(super) fn check_outlier(raw: RawOutlier, p: &mut Problems) -> OutlierSetting
 }
 
 /// `retry.throttle_k` (0 turns throttling off), `retry.throttle_window` and
-/// `retry.throttle_min_requests`.
+/// `retry.throttle_probes`.
 fn check_throttle(raw: &RawRetry, p: &mut Problems) -> Option<ThrottleConfig> {
     let d = ThrottleConfig::default();
     let k = raw.throttle_k.unwrap_or(d.k);
@@ -178,11 +178,17 @@ fn check_throttle(raw: &RawRetry, p: &mut Problems) -> Option<ThrottleConfig> {
         return None;
     }
     let window = duration(raw.throttle_window, d.window, "retry.throttle_window", p);
-    let min_requests = raw.throttle_min_requests.unwrap_or(d.min_requests);
+    let probes = raw.throttle_probes.unwrap_or(d.probes);
+    if probes == 0 {
+        p.add(
+            "retry.throttle_probes",
+            "must be at least 1: without probes a pool whose backends all failed could never learn that they healed",
+        );
+    }
     (k > 0.0).then_some(ThrottleConfig {
         k,
         window,
-        min_requests,
+        probes: probes.max(1),
     })
 }
 

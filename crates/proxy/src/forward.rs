@@ -96,14 +96,17 @@ async fn route(
     let pool = gw.models.get(&summary.model).ok_or_else(|| {
         ApiError::new(
             ErrorKind::ModelNotFound,
-            format!("the model {:?} does not exist", summary.model),
+            format!("the model {:?} does not exist", shown(&summary.model)),
         )
     })?;
     labels.model = pool.name.clone();
     if !tenant.may_use(&summary.model) {
         return Err(ApiError::new(
             ErrorKind::ModelNotAllowed,
-            format!("this API key may not use the model {:?}", summary.model),
+            format!(
+                "this API key may not use the model {:?}",
+                shown(&summary.model)
+            ),
         ));
     }
     let mut admitted = gw
@@ -218,6 +221,23 @@ async fn route(
         observer,
     );
     Ok(Response::from_parts(head, Body::new(relay)))
+}
+
+/// The longest part of a caller's model name repeated in an answer or a log line.
+const SHOWN_MODEL_BYTES: usize = 64;
+
+/// A caller's model name as it is repeated back: cut (at a character boundary) to
+/// [`SHOWN_MODEL_BYTES`], so a made-up name the size of the body limit is not echoed whole into
+/// the answer and the log.
+fn shown(model: &str) -> std::borrow::Cow<'_, str> {
+    if model.len() <= SHOWN_MODEL_BYTES {
+        return model.into();
+    }
+    let mut cut = SHOWN_MODEL_BYTES;
+    while !model.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}...", &model[..cut]).into()
 }
 
 /// The class a request asks for in `header` (`critical`, `standard` or `batch`), if any. It can

@@ -219,3 +219,15 @@ async fn broken_stream_ends_with_an_error_event_and_no_done() {
         .unwrap_or_else(|| panic!("{metrics}"));
     assert!(line.ends_with(" 1"), "{line}");
 }
+
+#[tokio::test]
+async fn a_made_up_model_name_is_not_echoed_whole() {
+    let m = mock(&["--model", "m"]);
+    let gw = gateway(&model("m", &[("a", "default", m.url("/v1"))]));
+    let name = "é".repeat(200_000);
+    let r = chat(&gw, &serde_json::json!({"model": name, "messages": []})).await;
+    assert_eq!(r.status(), 404);
+    let body = r.text().await.unwrap();
+    assert!(body.len() < 1024, "{} bytes came back", body.len());
+    assert!(body.contains("model_not_found"), "{body}");
+}

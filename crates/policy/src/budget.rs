@@ -27,8 +27,7 @@
 
 use std::time::{Duration, Instant};
 
-/// Steps the window slides in.
-const BUCKETS: usize = 10;
+use crate::window::PairWindow;
 
 /// Settings of a retry budget.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -58,21 +57,12 @@ impl Default for BudgetConfig {
     }
 }
 
-#[derive(Debug, Clone, Copy, Default)]
-struct Bucket {
-    /// Which step of time this bucket holds (its start divided by the step length).
-    step: u64,
-    requests: u64,
-    retries: u64,
-}
-
 /// Counts of requests and retries over a sliding window.
 #[derive(Debug, Clone)]
 pub struct RetryBudget {
     config: BudgetConfig,
-    epoch: Instant,
-    step: Duration,
-    buckets: [Bucket; BUCKETS],
+    /// Requests (0) and retries (1).
+    window: PairWindow,
 }
 
 /// Why a retry was refused.
@@ -106,12 +96,9 @@ impl Refusal {
 
 impl RetryBudget {
     pub fn new(config: BudgetConfig, now: Instant) -> Self {
-        let step = (config.window / BUCKETS as u32).max(Duration::from_millis(1));
         RetryBudget {
+            window: PairWindow::new(config.window, now),
             config,
-            epoch: now,
-            step,
-            buckets: [Bucket::default(); BUCKETS],
         }
     }
 
@@ -119,29 +106,9 @@ impl RetryBudget {
         &self.config
     }
 
-    fn step_of(&self, now: Instant) -> u64 {
-        (now.saturating_duration_since(self.epoch).as_nanos() / self.step.as_nanos()) as u64
-    }
-
-    fn current(&mut self, now: Instant) -> &mut Bucket {
-        let step = self.step_of(now);
-        let b = &mut self.buckets[(step % BUCKETS as u64) as usize];
-        if b.step != step {
-            *b = Bucket {
-                step,
-                ..Bucket::default()
-            };
-        }
-        b
-    }
-
     /// (requests, retries) in the window ending at `now`.
     pub fn totals(&self, now: Instant) -> (u64, u64) {
-        let step = self.step_of(now);
-        self.buckets
-            .iter()
-            .filter(|b| b.step + (BUCKETS as u64) > step && b.step <= step)
-            .fold((0, 0), |(q, r), b| (q + b.requests, r + b.retries))
+        self.window.totals(now)
     }
 
     /// Retries the window may hold: `ratio x requests + min_per_sec x window`.
@@ -152,7 +119,7 @@ impl RetryBudget {
 
     /// A new request arrived.
     pub fn deposit(&mut self, now: Instant) {
-        self.current(now).requests += 1;
+        self.window.add(now, 0);
     }
 
     /// Takes one retry from the budget if it has room. `in_flight` is the number of requests in
@@ -176,7 +143,7 @@ impl RetryBudget {
         if retrying as f64 >= by_share.max(floor) {
             return Err(Refusal::TooManyRetrying);
         }
-        self.current(now).retries += 1;
+        self.window.add(now, 1);
         Ok(())
     }
 

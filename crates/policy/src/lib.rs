@@ -18,6 +18,7 @@ pub mod outlier;
 pub mod rate;
 pub mod retry;
 pub mod throttle;
+mod window;
 
 pub use balance::affinity::{hrw_score, splitmix64, stable_hash, DEFAULT_LOAD_FACTOR};
 pub use balance::{pick, AffinityOutcome, Candidate, EngineView, Pick, Saturation, Strategy};

@@ -35,8 +35,7 @@
 
 use std::time::{Duration, Instant};
 
-/// Steps the window slides in.
-const BUCKETS: usize = 10;
+use crate::window::PairWindow;
 
 /// Settings of adaptive throttling.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -60,20 +59,12 @@ impl Default for ThrottleConfig {
     }
 }
 
-#[derive(Debug, Clone, Copy, Default)]
-struct Bucket {
-    step: u64,
-    requests: u64,
-    accepts: u64,
-}
-
 /// Requests and accepts of one pool over a sliding window.
 #[derive(Debug, Clone)]
 pub struct Throttle {
     config: ThrottleConfig,
-    epoch: Instant,
-    step: Duration,
-    buckets: [Bucket; BUCKETS],
+    /// Attempts sent (0) and accepted (1).
+    window: PairWindow,
     /// Before this, no probe beyond the window's allowance goes out.
     next_probe: Option<Instant>,
 }
@@ -90,12 +81,9 @@ impl Throttle {
             },
             ..config
         };
-        let step = (config.window / BUCKETS as u32).max(Duration::from_millis(1));
         Throttle {
+            window: PairWindow::new(config.window, now),
             config,
-            epoch: now,
-            step,
-            buckets: [Bucket::default(); BUCKETS],
             next_probe: None,
         }
     }
@@ -104,29 +92,9 @@ impl Throttle {
         &self.config
     }
 
-    fn step_of(&self, now: Instant) -> u64 {
-        (now.saturating_duration_since(self.epoch).as_nanos() / self.step.as_nanos()) as u64
-    }
-
-    fn current(&mut self, now: Instant) -> &mut Bucket {
-        let step = self.step_of(now);
-        let b = &mut self.buckets[(step % BUCKETS as u64) as usize];
-        if b.step != step {
-            *b = Bucket {
-                step,
-                ..Bucket::default()
-            };
-        }
-        b
-    }
-
-    /// (requests, accepts) in the window ending at `now`.
+    /// (sent, accepted) in the window ending at `now`.
     pub fn totals(&self, now: Instant) -> (u64, u64) {
-        let step = self.step_of(now);
-        self.buckets
-            .iter()
-            .filter(|b| b.step + (BUCKETS as u64) > step && b.step <= step)
-            .fold((0, 0), |(q, a), b| (q + b.requests, a + b.accepts))
+        self.window.totals(now)
     }
 
     /// Whether a new request may be sent to a backend now: while `sent < K x accepted + probes`
@@ -146,12 +114,12 @@ impl Throttle {
 
     /// An attempt was sent to a backend (a first attempt or a retry).
     pub fn sent(&mut self, now: Instant) {
-        self.current(now).requests += 1;
+        self.window.add(now, 0);
     }
 
     /// A backend accepted an attempt: it answered with anything but a backend failure.
     pub fn accepted(&mut self, now: Instant) {
-        self.current(now).accepts += 1;
+        self.window.add(now, 1);
     }
 
     /// Whether the backends have recently failed more than `1 - 1/K` of what was sent to them

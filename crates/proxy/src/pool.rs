@@ -6,7 +6,7 @@
 //! backend's `max_concurrency`, so the cap holds under any number of concurrent pickers.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -87,10 +87,37 @@ pub struct Backend {
     uris: [Uri; 3],
     outstanding: AtomicU32,
     /// Shared by the pool's backends: woken whenever one of them frees a unit of concurrency.
-    freed: Arc<Notify>,
+    freed: Arc<Freed>,
     /// Milliseconds since `epoch` before which this backend is skipped; 0 when it is not.
     skip_until_ms: AtomicU64,
     epoch: Instant,
+}
+
+/// Wakes requests waiting for a backend of a pool to free a unit of concurrency. A release
+/// touches the notifier only while someone waits, so the common path stays one atomic load.
+#[derive(Debug, Default)]
+pub struct Freed {
+    notify: Notify,
+    waiting: AtomicUsize,
+}
+
+impl Freed {
+    fn wake(&self) {
+        if self.waiting.load(Ordering::Acquire) > 0 {
+            self.notify.notify_waiters();
+        }
+    }
+
+    /// Waits for a release, or `at_most`. A release between the caller's failed pick and this
+    /// registration is missed; the caller looks again after `at_most` anyway.
+    async fn wait(&self, at_most: Duration) {
+        let notified = self.notify.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        self.waiting.fetch_add(1, Ordering::AcqRel);
+        let _ = tokio::time::timeout(at_most, notified).await;
+        self.waiting.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl Backend {
@@ -101,7 +128,7 @@ impl Backend {
         base: &Uri,
         epoch: Instant,
         health: BackendHealth,
-        freed: Arc<Notify>,
+        freed: Arc<Freed>,
     ) -> Result<Self, String> {
         let uris = Endpoint::ALL.map(|e| upstream_uri(&cfg.kind, base, e));
         let uris = match uris {
@@ -238,7 +265,7 @@ impl InFlight {
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.0.outstanding.fetch_sub(1, Ordering::AcqRel);
-        self.0.freed.notify_waiters();
+        self.0.freed.wake();
     }
 }
 
@@ -306,7 +333,7 @@ pub struct ModelPool {
     pub panic_threshold: f64,
     pub metrics: PoolMetrics,
     /// Woken whenever a backend of this pool frees a unit of concurrency.
-    freed: Arc<Notify>,
+    freed: Arc<Freed>,
     pub balance: spillway_config::BalanceConfig,
     /// When an engine's load counts as saturated.
     pub saturation: Saturation,
@@ -321,14 +348,12 @@ impl ModelPool {
     /// the pool's seats in the admission queue: a seat must mean a backend that can take the
     /// request, or the request would be refused for want of one the moment it is seated.
     pub fn seats(&self, bulkhead: Option<&str>, now: Instant) -> usize {
-        let states: Vec<Health> = self.backends.iter().map(|b| b.health.health(now)).collect();
-        let healthy = states.iter().filter(|h| **h == Health::Healthy).count();
-        let panic = self.panics_with(healthy);
+        let (states, panic) = self.states(now);
         self.backends
             .iter()
             .zip(&states)
             .filter(|(b, _)| b.bulkhead.as_deref() == bulkhead && !b.skipped(now))
-            .map(|(b, health)| match health {
+            .map(|(b, (health, _))| match health {
                 _ if panic => b.health.limit() as usize,
                 Health::Healthy => b.health.limit() as usize,
                 Health::Probing => 1,
@@ -337,20 +362,25 @@ impl ModelPool {
             .sum()
     }
 
+    /// Each backend's health and whether it is degraded, and whether the pool is in panic mode:
+    /// one look at each backend per decision, panic mode derived from the same look.
+    fn states(&self, now: Instant) -> (Vec<(Health, bool)>, bool) {
+        let states: Vec<(Health, bool)> =
+            self.backends.iter().map(|b| b.health.state(now)).collect();
+        let healthy = states.iter().filter(|(h, _)| *h == Health::Healthy).count();
+        (states, self.panics_with(healthy))
+    }
+
     /// Waits until a backend of this pool frees a unit of concurrency, or `at_most` passes.
     pub async fn freed(&self, at_most: Duration) {
-        let _ = tokio::time::timeout(at_most, self.freed.notified()).await;
+        self.freed.wait(at_most).await;
     }
 
     /// Picks a backend with room for `ask`, skipping those in `exclude`, cooling down or ejected
     /// (unless the pool is in panic mode), and takes a unit of its concurrency.
     pub fn acquire(&self, ask: Ask<'_>, exclude: &[usize]) -> Option<Acquired> {
         let now = Instant::now();
-        // One look at each backend's health per pick: panic mode is derived from it.
-        let states: Vec<(Health, bool)> =
-            self.backends.iter().map(|b| b.health.state(now)).collect();
-        let healthy = states.iter().filter(|(h, _)| *h == Health::Healthy).count();
-        let panic = self.panics_with(healthy);
+        let (states, panic) = self.states(now);
         let usable = |i: usize, b: &Backend| {
             b.bulkhead.as_deref() == ask.bulkhead
                 && !exclude.contains(&i)
@@ -463,7 +493,7 @@ impl Models {
         let mut engines = EngineLoads::new(config.engine_metrics.stale_after);
         for m in &config.models {
             let name: Arc<str> = Arc::from(m.name.as_str());
-            let freed = Arc::new(Notify::new());
+            let freed = Arc::new(Freed::default());
             let backends = m
                 .backends
                 .iter()

@@ -299,8 +299,10 @@ impl Attempts<'_> {
             .response_timeout
             .min(self.deadline.saturating_duration_since(sent));
         let mut result = tokio::time::timeout(timeout, gw.client.request(build())).await;
+        let mut resent = false;
         if let Ok(Err(e)) = &result {
             if upstream::is_stale_connection(e) {
+                resent = true;
                 // The pooled connection was already closed: the backend never read the request.
                 backend
                     .metrics
@@ -319,7 +321,14 @@ impl Attempts<'_> {
                 backend.metrics.upstream_failed(UpstreamFailure::Connect);
                 warn!(backend = %backend.name, "cannot connect upstream: {e}");
                 backend.skip_for(gw.upstream.unreachable_cooldown);
-                Err(Outcome::ConnectFailed)
+                if resent {
+                    // The closed connection was the backend going down with the request on
+                    // it, not a stale one: the request did reach it, so what follows is a
+                    // retry like any other, drawn from the budget.
+                    Err(Outcome::ResetBeforeResponse)
+                } else {
+                    Err(Outcome::ConnectFailed)
+                }
             }
             Ok(Err(e)) => {
                 backend.metrics.upstream_failed(UpstreamFailure::Connection);

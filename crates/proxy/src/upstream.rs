@@ -37,7 +37,10 @@ pub fn fresh_client(cfg: &UpstreamConfig) -> HttpClient {
 /// among them) answer `Keep-Alive` yet close the connection after every streamed response. A
 /// request written to such a connection in the moment before the client sees the close meets an
 /// end of stream where the response should be: the backend never read it. It is sent again at
-/// once on a new connection, outside the retry budget, and says nothing about the backend.
+/// once on a new connection, outside the retry budget, and says nothing about the backend. A
+/// backend that went down with the request on it ends the connection the same way; then the new
+/// connection is refused, and the attempt counts as a failure after sending (a retry from the
+/// budget), not as a refused connection.
 pub fn is_stale_connection(error: &hyper_util::client::legacy::Error) -> bool {
     if error.is_connect() {
         return false;

@@ -387,3 +387,58 @@ async fn failures_that_happen_together_all_fail_over_within_the_budget() {
     all_served_at_once(&gw, (0..8).map(|_| chat_body("m", false))).await;
     assert!(chats_received(&broken).await >= 1);
 }
+
+#[tokio::test]
+async fn a_crash_with_the_request_on_the_backend_is_a_retry_drawn_from_the_budget() {
+    // The stale-connection resend must not turn a crash into a free failover: the request did
+    // reach the crashed backend. With no budget at all, its retry is refused, and says why.
+    let doomed = mock(&["--model", "m", "--ttft", "3s", "--tokens-per-sec", "0"]);
+    let healthy = mock(&["--model", "m", "--ttft", "10ms", "--tokens-per-sec", "0"]);
+    let cfg = format!(
+        "[retry]\nbudget_ratio = 0.0\nbudget_min_per_sec = 0.0\n[health_check]\nenabled = false\n\n{}",
+        limited_model(
+            "m",
+            &[("doomed", doomed.url("/v1")), ("healthy", healthy.url("/v1"))],
+            64
+        )
+    );
+    let gw = gateway(&cfg);
+    let c = client();
+    let sends: Vec<_> = (0..6)
+        .map(|_| {
+            let req = c
+                .post(gw.url("/v1/chat/completions"))
+                .bearer_auth(KEY)
+                .json(&chat_body("m", false))
+                .send();
+            tokio::spawn(req)
+        })
+        .collect();
+    eventually(
+        std::time::Duration::from_secs(10),
+        "requests in flight on the doomed backend",
+        || async {
+            get_json(&doomed.url("/stats")).await["in_flight"]
+                .as_u64()
+                .unwrap_or(0)
+                >= 1
+        },
+    )
+    .await;
+    drop(doomed);
+    let mut refused = 0;
+    for send in sends {
+        let r = send.await.unwrap().unwrap();
+        if r.status() == 503 {
+            let body: serde_json::Value = r.json().await.unwrap();
+            assert_eq!(body["error"]["code"], "retry_budget_exhausted", "{body}");
+            refused += 1;
+        } else {
+            assert_eq!(r.status(), 200);
+        }
+    }
+    assert!(
+        refused >= 1,
+        "the crashed backend's requests failed over for free"
+    );
+}

@@ -14,6 +14,7 @@
 
 use http::HeaderMap;
 use serde::Deserialize;
+use serde_json::value::RawValue;
 use serde_json::Value;
 use spillway_config::{Balance, BalanceConfig};
 use spillway_policy::balance::affinity::stable_hash;
@@ -47,40 +48,53 @@ struct UserPeek<'a> {
     user: Option<std::borrow::Cow<'a, str>>,
 }
 
+/// The prompt fields, left unparsed: only the messages that the prefix reaches are read, so a
+/// body of a thousand turns costs a scan, not a tree of a thousand turns.
 #[derive(Deserialize)]
-struct PromptPeek {
-    #[serde(default)]
-    messages: Option<Vec<Value>>,
-    #[serde(default)]
-    prompt: Option<Value>,
-    #[serde(default)]
-    input: Option<Value>,
+struct PromptPeek<'a> {
+    #[serde(borrow, default)]
+    messages: Option<Vec<&'a RawValue>>,
+    #[serde(borrow, default)]
+    prompt: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    input: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct MessagePeek<'a> {
+    #[serde(borrow, default)]
+    role: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow, default)]
+    content: Option<&'a RawValue>,
 }
 
 /// The first `limit` bytes (cut at a character boundary) of the prompt: chat messages' roles
 /// and texts in order, or a completion's prompt, or a Responses/embeddings input.
 fn prompt_prefix(body: &[u8], limit: usize) -> Option<Vec<u8>> {
-    let peek: PromptPeek = serde_json::from_slice(body).ok()?;
+    let peek: PromptPeek<'_> = serde_json::from_slice(body).ok()?;
     let mut out = Prefix {
         bytes: Vec::with_capacity(limit.min(4096)),
         limit,
     };
     if let Some(messages) = &peek.messages {
-        for m in messages {
+        for raw in messages {
             if out.full() {
                 break;
             }
-            if let Some(role) = m.get("role").and_then(Value::as_str) {
+            let Ok(m) = serde_json::from_str::<MessagePeek<'_>>(raw.get()) else {
+                continue;
+            };
+            if let Some(role) = &m.role {
                 out.push(role);
                 out.push("\n");
             }
-            if let Some(content) = m.get("content") {
-                out.push_text(content);
+            if let Some(content) = m.content {
+                out.push_raw(content);
             }
             out.push("\n");
         }
-    } else if let Some(prompt) = peek.prompt.as_ref().or(peek.input.as_ref()) {
-        out.push_text(prompt);
+    } else if let Some(prompt) = peek.prompt.or(peek.input) {
+        out.push_raw(prompt);
     }
     (!out.bytes.is_empty()).then_some(out.bytes)
 }
@@ -102,6 +116,16 @@ impl Prefix {
             cut -= 1;
         }
         self.bytes.extend_from_slice(&text.as_bytes()[..cut]);
+    }
+
+    /// A value still in its JSON text: a string is read borrowed, anything else as a tree (content
+    /// parts, a list of prompts).
+    fn push_raw(&mut self, raw: &RawValue) {
+        if let Ok(text) = serde_json::from_str::<std::borrow::Cow<'_, str>>(raw.get()) {
+            self.push(&text);
+        } else if let Ok(value) = serde_json::from_str::<Value>(raw.get()) {
+            self.push_text(&value);
+        }
     }
 
     /// A string, or the `text` of content parts (`[{"type":"text","text":...}]`), or the
@@ -222,6 +246,22 @@ mod tests {
             ..c
         };
         assert_eq!(key(&no_user, &HeaderMap::new(), body), None);
+    }
+
+    #[test]
+    fn turns_past_the_prefix_do_not_change_the_key_however_many() {
+        let c = config(Balance::PrefixAffinity, 256);
+        let system = "You review pull requests for the payments service. ".repeat(8);
+        let turns: Vec<_> = (0..20_000)
+            .map(|i| serde_json::json!({"role": "user", "content": format!("turn {i}")}))
+            .collect();
+        let mut messages = vec![serde_json::json!({"role": "system", "content": system})];
+        messages.extend(turns);
+        let long =
+            serde_json::to_vec(&serde_json::json!({"model": "m", "messages": messages})).unwrap();
+        let short = chat(&system, "turn 0");
+        let h = HeaderMap::new();
+        assert_eq!(key(&c, &h, &long), key(&c, &h, &short));
     }
 
     #[test]

@@ -116,11 +116,7 @@ async fn retries_stay_within_the_budget_when_every_backend_is_full() {
     );
     assert!(attempts > n, "no retry at all: {attempts}");
     let m = metrics(&gw).await;
-    let refused: f64 = m
-        .lines()
-        .filter(|l| l.starts_with(r#"spillway_retry_budget_exhausted_total{model="m","#))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum();
+    let refused = sample_sum(&m, r#"spillway_retry_budget_exhausted_total{model="m","#);
     assert!(refused > 0.0, "{m}");
 }
 
@@ -189,12 +185,7 @@ async fn a_failing_backend_is_ejected_and_readmitted_by_health_checks() {
     );
     assert!(served >= 4);
     // The backend heals: health checks (which it always passed) and probes bring it back.
-    client()
-        .patch(sick.url("/control"))
-        .json(&serde_json::json!({"fault": {"error_rate": 0.0}}))
-        .send()
-        .await
-        .unwrap();
+    control(&sick, serde_json::json!({"fault": {"error_rate": 0.0}})).await;
     eventually(
         Duration::from_secs(10),
         "the healed backend serves again",

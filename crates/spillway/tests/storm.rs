@@ -25,13 +25,7 @@ const MOCK: [&str; 10] = [
 ];
 
 async fn set_fault(m: &Proc, rate: f64) {
-    let r = client()
-        .patch(m.url("/control"))
-        .json(&serde_json::json!({"fault": {"error_rate": rate, "error_status": 500}}))
-        .send()
-        .await
-        .unwrap();
-    assert!(r.status().is_success());
+    set_fault_status(m, rate, 500).await;
 }
 
 fn rss_kib(pid: u32) -> u64 {
@@ -247,13 +241,11 @@ async fn open_loop_storm(gw: &Proc, per_sec: u32, length: Duration, marked: bool
 }
 
 async fn set_fault_status(m: &Proc, rate: f64, status: u16) {
-    let r = client()
-        .patch(m.url("/control"))
-        .json(&serde_json::json!({"fault": {"error_rate": rate, "error_status": status}}))
-        .send()
-        .await
-        .unwrap();
-    assert!(r.status().is_success());
+    control(
+        m,
+        serde_json::json!({"fault": {"error_rate": rate, "error_status": status}}),
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -255,6 +255,29 @@ pub async fn all_served_at_once(gw: &Proc, bodies: impl IntoIterator<Item = serd
     }
 }
 
+/// Applies `patch` to a mock backend's profile (`PATCH /control`) and checks it was taken.
+pub async fn control(m: &Proc, patch: serde_json::Value) {
+    let r = client()
+        .patch(m.url("/control"))
+        .json(&patch)
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        r.status().is_success(),
+        "PATCH /control {patch}: {}",
+        r.status()
+    );
+}
+
+/// The sum of every sample whose line starts with `prefix` (all label sets of a series).
+pub fn sample_sum(text: &str, prefix: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(prefix))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
 /// The gateway's `/metrics` page.
 pub async fn metrics(gw: &Proc) -> String {
     client()

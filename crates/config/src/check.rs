@@ -169,7 +169,72 @@ fn check_server(raw: RawServer, p: &mut Problems) -> ServerConfig {
         worker_threads: raw.worker_threads.map(|n| n.clamp(1, MAX_WORKER_THREADS)),
         shutdown_delay: raw.shutdown_delay.unwrap_or(Duration::ZERO),
         shutdown_grace: raw.shutdown_grace.unwrap_or(Duration::from_secs(30)),
+        header_read_timeout: client_timeout(
+            raw.header_read_timeout,
+            Duration::from_secs(30),
+            "server.header_read_timeout",
+            p,
+        ),
+        body_read_timeout: client_timeout(
+            raw.body_read_timeout,
+            Duration::from_secs(60),
+            "server.body_read_timeout",
+            p,
+        ),
+        idle_timeout: client_timeout(
+            raw.idle_timeout,
+            Duration::from_secs(75),
+            "server.idle_timeout",
+            p,
+        ),
+        http2_keepalive_interval: client_timeout(
+            raw.http2_keepalive_interval,
+            Duration::from_secs(20),
+            "server.http2_keepalive_interval",
+            p,
+        ),
+        http2_keepalive_timeout: client_timeout(
+            raw.http2_keepalive_timeout,
+            Duration::from_secs(20),
+            "server.http2_keepalive_timeout",
+            p,
+        ),
+        http2_max_concurrent_streams: bounded(
+            raw.http2_max_concurrent_streams.map(u64::from),
+            100,
+            10_000,
+            "server.http2_max_concurrent_streams",
+            p,
+        ) as u32,
+        admin_max_connections: bounded(
+            raw.admin_max_connections.map(|n| n as u64),
+            64,
+            100_000,
+            "server.admin_max_connections",
+            p,
+        ) as usize,
     }
+}
+
+/// The longest any client timeout may be: a client connection is never held for a day.
+const MAX_CLIENT_TIMEOUT: Duration = Duration::from_secs(3600);
+
+fn client_timeout(d: Option<Duration>, default: Duration, at: &str, p: &mut Problems) -> Duration {
+    let d = d.unwrap_or(default);
+    if d.is_zero() || d > MAX_CLIENT_TIMEOUT {
+        p.add(at, "must be greater than zero and at most 1h");
+        return default;
+    }
+    d
+}
+
+fn bounded(v: Option<u64>, default: u64, max: u64, at: &str, p: &mut Problems) -> u64 {
+    let v = v.unwrap_or(default);
+    if v == 0 || v > max {
+        p.add(at, format!("must be between 1 and {max}, got {v}"));
+        return default;
+    }
+    v
 }
 
 fn positive(d: Option<Duration>, default: Duration, at: &str, p: &mut Problems) -> Duration {

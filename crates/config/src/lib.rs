@@ -79,6 +79,19 @@ pub struct ServerConfig {
     pub shutdown_delay: Duration,
     /// After the listener closes: how long in-flight requests may run.
     pub shutdown_grace: Duration,
+    /// From the first byte of a request's head to its last, at most.
+    pub header_read_timeout: Duration,
+    /// From a request's head to the last byte of its body, at most.
+    pub body_read_timeout: Duration,
+    /// How long a client connection with no request in flight stays open.
+    pub idle_timeout: Duration,
+    /// HTTP/2: how often an otherwise silent client is pinged, and how long its answer may take.
+    pub http2_keepalive_interval: Duration,
+    pub http2_keepalive_timeout: Duration,
+    /// HTTP/2: requests open at once on one connection.
+    pub http2_max_concurrent_streams: u32,
+    /// Open connections on the admin listener at most.
+    pub admin_max_connections: usize,
 }
 
 /// How spillway talks to backends.
@@ -149,6 +162,8 @@ pub struct AdmissionConfig {
     pub max_in_flight: usize,
     /// Request bodies being read or held at once, in bytes; beyond it: 503 at once.
     pub max_buffered_body_bytes: u64,
+    /// The share of `max_buffered_body_bytes` one tenant's bodies may hold; beyond it: 429.
+    pub max_buffered_body_bytes_per_tenant: u64,
     /// Completion tokens assumed for a request that sets no `max_tokens`, when reserving
     /// tokens against a tokens-per-minute limit.
     pub default_completion_tokens: u64,

@@ -55,6 +55,18 @@ pub struct RawServer {
     pub shutdown_delay: Option<Duration>,
     #[serde(default, with = "humantime_serde")]
     pub shutdown_grace: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    pub header_read_timeout: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    pub body_read_timeout: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    pub idle_timeout: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    pub http2_keepalive_interval: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    pub http2_keepalive_timeout: Option<Duration>,
+    pub http2_max_concurrent_streams: Option<u32>,
+    pub admin_max_connections: Option<usize>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -130,6 +142,7 @@ pub struct RawCache {
 pub struct RawAdmission {
     pub max_in_flight: Option<u64>,
     pub max_buffered_body_bytes: Option<u64>,
+    pub max_buffered_body_bytes_per_tenant: Option<u64>,
     pub default_completion_tokens: Option<u64>,
     pub max_queued: Option<u64>,
     pub max_queued_per_tenant: Option<u64>,

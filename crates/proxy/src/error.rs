@@ -14,6 +14,15 @@ use http::{header, HeaderValue, StatusCode};
 pub enum ErrorKind {
     MalformedRequest,
     BodyTooLarge,
+    /// The request line and headers are larger than the gateway reads.
+    HeadTooLarge,
+    UriTooLong,
+    /// The client did not send the whole body within `server.body_read_timeout`.
+    BodyReadTimeout,
+    /// The tenant's request bodies hold its share of the gateway's body budget.
+    TenantBodyBudget,
+    /// The API listener has its maximum of open connections.
+    TooManyConnections,
     MissingApiKey,
     InvalidApiKey,
     ModelNotFound,
@@ -101,6 +110,8 @@ impl ApiError {
                 | TokenRateLimited
                 | ConcurrencyLimited
                 | GatewayOverloaded
+                | TenantBodyBudget
+                | TooManyConnections
         )
     }
 
@@ -122,6 +133,31 @@ impl ApiError {
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "invalid_request_error",
                 "body_too_large",
+            ),
+            HeadTooLarge => (
+                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                "invalid_request_error",
+                "request_head_too_large",
+            ),
+            UriTooLong => (
+                StatusCode::URI_TOO_LONG,
+                "invalid_request_error",
+                "uri_too_long",
+            ),
+            BodyReadTimeout => (
+                StatusCode::REQUEST_TIMEOUT,
+                "invalid_request_error",
+                "body_read_timeout",
+            ),
+            TenantBodyBudget => (
+                StatusCode::TOO_MANY_REQUESTS,
+                "requests",
+                "body_budget_exceeded",
+            ),
+            TooManyConnections => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                "too_many_connections",
             ),
             MissingApiKey => (
                 StatusCode::UNAUTHORIZED,

@@ -21,7 +21,7 @@ use crate::error::{ApiError, ErrorKind};
 use crate::metrics::{BodyMetrics, RequestLabels};
 use crate::pool::Endpoint;
 use crate::relay::{BodyEnd, EndObserver, RelayBody};
-use crate::request::{read_body, summarize};
+use crate::request::{read_body, summarize, BodyLimits};
 use crate::server::Gateway;
 use crate::upstream;
 use crate::usage::UsageScanner;
@@ -91,7 +91,14 @@ async fn route(
     let (parts, body) = req.into_parts();
     let tenant = authenticate(gw, &parts.headers).await?;
     labels.tenant = tenant.name.clone();
-    let (body, _body_hold) = read_body(body, gw.server.max_body_bytes, &gw.body_budget).await?;
+    // Counted in flight from here, while its body arrives (G4).
+    let entered = gw.admission.enter(&tenant)?;
+    let limits = BodyLimits {
+        cap: gw.server.max_body_bytes,
+        deadline: started + gw.server.body_read_timeout,
+        timeout: gw.server.body_read_timeout,
+    };
+    let (body, _body_hold) = read_body(body, limits, &gw.body_budget, entered.body_held()).await?;
     let summary = summarize(&body)?;
     let pool = gw.models.get(&summary.model).ok_or_else(|| {
         ApiError::new(
@@ -113,6 +120,7 @@ async fn route(
         .admission
         .admit(
             &tenant,
+            entered,
             Ask {
                 summary: &summary,
                 body_len: body.len(),

@@ -7,8 +7,10 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use http_body::Body as _;
 use http_body_util::{BodyExt, Limited};
 use serde::Deserialize;
 
@@ -41,18 +43,22 @@ struct Peek<'a> {
 }
 
 /// Request body bytes read or held by every request at once, under a cap: a flood of large
-/// bodies is refused at once (503) rather than held until memory runs out (IL-0110).
+/// bodies is refused at once (503) rather than held until memory runs out (IL-0110). Each
+/// tenant's bodies hold at most its share of it (429 beyond), so one slow tenant cannot keep
+/// every other tenant's bodies out.
 #[derive(Debug)]
 pub struct BodyBudget {
     held: AtomicU64,
     max: u64,
+    per_tenant: u64,
 }
 
 impl BodyBudget {
-    pub fn new(max: u64) -> Arc<BodyBudget> {
+    pub fn new(max: u64, per_tenant: u64) -> Arc<BodyBudget> {
         Arc::new(BodyBudget {
             held: AtomicU64::new(0),
             max,
+            per_tenant: per_tenant.min(max),
         })
     }
 
@@ -62,54 +68,107 @@ impl BodyBudget {
     }
 }
 
-/// One body's bytes in the budget, given back on drop.
+/// How a body may be read: its size cap, and when it must have arrived whole.
+#[derive(Debug, Clone, Copy)]
+pub struct BodyLimits {
+    pub cap: usize,
+    pub deadline: Instant,
+    /// `server.body_read_timeout`, for the message.
+    pub timeout: Duration,
+}
+
+/// One body's bytes in the budget and in its tenant's share, given back on drop.
 #[derive(Debug)]
 pub struct BodyHold {
     budget: Arc<BodyBudget>,
+    tenant: Arc<AtomicU64>,
     bytes: u64,
 }
 
 impl BodyHold {
-    fn grow(&mut self, more: u64) -> bool {
+    fn grow(&mut self, more: u64) -> Result<(), ApiError> {
+        let before = self.tenant.fetch_add(more, Ordering::AcqRel);
+        if before.saturating_add(more) > self.budget.per_tenant {
+            self.tenant.fetch_sub(more, Ordering::AcqRel);
+            return Err(ApiError::new(
+                ErrorKind::TenantBodyBudget,
+                format!(
+                    "this tenant's requests hold its maximum of {} bytes of request body; try again shortly",
+                    self.budget.per_tenant
+                ),
+            )
+            .retry_after(Duration::from_secs(1)));
+        }
         let before = self.budget.held.fetch_add(more, Ordering::AcqRel);
         if before.saturating_add(more) > self.budget.max {
             self.budget.held.fetch_sub(more, Ordering::AcqRel);
-            return false;
+            self.tenant.fetch_sub(more, Ordering::AcqRel);
+            return Err(ApiError::new(
+                ErrorKind::GatewayOverloaded,
+                "the gateway holds its maximum of request body bytes; try again shortly",
+            )
+            .retry_after(Duration::from_secs(1)));
         }
         self.bytes += more;
-        true
+        Ok(())
     }
 }
 
 impl Drop for BodyHold {
     fn drop(&mut self) {
         self.budget.held.fetch_sub(self.bytes, Ordering::AcqRel);
+        self.tenant.fetch_sub(self.bytes, Ordering::AcqRel);
     }
 }
 
-/// Reads the whole body, refusing it with 413 as soon as it passes `cap` bytes and with 503
-/// when the bytes held by all requests would pass the budget's cap. The hold keeps the body's
-/// bytes counted until it is dropped.
+/// Reads the whole body: refused with 413 as soon as it passes the cap (at once when its
+/// declared length does, before `100 Continue` invites it), with 408 when it has not arrived
+/// by the deadline, with 429 when the tenant's bodies would pass its share of the budget, and
+/// with 503 when all bodies would pass the budget. The hold keeps the body's bytes counted
+/// until it is dropped.
 pub async fn read_body(
     body: axum::body::Body,
-    cap: usize,
+    limits: BodyLimits,
     budget: &Arc<BodyBudget>,
+    tenant: &Arc<AtomicU64>,
 ) -> Result<(Bytes, BodyHold), ApiError> {
+    let cap = limits.cap;
+    let too_large = || {
+        ApiError::new(
+            ErrorKind::BodyTooLarge,
+            format!("request body is larger than the limit of {cap} bytes"),
+        )
+    };
+    if body.size_hint().lower() > cap as u64 {
+        return Err(too_large());
+    }
     let mut hold = BodyHold {
         budget: budget.clone(),
+        tenant: tenant.clone(),
         bytes: 0,
     };
     let mut body = Limited::new(body, cap);
     // Most bodies arrive in one frame: that one is kept as it is, with no copy and no list.
     let mut first: Option<Bytes> = None;
     let mut more: Vec<Bytes> = Vec::new();
-    while let Some(frame) = body.frame().await {
+    let deadline = tokio::time::Instant::from_std(limits.deadline);
+    loop {
+        let frame = match tokio::time::timeout_at(deadline, body.frame()).await {
+            Ok(Some(frame)) => frame,
+            Ok(None) => break,
+            Err(_) => {
+                return Err(ApiError::new(
+                    ErrorKind::BodyReadTimeout,
+                    format!(
+                        "the request body did not arrive whole within {:?}",
+                        limits.timeout
+                    ),
+                ))
+            }
+        };
         let frame = frame.map_err(|e| {
             if e.is::<http_body_util::LengthLimitError>() {
-                ApiError::new(
-                    ErrorKind::BodyTooLarge,
-                    format!("request body is larger than the limit of {cap} bytes"),
-                )
+                too_large()
             } else {
                 ApiError::new(
                     ErrorKind::MalformedRequest,
@@ -120,13 +179,7 @@ pub async fn read_body(
         let Ok(data) = frame.into_data() else {
             continue;
         };
-        if !hold.grow(data.len() as u64) {
-            return Err(ApiError::new(
-                ErrorKind::GatewayOverloaded,
-                "the gateway holds its maximum of request body bytes; try again shortly",
-            )
-            .retry_after(std::time::Duration::from_secs(1)));
-        }
+        hold.grow(data.len() as u64)?;
         match first {
             None => first = Some(data),
             Some(_) => more.push(data),
@@ -273,33 +326,136 @@ mod tests {
         );
     }
 
+    fn limits(cap: usize) -> BodyLimits {
+        BodyLimits {
+            cap,
+            deadline: Instant::now() + Duration::from_secs(60),
+            timeout: Duration::from_secs(60),
+        }
+    }
+
     #[tokio::test]
     async fn body_over_the_cap_is_413() {
-        let budget = BodyBudget::new(1000);
-        let e = read_body(axum::body::Body::from(vec![b' '; 11]), 10, &budget)
-            .await
-            .unwrap_err();
+        let budget = BodyBudget::new(1000, 1000);
+        let tenant = Arc::default();
+        let e = read_body(
+            axum::body::Body::from(vec![b' '; 11]),
+            limits(10),
+            &budget,
+            &tenant,
+        )
+        .await
+        .unwrap_err();
         assert_eq!(e.kind, ErrorKind::BodyTooLarge);
-        let (ok, _hold) = read_body(axum::body::Body::from(vec![b' '; 10]), 10, &budget)
-            .await
-            .unwrap();
+        let (ok, _hold) = read_body(
+            axum::body::Body::from(vec![b' '; 10]),
+            limits(10),
+            &budget,
+            &tenant,
+        )
+        .await
+        .unwrap();
         assert_eq!(ok.len(), 10);
     }
 
     #[tokio::test]
     async fn bodies_held_together_stay_under_the_budget_and_are_given_back() {
-        let budget = BodyBudget::new(25);
-        let read = |n: usize| read_body(axum::body::Body::from(vec![b'x'; n]), 100, &budget);
-        let (_, first) = read(10).await.unwrap();
-        let (_, second) = read(10).await.unwrap();
+        let budget = BodyBudget::new(25, 25);
+        let tenants: Vec<Arc<AtomicU64>> = (0..3).map(|_| Arc::default()).collect();
+        let read = |n: usize, t: usize| {
+            read_body(
+                axum::body::Body::from(vec![b'x'; n]),
+                limits(100),
+                &budget,
+                &tenants[t],
+            )
+        };
+        let (_, first) = read(10, 0).await.unwrap();
+        let (_, second) = read(10, 1).await.unwrap();
         assert_eq!(budget.usage(), (20, 25));
-        let e = read(10).await.unwrap_err();
+        let e = read(10, 2).await.unwrap_err();
         assert_eq!(e.kind, ErrorKind::GatewayOverloaded);
         assert!(e.retry_after.is_some());
         assert_eq!(budget.usage().0, 20, "a refused body holds nothing");
+        assert_eq!(tenants[2].load(Ordering::Relaxed), 0);
         drop((first, second));
         assert_eq!(budget.usage().0, 0);
-        assert!(read(25).await.is_ok());
+        assert!(read(25, 2).await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn one_tenant_holds_at_most_its_share_and_others_still_get_theirs() {
+        let budget = BodyBudget::new(100, 30);
+        let (greedy, other): (Arc<AtomicU64>, Arc<AtomicU64>) = (Arc::default(), Arc::default());
+        let read = |n: usize, t: Arc<AtomicU64>| {
+            let budget = budget.clone();
+            async move {
+                read_body(
+                    axum::body::Body::from(vec![b'x'; n]),
+                    limits(100),
+                    &budget,
+                    &t,
+                )
+                .await
+            }
+        };
+        let (_, a) = read(20, greedy.clone()).await.unwrap();
+        let e = read(20, greedy.clone()).await.unwrap_err();
+        assert_eq!(e.kind, ErrorKind::TenantBodyBudget);
+        assert_eq!(e.status(), http::StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(
+            budget.usage().0,
+            20,
+            "a body refused by its tenant's share holds nothing"
+        );
+        let (_, b) = read(30, other).await.unwrap();
+        drop((a, b));
+        assert_eq!((budget.usage().0, greedy.load(Ordering::Relaxed)), (0, 0));
+    }
+
+    #[tokio::test]
+    async fn a_declared_length_over_the_cap_is_refused_before_the_body_is_read() {
+        let budget = BodyBudget::new(1000, 1000);
+        // Declares 11 bytes and never sends one: a refusal that waited for the body would hang.
+        struct Declared;
+        impl http_body::Body for Declared {
+            type Data = Bytes;
+            type Error = std::io::Error;
+            fn poll_frame(
+                self: std::pin::Pin<&mut Self>,
+                _: &mut std::task::Context<'_>,
+            ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, std::io::Error>>>
+            {
+                std::task::Poll::Pending
+            }
+            fn size_hint(&self) -> http_body::SizeHint {
+                http_body::SizeHint::with_exact(11)
+            }
+        }
+        let body = axum::body::Body::new(Declared);
+        let e = read_body(body, limits(10), &budget, &Arc::default())
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind, ErrorKind::BodyTooLarge);
+    }
+
+    #[tokio::test]
+    async fn a_body_that_never_ends_times_out_with_408() {
+        let budget = BodyBudget::new(1000, 1000);
+        let timeout = Duration::from_millis(50);
+        let limits = BodyLimits {
+            cap: 100,
+            deadline: Instant::now() + timeout,
+            timeout,
+        };
+        let body = axum::body::Body::from_stream(futures_util::stream::pending::<
+            Result<Bytes, std::io::Error>,
+        >());
+        let e = read_body(body, limits, &budget, &Arc::default())
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind, ErrorKind::BodyReadTimeout);
+        assert_eq!(e.status(), http::StatusCode::REQUEST_TIMEOUT);
     }
 
     proptest! {

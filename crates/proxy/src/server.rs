@@ -63,8 +63,8 @@ pub struct Gateway {
     engine_metrics: EngineMetricsConfig,
     ready: AtomicBool,
     pub(crate) admission: crate::admission::Admission,
-    /// One permit per open client connection (`server.max_connections`).
-    pub(crate) connections: Arc<tokio::sync::Semaphore>,
+    /// The API listener's client connections (`server.max_connections`).
+    pub(crate) connections: Arc<crate::connections::Connections>,
     pub(crate) body_budget: Arc<crate::request::BodyBudget>,
 }
 
@@ -127,7 +127,11 @@ impl BoundGateway {
                 .map(|p| &**p),
             shared,
         );
-        let connections = Arc::new(tokio::sync::Semaphore::new(config.server.max_connections));
+        let connections = Arc::new(crate::connections::Connections::new(
+            &config.server,
+            config.server.max_connections,
+            "api",
+        ));
         let gateway = Arc::new(Gateway {
             client: upstream::client(&config.upstream),
             fresh_client: upstream::fresh_client(&config.upstream),
@@ -143,7 +147,10 @@ impl BoundGateway {
             ready: AtomicBool::new(false),
             admission,
             connections,
-            body_budget: crate::request::BodyBudget::new(config.admission.max_buffered_body_bytes),
+            body_budget: crate::request::BodyBudget::new(
+                config.admission.max_buffered_body_bytes,
+                config.admission.max_buffered_body_bytes_per_tenant,
+            ),
         });
         Ok(Self {
             gateway,
@@ -187,14 +194,19 @@ impl BoundGateway {
         let stopped = |mut rx: watch::Receiver<bool>| async move {
             let _ = rx.wait_for(|s| *s).await;
         };
-        let listener =
-            crate::connections::CappedListener::new(self.listener, gw.connections.clone());
+        let admin_connections = Arc::new(crate::connections::Connections::new(
+            &gw.server,
+            gw.server.admin_max_connections,
+            "admin",
+        ));
         let main_server =
-            axum::serve(listener, main).with_graceful_shutdown(stopped(stop_rx.clone()));
-        let admin_server = axum::serve(self.admin_listener, admin)
-            .with_graceful_shutdown(stopped(stop_rx.clone()));
-        let main_task = tokio::spawn(async move { main_server.await });
-        let admin_task = tokio::spawn(async move { admin_server.await });
+            gw.connections
+                .clone()
+                .serve(self.listener, main, stopped(stop_rx.clone()));
+        let admin_server =
+            admin_connections.serve(self.admin_listener, admin, stopped(stop_rx.clone()));
+        let main_task = tokio::spawn(main_server);
+        let admin_task = tokio::spawn(admin_server);
         // Histogram samples are kept until folded into buckets: fold them on a timer so memory
         // stays bounded even when nothing scrapes /metrics.
         let upkeep = admin_metrics.clone();
@@ -253,7 +265,7 @@ impl BoundGateway {
         upkeep_task.abort();
         let _ = self.mocks.send(true);
         match drained {
-            Ok((main, _)) => main.map_err(std::io::Error::other)?,
+            Ok((main, _)) => main.map_err(std::io::Error::other),
             Err(_) => {
                 warn!("shutdown grace of {grace:?} ran out; dropping the requests still in flight");
                 Ok(())
@@ -367,15 +379,23 @@ fn api_router(gw: Arc<Gateway>) -> Router {
         .route("/v1/models", get(list_models))
         .route("/livez", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
-        .fallback(|| async { ApiError::new(ErrorKind::RouteNotFound, "no such endpoint") })
+        .fallback(|| async { counted(ApiError::new(ErrorKind::RouteNotFound, "no such endpoint")) })
         .method_not_allowed_fallback(|| async {
-            ApiError::new(
+            counted(ApiError::new(
                 ErrorKind::MethodNotAllowed,
                 "method not allowed on this endpoint",
-            )
+            ))
         })
+        .layer(middleware::map_response(json_errors))
         .layer(middleware::from_fn(request_id))
         .with_state(gw)
+}
+
+/// A refusal of a request that reached no handler of the API, counted in
+/// `spillway_requests_total` like every other answer.
+fn counted(e: ApiError) -> Response {
+    crate::metrics::RequestLabels::unrouted().answered(e.status().as_u16());
+    e.into_response()
 }
 
 async fn readyz(State(gw): State<Arc<Gateway>>) -> Response {
@@ -391,8 +411,11 @@ async fn readyz(State(gw): State<Arc<Gateway>>) -> Response {
 async fn list_models(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
     let tenant = match forward::authenticate(&gw, req.headers()).await {
         Ok(t) => t,
-        Err(e) => return e.into_response(),
+        Err(e) => return counted(e),
     };
+    let mut labels = crate::metrics::RequestLabels::unrouted();
+    labels.tenant = tenant.name.clone();
+    labels.answered(200);
     let data: Vec<_> = gw
         .models
         .names
@@ -445,8 +468,7 @@ fn admin_router(state: AdminState) -> Router {
                             s.gateway.admission.in_flight(),
                             s.gateway.body_budget.usage(),
                         );
-                        let max = s.gateway.server.max_connections;
-                        let open = max - s.gateway.connections.available_permits().min(max);
+                        let (open, max) = s.gateway.connections.open();
                         crate::admission::metrics::connections(open, max);
                         crate::admission::metrics::queues(&s.gateway.admission.queue_figures());
                         crate::metrics::render(
@@ -461,16 +483,66 @@ fn admin_router(state: AdminState) -> Router {
         )
         .route("/livez", get(|| async { "ok" }))
         .route(
+            "/readyz",
+            get(|State(s): State<AdminState>| async move { readyz(State(s.gateway)).await }),
+        )
+        .route(
             "/healthz/deps",
             get(|State(s): State<AdminState>| async move {
                 crate::admin::deps(&s.gateway.tenants).await
             }),
         )
         .fallback(|| async { ApiError::new(ErrorKind::RouteNotFound, "no such endpoint") })
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(
+                ErrorKind::MethodNotAllowed,
+                "method not allowed on this endpoint",
+            )
+        })
         .with_state(state.clone())
         .merge(crate::admin::router(crate::admin::AdminApi {
             store: state.gateway.tenants.store().clone(),
             directory: state.gateway.tenants.clone(),
             token: state.gateway.admin_token,
         }))
+        .layer(middleware::map_response(json_errors))
+}
+
+/// The longest text of an extractor's rejection taken into a JSON error's message.
+const MAX_REJECTION_TEXT: usize = 1024;
+
+/// Gives an error answered in plain text (axum's extractors reject a body too large, of the
+/// wrong type or not JSON that way) the API's JSON shape, with its text as the message.
+async fn json_errors(response: Response) -> Response {
+    let status = response.status();
+    let is_json = response
+        .headers()
+        .get(http::header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return response;
+    }
+    let kind = match status {
+        StatusCode::PAYLOAD_TOO_LARGE => ErrorKind::BodyTooLarge,
+        StatusCode::METHOD_NOT_ALLOWED => ErrorKind::MethodNotAllowed,
+        StatusCode::NOT_FOUND => ErrorKind::RouteNotFound,
+        s if s.is_server_error() => ErrorKind::Internal,
+        _ => ErrorKind::MalformedRequest,
+    };
+    let (head, body) = response.into_parts();
+    let text = axum::body::to_bytes(body, MAX_REJECTION_TEXT)
+        .await
+        .ok()
+        .map(|b| String::from_utf8_lossy(&b).trim().to_owned())
+        .filter(|t| !t.is_empty())
+        .unwrap_or_else(|| status.canonical_reason().unwrap_or("error").to_owned());
+    let mut answer = ApiError::new(kind, text).into_response();
+    // The status stays what the extractor said (a 415 or a 422 is more precise than a 400).
+    *answer.status_mut() = status;
+    for (name, value) in &head.headers {
+        if name != http::header::CONTENT_TYPE && name != http::header::CONTENT_LENGTH {
+            answer.headers_mut().insert(name, value.clone());
+        }
+    }
+    answer
 }

@@ -41,6 +41,19 @@ pub(super) fn check_admission(
             format!("must be at least server.max_body_bytes ({max_body}), or no large body could ever be read"),
         );
     }
+    // A quarter by default: one slow tenant cannot hold every other tenant's bodies out.
+    let max_buffered = max_buffered.max(max_body as u64);
+    let per_tenant = raw
+        .max_buffered_body_bytes_per_tenant
+        .unwrap_or((max_buffered / 4).max(max_body as u64));
+    if per_tenant < max_body as u64 || per_tenant > max_buffered {
+        p.add(
+            "admission.max_buffered_body_bytes_per_tenant",
+            format!(
+                "must be between server.max_body_bytes ({max_body}) and admission.max_buffered_body_bytes ({max_buffered}), got {per_tenant}"
+            ),
+        );
+    }
     let default_completion_tokens = in_range(
         raw.default_completion_tokens,
         1024,
@@ -78,7 +91,8 @@ pub(super) fn check_admission(
     }
     AdmissionConfig {
         max_in_flight: max_in_flight as usize,
-        max_buffered_body_bytes: max_buffered.max(max_body as u64),
+        max_buffered_body_bytes: max_buffered,
+        max_buffered_body_bytes_per_tenant: per_tenant.clamp(max_body as u64, max_buffered),
         default_completion_tokens,
         max_queued: max_queued as usize,
         max_queued_per_tenant: max_queued_per_tenant.min(max_queued) as usize,

@@ -18,6 +18,9 @@ pub const IN_FLIGHT_MAX: &str = "spillway_requests_in_flight_max";
 /// Gauges: open client connections on the API listener, and the cap.
 pub const CONNECTIONS: &str = "spillway_client_connections";
 pub const CONNECTIONS_MAX: &str = "spillway_client_connections_max";
+/// Counter, labels `listener` (`api`, `admin`), `reason`: client connections the gateway
+/// closed itself, `over_capacity` (refused at accept), `idle_timeout`, `header_read_timeout`.
+pub const CONNECTIONS_CLOSED: &str = "spillway_client_connections_closed_total";
 /// Gauges: request body bytes being read or held, and the cap.
 pub const BUFFERED_BYTES: &str = "spillway_buffered_body_bytes";
 pub const BUFFERED_BYTES_MAX: &str = "spillway_buffered_body_bytes_max";
@@ -69,6 +72,14 @@ pub(crate) fn describe() {
     );
     describe_gauge!(CONNECTIONS, "Open client connections on the API listener.");
     describe_gauge!(CONNECTIONS_MAX, "The cap on open client connections.");
+    describe_counter!(
+        CONNECTIONS_CLOSED,
+        "Client connections closed by the gateway: refused over the cap, or timed out."
+    );
+}
+
+pub(crate) fn connection_closed(listener: &'static str, reason: &'static str) {
+    counter!(CONNECTIONS_CLOSED, "listener" => listener, "reason" => reason).increment(1);
 }
 
 pub(crate) fn admission(tenant: &str, class: Priority, outcome: &'static str) {

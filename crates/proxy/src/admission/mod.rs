@@ -85,6 +85,8 @@ struct Gate {
     /// an allocation on every request otherwise).
     series: metrics::TenantSeries,
     in_flight: Arc<AtomicUsize>,
+    /// Bytes of request body its requests hold, under its share of the body budget.
+    body_held: Arc<std::sync::atomic::AtomicU64>,
     /// The limits the limiter enforces, and the limiter.
     rate: Mutex<(TenantLimits, TenantLimiter)>,
 }
@@ -233,8 +235,10 @@ impl Admission {
         (self.in_flight.load(Ordering::Relaxed), self.max_in_flight)
     }
 
-    /// Admits the request or says why not, as the error to answer with.
-    pub(crate) async fn admit(&self, tenant: &Tenant, ask: Ask<'_>) -> Result<Admitted, ApiError> {
+    /// Counts a request against the global in-flight cap and its tenant's concurrency from the
+    /// moment its head is read, before its body is: a request whose body is still arriving
+    /// holds memory too (G4). Refuses it, as the error to answer with, when either is full.
+    pub(crate) fn enter(&self, tenant: &Tenant) -> Result<Entered, ApiError> {
         let refused = |outcome, e: ApiError| {
             metrics::admission(&tenant.name, tenant.limits.priority, outcome);
             Err(e)
@@ -251,6 +255,34 @@ impl Admission {
             return refused("gateway_overloaded", e);
         };
         let gate = self.gate(tenant);
+        let mut own = None;
+        if let (Some(max), false) = (tenant.limits.max_concurrency, self.naive) {
+            own = Slot::take(&gate.in_flight, max as usize);
+            if own.is_none() {
+                let e = ApiError::new(
+                    ErrorKind::ConcurrencyLimited,
+                    format!("this tenant already has its maximum of {max} requests in flight"),
+                )
+                .retry_after(CONCURRENCY_RETRY_AFTER);
+                return refused("concurrency_limited", e);
+            }
+        }
+        Ok(Entered { gate, global, own })
+    }
+
+    /// Admits an entered request under its tenant's rate limits, or says why not, as the error
+    /// to answer with.
+    pub(crate) async fn admit(
+        &self,
+        tenant: &Tenant,
+        entered: Entered,
+        ask: Ask<'_>,
+    ) -> Result<Admitted, ApiError> {
+        let refused = |outcome, e: ApiError| {
+            metrics::admission(&tenant.name, tenant.limits.priority, outcome);
+            Err(e)
+        };
+        let Entered { gate, global, own } = entered;
         if self.naive {
             return Ok(Admitted {
                 gate,
@@ -266,18 +298,6 @@ impl Admission {
                 seat: None,
                 settled: true,
             });
-        }
-        let mut own = None;
-        if let Some(max) = tenant.limits.max_concurrency {
-            own = Slot::take(&gate.in_flight, max as usize);
-            if own.is_none() {
-                let e = ApiError::new(
-                    ErrorKind::ConcurrencyLimited,
-                    format!("this tenant already has its maximum of {max} requests in flight"),
-                )
-                .retry_after(CONCURRENCY_RETRY_AFTER);
-                return refused("concurrency_limited", e);
-            }
         }
         let estimate = self.estimate(&ask);
         match self.rates.decide(&gate, &tenant.limits, estimate).await {
@@ -375,6 +395,7 @@ impl Admission {
                     tenant: tenant.name.clone(),
                     series: metrics::TenantSeries::new(&tenant.name, tenant.limits.priority),
                     in_flight: Arc::new(AtomicUsize::new(0)),
+                    body_held: Arc::default(),
                     rate: Mutex::new((
                         tenant.limits,
                         TenantLimiter::new(Instant::now(), requests, tokens),
@@ -435,6 +456,20 @@ impl Drop for Admitted {
             // Nothing was generated: give the tokens back (the request itself still counts).
             self.reconcile(0);
         }
+    }
+}
+
+/// A request counted in flight, globally and for its tenant, whose body is yet to be read.
+pub(crate) struct Entered {
+    gate: Arc<Gate>,
+    global: Slot,
+    own: Option<Slot>,
+}
+
+impl Entered {
+    /// Bytes of request body the tenant's requests hold now.
+    pub(crate) fn body_held(&self) -> &Arc<std::sync::atomic::AtomicU64> {
+        &self.gate.body_held
     }
 }
 

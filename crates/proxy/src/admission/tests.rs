@@ -4,6 +4,7 @@ fn config(max_in_flight: usize) -> AdmissionConfig {
     AdmissionConfig {
         max_in_flight,
         max_buffered_body_bytes: 1 << 20,
+        max_buffered_body_bytes_per_tenant: 1 << 18,
         default_completion_tokens: 100,
         max_queued: 16,
         max_queued_per_tenant: 4,
@@ -34,6 +35,13 @@ fn summary(max_tokens: Option<u64>) -> RequestSummary {
     }
 }
 
+/// Both steps of admission, as a request passes them: entered at its head, admitted after its
+/// body.
+async fn admit(a: &Admission, t: &Tenant, ask: Ask<'_>) -> Result<Admitted, ApiError> {
+    let entered = a.enter(t)?;
+    a.admit(t, entered, ask).await
+}
+
 fn ask(s: &RequestSummary) -> Ask<'_> {
     Ask {
         summary: s,
@@ -53,10 +61,10 @@ async fn a_tenant_over_its_requests_per_minute_gets_429_with_the_openai_headers(
         },
     );
     let s = summary(Some(10));
-    let first = a.admit(&t, ask(&s)).await.unwrap();
+    let first = admit(&a, &t, ask(&s)).await.unwrap();
     assert_eq!(first.headers.requests.unwrap().remaining, 1);
-    let _second = a.admit(&t, ask(&s)).await.unwrap();
-    let e = a.admit(&t, ask(&s)).await.err().unwrap();
+    let _second = admit(&a, &t, ask(&s)).await.unwrap();
+    let e = admit(&a, &t, ask(&s)).await.err().unwrap();
     assert_eq!(e.kind, ErrorKind::RequestRateLimited);
     assert_eq!(e.status(), http::StatusCode::TOO_MANY_REQUESTS);
     let after = e.retry_after.unwrap();
@@ -74,7 +82,7 @@ async fn a_tenant_over_its_requests_per_minute_gets_429_with_the_openai_headers(
     );
     assert!(e.retry_may_help());
     // Another tenant is not affected.
-    assert!(a.admit(&tenant("b", t.limits), ask(&s)).await.is_ok());
+    assert!(admit(&a, &tenant("b", t.limits), ask(&s)).await.is_ok());
 }
 
 #[tokio::test]
@@ -88,13 +96,13 @@ async fn concurrency_is_held_until_the_admission_is_dropped() {
         },
     );
     let s = summary(None);
-    let held = a.admit(&t, ask(&s)).await.unwrap();
-    let e = a.admit(&t, ask(&s)).await.err().unwrap();
+    let held = admit(&a, &t, ask(&s)).await.unwrap();
+    let e = admit(&a, &t, ask(&s)).await.err().unwrap();
     assert_eq!(e.kind, ErrorKind::ConcurrencyLimited);
     assert_eq!(a.in_flight().0, 1, "a refusal holds no place");
     held.settle(None);
     assert_eq!(a.in_flight().0, 0);
-    assert!(a.admit(&t, ask(&s)).await.is_ok());
+    assert!(admit(&a, &t, ask(&s)).await.is_ok());
 }
 
 #[tokio::test]
@@ -102,13 +110,11 @@ async fn the_global_cap_refuses_every_tenant_with_503() {
     let a = Admission::new(&config(2), std::iter::empty(), None);
     let s = summary(None);
     let t = tenant("a", TenantLimits::default());
-    let _one = a.admit(&t, ask(&s)).await.unwrap();
-    let _two = a
-        .admit(&tenant("b", TenantLimits::default()), ask(&s))
+    let _one = admit(&a, &t, ask(&s)).await.unwrap();
+    let _two = admit(&a, &tenant("b", TenantLimits::default()), ask(&s))
         .await
         .unwrap();
-    let e = a
-        .admit(&tenant("c", TenantLimits::default()), ask(&s))
+    let e = admit(&a, &tenant("c", TenantLimits::default()), ask(&s))
         .await
         .err()
         .unwrap();
@@ -129,16 +135,16 @@ async fn tokens_are_estimated_reserved_and_reconciled_with_the_report() {
     );
     // 400 bytes of body is about 100 prompt tokens, plus 300 allowed completion tokens.
     let s = summary(Some(300));
-    let admitted = a.admit(&t, ask(&s)).await.unwrap();
+    let admitted = admit(&a, &t, ask(&s)).await.unwrap();
     assert_eq!(admitted.headers.tokens.unwrap().remaining, 600);
     admitted.settle(Some(150));
-    let next = a.admit(&t, ask(&s)).await.unwrap();
+    let next = admit(&a, &t, ask(&s)).await.unwrap();
     // 1000 - 150 - 400, give or take the refill of a few microseconds.
     let left = next.headers.tokens.unwrap().remaining;
     assert!((450..=451).contains(&left), "{left}");
     // Dropped unsettled (the request failed): its 400 tokens come back.
     drop(next);
-    let again = a.admit(&t, ask(&s)).await.unwrap();
+    let again = admit(&a, &t, ask(&s)).await.unwrap();
     let left = again.headers.tokens.unwrap().remaining;
     assert!((450..=452).contains(&left), "{left}");
 }
@@ -154,7 +160,7 @@ async fn a_request_larger_than_the_token_limit_is_refused_without_a_retry_time()
         },
     );
     let s = summary(Some(1000));
-    let e = a.admit(&t, ask(&s)).await.err().unwrap();
+    let e = admit(&a, &t, ask(&s)).await.err().unwrap();
     assert_eq!(e.kind, ErrorKind::TokensOverLimit);
     assert!(e.retry_after.is_none());
     assert!(!e.retry_may_help());
@@ -175,10 +181,10 @@ async fn changed_limits_apply_to_the_next_request() {
             ..TenantLimits::default()
         },
     );
-    let _first = a.admit(&strict, ask(&s)).await.unwrap();
-    assert!(a.admit(&strict, ask(&s)).await.is_err());
+    let _first = admit(&a, &strict, ask(&s)).await.unwrap();
+    assert!(admit(&a, &strict, ask(&s)).await.is_err());
     let relaxed = tenant("a", TenantLimits::default());
-    assert!(a.admit(&relaxed, ask(&s)).await.is_ok());
+    assert!(admit(&a, &relaxed, ask(&s)).await.is_ok());
 }
 
 mod queue {

@@ -1,0 +1,220 @@
+//! What one client connection is doing, and so when it has held its place long enough.
+//!
+//! A connection is either busy (a request on it is being served: from its head until the last
+//! byte of its response) or not. One that is not busy is idle until the first byte of a new
+//! request's head arrives, and then reading that head. Each state has its own deadline:
+//! `idle_timeout` from the moment it became idle, `header_read_timeout` from the head's first
+//! byte. A busy connection has none here: its body read has `body_read_timeout` (in
+//! `request::read_body`) and its response the upstream timeouts.
+//!
+//! HTTP/2 multiplexes requests on one connection and its frames (pings, settings, window
+//! updates) arrive at any time, so for it bytes read never start a head: it is idle exactly
+//! while no stream is open.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::Notify;
+
+/// The connection's two timeouts.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Deadlines {
+    pub idle: Duration,
+    pub header_read: Duration,
+}
+
+/// One connection's activity, shared by its reader (bytes in), its service (requests begun and
+/// ended) and its watchdog.
+#[derive(Debug)]
+pub(crate) struct Activity {
+    state: Mutex<State>,
+    http2: AtomicBool,
+    /// Wakes the watchdog when a deadline may have moved earlier.
+    changed: Notify,
+    deadlines: Deadlines,
+}
+
+#[derive(Debug)]
+struct State {
+    busy: usize,
+    idle_since: Instant,
+    head_since: Option<Instant>,
+}
+
+/// What the watchdog should do next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// Look again at this instant (or sooner, if woken).
+    Until(Instant),
+    /// Requests are being served: nothing to time here; look again when that changes.
+    Busy,
+    /// The connection has been idle for `idle_timeout`.
+    Idle,
+    /// The head of a request took longer than `header_read_timeout`.
+    SlowHead,
+}
+
+impl Activity {
+    pub(crate) fn new(now: Instant, deadlines: Deadlines) -> Arc<Activity> {
+        Arc::new(Activity {
+            state: Mutex::new(State {
+                busy: 0,
+                idle_since: now,
+                head_since: None,
+            }),
+            http2: AtomicBool::new(false),
+            changed: Notify::new(),
+            deadlines,
+        })
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The connection speaks HTTP/2 (its first bytes were the preface).
+    pub(crate) fn set_http2(&self) {
+        self.http2.store(true, Ordering::Relaxed);
+    }
+
+    pub(crate) fn is_http2(&self) -> bool {
+        self.http2.load(Ordering::Relaxed)
+    }
+
+    /// Bytes arrived: on an idle HTTP/1 connection, a request's head has begun.
+    pub(crate) fn bytes_read(&self, now: Instant) {
+        if self.is_http2() {
+            return;
+        }
+        let mut s = self.state();
+        if s.busy == 0 && s.head_since.is_none() {
+            s.head_since = Some(now);
+            drop(s);
+            self.changed.notify_one();
+        }
+    }
+
+    /// Whether the connection is between requests with part of a head read: what hyper
+    /// writes then is its own answer to a head it could not parse.
+    pub(crate) fn reading_head(&self) -> bool {
+        let s = self.state();
+        s.busy == 0 && s.head_since.is_some()
+    }
+
+    /// A request's head was read; it is served until the returned guard drops.
+    pub(crate) fn begin(self: &Arc<Self>) -> Busy {
+        let mut s = self.state();
+        s.busy += 1;
+        s.head_since = None;
+        Busy(self.clone())
+    }
+
+    fn end(&self, now: Instant) {
+        let mut s = self.state();
+        s.busy -= 1;
+        if s.busy == 0 {
+            s.idle_since = now;
+            drop(s);
+            self.changed.notify_one();
+        }
+    }
+
+    /// Whether the connection has outstayed a deadline at `now`, or when to look again.
+    pub(crate) fn verdict(&self, now: Instant) -> Verdict {
+        let s = self.state();
+        if s.busy > 0 {
+            return Verdict::Busy;
+        }
+        if let Some(head) = s.head_since {
+            let due = head + self.deadlines.header_read;
+            return if now >= due {
+                Verdict::SlowHead
+            } else {
+                Verdict::Until(due)
+            };
+        }
+        let due = s.idle_since + self.deadlines.idle;
+        if now >= due {
+            Verdict::Idle
+        } else {
+            Verdict::Until(due)
+        }
+    }
+
+    /// Resolves when the activity changed in a way that may bring a deadline forward.
+    pub(crate) async fn changed(&self) {
+        self.changed.notified().await
+    }
+}
+
+/// A request being served on a connection; dropped when its response has ended.
+#[derive(Debug)]
+pub(crate) struct Busy(Arc<Activity>);
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.end(Instant::now());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const D: Deadlines = Deadlines {
+        idle: Duration::from_secs(75),
+        header_read: Duration::from_secs(30),
+    };
+
+    #[test]
+    fn an_idle_connection_is_due_at_the_idle_timeout() {
+        let t0 = Instant::now();
+        let a = Activity::new(t0, D);
+        assert_eq!(a.verdict(t0), Verdict::Until(t0 + D.idle));
+        assert_eq!(a.verdict(t0 + D.idle), Verdict::Idle);
+    }
+
+    #[test]
+    fn a_head_begun_is_due_at_the_header_timeout_from_its_first_byte() {
+        let t0 = Instant::now();
+        let a = Activity::new(t0, D);
+        let first = t0 + Duration::from_secs(50);
+        a.bytes_read(first);
+        a.bytes_read(first + Duration::from_secs(10));
+        assert!(a.reading_head());
+        assert_eq!(a.verdict(first), Verdict::Until(first + D.header_read));
+        assert_eq!(a.verdict(first + D.header_read), Verdict::SlowHead);
+    }
+
+    #[test]
+    fn a_busy_connection_has_no_deadline_and_is_idle_again_when_its_last_request_ends() {
+        let t0 = Instant::now();
+        let a = Activity::new(t0, D);
+        a.bytes_read(t0);
+        let one = a.begin();
+        let two = a.begin();
+        assert!(!a.reading_head());
+        assert_eq!(a.verdict(t0 + Duration::from_secs(3600)), Verdict::Busy);
+        drop(one);
+        assert_eq!(a.verdict(t0 + Duration::from_secs(3600)), Verdict::Busy);
+        drop(two);
+        let Verdict::Until(due) = a.verdict(Instant::now()) else {
+            panic!("an idle connection has a deadline");
+        };
+        assert!(
+            due > t0 + D.idle,
+            "idle counts from the end of the last request"
+        );
+    }
+
+    #[test]
+    fn bytes_on_an_http2_connection_never_start_a_head() {
+        let t0 = Instant::now();
+        let a = Activity::new(t0, D);
+        a.set_http2();
+        a.bytes_read(t0);
+        assert!(!a.reading_head());
+        assert_eq!(a.verdict(t0 + D.header_read), Verdict::Until(t0 + D.idle));
+    }
+}

@@ -1,0 +1,335 @@
+//! Client connections, from accept to close: a cap on how many are open, how long each may hold
+//! its place without a request, and how much each may make the gateway buffer.
+//!
+//! Every other cap of the gateway counts requests; a connection costs memory before it has sent
+//! one (its task, hyper's buffers), and a client that opens connections and never finishes a
+//! request would otherwise hold them forever. So:
+//! - at most `max_connections` are open; one accepted beyond it is answered `503` with
+//!   `Retry-After` at once and closed, instead of waiting in the kernel's backlog;
+//! - a connection with no request in flight is closed after `server.idle_timeout`, and an
+//!   HTTP/1 request's head must arrive within `server.header_read_timeout` of its first byte
+//!   (`activity.rs`); bodies have `server.body_read_timeout` (`request::read_body`);
+//! - HTTP/1 reads at most 64 KiB of head and buffer; HTTP/2 opens at most
+//!   `server.http2_max_concurrent_streams` streams per connection, with small flow-control
+//!   windows and header lists, and pings a silent client, closing the connection when it does
+//!   not answer;
+//! - an answer given before the request's body was read says `Connection: close`, so the client
+//!   does not send its next request on a connection hyper is about to close.
+
+mod activity;
+mod io;
+mod refuse;
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::{pin, Pin};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::Router;
+use bytes::Bytes;
+use http::{HeaderValue, Request, Response, Version};
+use http_body::{Body as _, Frame, SizeHint};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use spillway_config::ServerConfig;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{watch, Semaphore};
+use tower::ServiceExt;
+use tracing::debug;
+
+use activity::{Activity, Busy, Deadlines, Verdict};
+use io::GuardedIo;
+
+/// Pause after an accept error (out of file descriptors, say), as axum's own listener does.
+const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
+/// HTTP/1: the most of a head, and of a read buffer, one connection holds.
+pub(crate) const HTTP1_MAX_BUF: usize = 64 * 1024;
+/// HTTP/2: a stream's and a connection's receive windows, and the most of headers one stream
+/// may send and of response data one stream may queue. A stream's request body beyond its
+/// window waits in the client until the gateway reads it.
+pub(crate) const HTTP2_STREAM_WINDOW: u32 = 64 * 1024;
+pub(crate) const HTTP2_CONNECTION_WINDOW: u32 = 256 * 1024;
+const HTTP2_MAX_HEADER_LIST: u32 = 64 * 1024;
+const HTTP2_MAX_SEND_BUF: usize = 64 * 1024;
+/// Refused connections being answered at once, at most; beyond it they are only closed.
+const MAX_REFUSING: usize = 256;
+/// How long a refused connection is read (and dropped) after its answer, so closing it does
+/// not reset the answer away before the client has read it.
+const REFUSED_LINGER: Duration = Duration::from_secs(1);
+/// How long a connection told to close (idle, or shutting down) may take to say goodbye.
+const CLOSE_LINGER: Duration = Duration::from_secs(1);
+
+/// One listener's connections: the cap and the limits each connection gets.
+pub(crate) struct Connections {
+    permits: Arc<Semaphore>,
+    max: usize,
+    deadlines: Deadlines,
+    builder: auto::Builder<TokioExecutor>,
+    refusing: Arc<Semaphore>,
+    /// `api` or `admin`, for the metrics.
+    listener: &'static str,
+}
+
+impl Connections {
+    /// The connections of a listener with at most `max` open, each under `server`'s limits.
+    pub(crate) fn new(server: &ServerConfig, max: usize, listener: &'static str) -> Connections {
+        let mut builder = auto::Builder::new(TokioExecutor::new());
+        builder
+            .http1()
+            .header_read_timeout(None)
+            .max_buf_size(HTTP1_MAX_BUF)
+            .keep_alive(true);
+        builder
+            .http2()
+            .timer(TokioTimer::new())
+            .keep_alive_interval(server.http2_keepalive_interval)
+            .keep_alive_timeout(server.http2_keepalive_timeout)
+            .max_concurrent_streams(server.http2_max_concurrent_streams)
+            .initial_stream_window_size(HTTP2_STREAM_WINDOW)
+            .initial_connection_window_size(HTTP2_CONNECTION_WINDOW)
+            .max_header_list_size(HTTP2_MAX_HEADER_LIST)
+            .max_send_buf_size(HTTP2_MAX_SEND_BUF);
+        Connections {
+            permits: Arc::new(Semaphore::new(max)),
+            max,
+            deadlines: Deadlines {
+                idle: server.idle_timeout,
+                header_read: server.header_read_timeout,
+            },
+            builder,
+            refusing: Arc::new(Semaphore::new(MAX_REFUSING)),
+            listener,
+        }
+    }
+
+    /// Connections open now, and the cap.
+    pub(crate) fn open(&self) -> (usize, usize) {
+        let free = self.permits.available_permits().min(self.max);
+        (self.max - free, self.max)
+    }
+
+    /// Serves `router` on `listener` until `stop` resolves; then stops accepting, asks every
+    /// open connection to close once its requests are done, and resolves when all have.
+    pub(crate) async fn serve(
+        self: Arc<Self>,
+        listener: TcpListener,
+        router: Router,
+        stop: impl Future<Output = ()>,
+    ) {
+        let (shutdown, shutdown_rx) = watch::channel(false);
+        let mut stop = pin!(stop);
+        loop {
+            let accepted = tokio::select! {
+                () = &mut stop => break,
+                accepted = listener.accept() => accepted,
+            };
+            let tcp = match accepted {
+                Ok((tcp, _)) => tcp,
+                Err(_) => {
+                    tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
+                    continue;
+                }
+            };
+            // Without TCP_NODELAY, small SSE chunks wait on Nagle's algorithm.
+            let _ = tcp.set_nodelay(true);
+            match self.permits.clone().try_acquire_owned() {
+                Ok(permit) => {
+                    let activity = Activity::new(Instant::now(), self.deadlines);
+                    let io = GuardedIo::new(tcp, activity.clone(), permit);
+                    let this = self.clone();
+                    let router = router.clone();
+                    let shutdown = shutdown_rx.clone();
+                    tokio::spawn(
+                        async move { this.connection(io, activity, router, shutdown).await },
+                    );
+                }
+                Err(_) => self.refuse(tcp),
+            }
+        }
+        drop(listener);
+        let _ = shutdown.send(true);
+        // Every connection task holds a receiver until it ends.
+        drop(shutdown_rx);
+        shutdown.closed().await;
+    }
+
+    async fn connection(
+        &self,
+        io: GuardedIo,
+        activity: Arc<Activity>,
+        router: Router,
+        mut shutdown: watch::Receiver<bool>,
+    ) {
+        let served = activity.clone();
+        let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+            let busy = served.begin();
+            let router = router.clone();
+            async move { Ok::<_, Infallible>(respond(router, req, busy).await) }
+        });
+        let mut conn = pin!(self
+            .builder
+            .serve_connection_with_upgrades(TokioIo::new(io), service));
+        let mut watchdog = pin!(outstayed(&activity));
+        let mut draining = false;
+        let mut linger: Option<Pin<Box<tokio::time::Sleep>>> = None;
+        loop {
+            tokio::select! {
+                result = conn.as_mut() => {
+                    if let Err(e) = result {
+                        debug!("client connection ended: {e}");
+                    }
+                    return;
+                }
+                _ = shutdown.wait_for(|s| *s), if !draining => {
+                    // Requests in flight finish (bounded by shutdown_grace); then it closes.
+                    conn.as_mut().graceful_shutdown();
+                    draining = true;
+                }
+                verdict = &mut watchdog, if linger.is_none() => {
+                    debug!(?verdict, "closing a client connection");
+                    if verdict == Verdict::SlowHead {
+                        closed(self.listener, "header_read_timeout");
+                        return;
+                    }
+                    closed(self.listener, "idle_timeout");
+                    conn.as_mut().graceful_shutdown();
+                    linger = Some(Box::pin(tokio::time::sleep(CLOSE_LINGER)));
+                }
+                () = async { linger.as_mut().expect("guarded").await }, if linger.is_some() => return,
+            }
+        }
+    }
+
+    /// Answers a connection over the cap with 503 and closes it. The answer is one small write
+    /// to a fresh socket, which does not block; the read that follows lets the client's request
+    /// arrive before the close, which would otherwise reset the connection and lose the answer.
+    fn refuse(&self, tcp: TcpStream) {
+        closed(self.listener, "over_capacity");
+        let Ok(turn) = self.refusing.clone().try_acquire_owned() else {
+            return;
+        };
+        let answer = refuse::over_capacity(self.max);
+        tokio::spawn(async move {
+            let _turn = turn;
+            let mut tcp = tcp;
+            if tcp.try_write(&answer).is_err() {
+                return;
+            }
+            let _ = tcp.shutdown().await;
+            let mut sink = [0u8; 4096];
+            let _ = tokio::time::timeout(REFUSED_LINGER, async {
+                while matches!(tcp.read(&mut sink).await, Ok(n) if n > 0) {}
+            })
+            .await;
+        });
+    }
+}
+
+fn closed(listener: &'static str, reason: &'static str) {
+    crate::admission::metrics::connection_closed(listener, reason);
+}
+
+/// Resolves with the verdict once the connection has outstayed a deadline.
+async fn outstayed(activity: &Activity) -> Verdict {
+    loop {
+        match activity.verdict(Instant::now()) {
+            Verdict::Until(due) => {
+                tokio::select! {
+                    () = tokio::time::sleep_until(due.into()) => {}
+                    () = activity.changed() => {}
+                }
+            }
+            Verdict::Busy => activity.changed().await,
+            verdict => return verdict,
+        }
+    }
+}
+
+/// Serves one request, its connection busy until the response's body is done with.
+async fn respond(router: Router, req: Request<Incoming>, busy: Busy) -> Response<Body> {
+    let http1 = req.version() <= Version::HTTP_11;
+    let has_body = !req.body().is_end_stream();
+    let read = Arc::new(AtomicBool::new(!has_body));
+    let req = req.map(|b| {
+        Body::new(Watched {
+            inner: b,
+            read: read.clone(),
+        })
+    });
+    let mut response = router.oneshot(req).await.unwrap_or_else(|e| match e {});
+    if http1 && !read.load(Ordering::Acquire) {
+        // hyper closes a connection whose request body was not read to its end: say so, or the
+        // client sends its next request on it and sees that fail.
+        response
+            .headers_mut()
+            .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    response.map(|body| {
+        Body::new(Tracked {
+            inner: body,
+            _busy: busy,
+        })
+    })
+}
+
+/// A request body that records when it was read to its end.
+struct Watched {
+    inner: Incoming,
+    read: Arc<AtomicBool>,
+}
+
+impl http_body::Body for Watched {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        if matches!(polled, Poll::Ready(None)) || self.inner.is_end_stream() {
+            self.read.store(true, Ordering::Release);
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// A response body that keeps its connection busy until it is done with.
+struct Tracked {
+    inner: Body,
+    _busy: Busy,
+}
+
+impl http_body::Body for Tracked {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}

@@ -1,0 +1,333 @@
+//! Clients that are slow, huge, many or malformed, over raw TCP on 127.0.0.1: each holds the
+//! gateway's connections and memory only as long and as much as its limits allow, and gets the
+//! API's own JSON error when it is refused.
+
+mod support;
+
+use std::time::Duration;
+
+use support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// Longest any test waits for the gateway to act on a timeout of about a second.
+const PATIENCE: Duration = Duration::from_secs(20);
+
+/// A gateway whose client timeouts are a second, with `settings` (`key = value` lines of
+/// `[server]`) in place of the defaults they name, and the mock backend behind it.
+fn quick_timeouts(settings: &str) -> (Proc, Proc) {
+    let m = mock(&["--model", "m"]);
+    let mut server = String::new();
+    for (key, value) in [
+        ("header_read_timeout", "\"1s\""),
+        ("idle_timeout", "\"1s\""),
+        ("body_read_timeout", "\"1s\""),
+        ("max_body_bytes", "65536"),
+    ] {
+        if !settings.contains(key) {
+            server += &format!("{key} = {value}\n");
+        }
+    }
+    let gw = gateway(&format!(
+        "{server}{settings}\n{}",
+        model("m", &[("b", "r", m.url("/v1"))])
+    ));
+    (gw, m)
+}
+
+async fn connect(gw: &Proc) -> TcpStream {
+    TcpStream::connect(gw.addr).await.unwrap()
+}
+
+/// Reads until the peer closes the connection (or `PATIENCE` passes: `None`).
+async fn until_closed(s: &mut TcpStream) -> Option<Vec<u8>> {
+    let mut got = Vec::new();
+    let read = tokio::time::timeout(PATIENCE, async {
+        let mut buf = [0u8; 8192];
+        loop {
+            match s.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await;
+    read.ok().map(|_| got)
+}
+
+/// One whole response read from `s`: status, head, body (by its Content-Length).
+async fn response(s: &mut TcpStream) -> (u16, String, String) {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 8192];
+    let (head, body_start) = loop {
+        if let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+            break (String::from_utf8_lossy(&got[..end]).to_lowercase(), end + 4);
+        }
+        let n = tokio::time::timeout(PATIENCE, s.read(&mut buf))
+            .await
+            .expect("a response in time")
+            .unwrap();
+        assert!(
+            n > 0,
+            "closed before a response: {:?}",
+            String::from_utf8_lossy(&got)
+        );
+        got.extend_from_slice(&buf[..n]);
+    };
+    let length: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length: "))
+        .map_or(0, |v| v.trim().parse().unwrap());
+    while got.len() < body_start + length {
+        let n = tokio::time::timeout(PATIENCE, s.read(&mut buf))
+            .await
+            .expect("the body in time")
+            .unwrap();
+        assert!(n > 0, "closed in the body");
+        got.extend_from_slice(&buf[..n]);
+    }
+    let status = head[9..12].parse().unwrap();
+    let body = String::from_utf8_lossy(&got[body_start..body_start + length]).into_owned();
+    (status, head, body)
+}
+
+fn error_code(body: &str) -> String {
+    let json: serde_json::Value =
+        serde_json::from_str(body).unwrap_or_else(|_| panic!("a JSON error body: {body:?}"));
+    json["error"]["code"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+fn chat_head(content_length: usize, extra: &str) -> String {
+    format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {KEY}\r\n\
+         content-type: application/json\r\ncontent-length: {content_length}\r\n{extra}\r\n"
+    )
+}
+
+#[tokio::test]
+async fn a_half_sent_head_is_closed_after_the_header_read_timeout() {
+    let (gw, _m) = quick_timeouts("");
+    let mut s = connect(&gw).await;
+    s.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n")
+        .await
+        .unwrap();
+    assert!(until_closed(&mut s).await.is_some(), "still open");
+}
+
+#[tokio::test]
+async fn a_head_trickled_a_byte_at_a_time_is_closed_after_the_header_read_timeout() {
+    let (gw, _m) = quick_timeouts("idle_timeout = \"1h\"");
+    let mut s = connect(&gw).await;
+    let head = b"GET /livez HTTP/1.1\r\nhost: x\r\nx-padding: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+    let mut closed = false;
+    // Each byte arrives well within any idle timeout; the head as a whole never does.
+    for b in head.iter().cycle().take(300) {
+        if s.write_all(&[*b]).await.is_err() {
+            closed = true;
+            break;
+        }
+        let mut buf = [0u8; 64];
+        match tokio::time::timeout(Duration::from_millis(100), s.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => {
+                closed = true;
+                break;
+            }
+            _ => {}
+        }
+    }
+    assert!(closed, "a head trickled for 30 s was still being read");
+}
+
+#[tokio::test]
+async fn an_idle_keep_alive_connection_is_closed_after_the_idle_timeout() {
+    let (gw, _m) = quick_timeouts("");
+    let mut s = connect(&gw).await;
+    s.write_all(b"GET /livez HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let (status, head, _) = response(&mut s).await;
+    assert_eq!(status, 200);
+    assert!(!head.contains("connection: close"), "{head}");
+    assert!(
+        until_closed(&mut s).await.is_some(),
+        "idle connection still open"
+    );
+}
+
+#[tokio::test]
+async fn a_stalled_body_gets_408_in_json_and_the_connection_closes() {
+    let (gw, _m) = quick_timeouts("");
+    let mut s = connect(&gw).await;
+    s.write_all(chat_head(1000, "").as_bytes()).await.unwrap();
+    s.write_all(br#"{"model":"m","#).await.unwrap();
+    let (status, head, body) = response(&mut s).await;
+    assert_eq!(status, 408, "{head}\n{body}");
+    assert_eq!(error_code(&body), "body_read_timeout");
+    assert!(head.contains("connection: close"), "{head}");
+    assert!(until_closed(&mut s).await.is_some());
+}
+
+#[tokio::test]
+async fn a_chunked_body_that_never_ends_gets_408() {
+    let (gw, _m) = quick_timeouts("");
+    let mut s = connect(&gw).await;
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {KEY}\r\n\
+         transfer-encoding: chunked\r\n\r\n"
+    );
+    s.write_all(head.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    // A chunk every 50 ms, for at most 20 s: within any per-read timeout, never the end.
+    for _ in 0..400 {
+        if s.write_all(b"1\r\n \r\n").await.is_err() {
+            break;
+        }
+        let mut buf = [0u8; 4096];
+        match tokio::time::timeout(Duration::from_millis(50), s.read(&mut buf)).await {
+            Ok(Ok(n)) if n > 0 => {
+                answer.extend_from_slice(&buf[..n]);
+                break;
+            }
+            Ok(_) => break,
+            Err(_) => {}
+        }
+    }
+    let text = String::from_utf8_lossy(&answer);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text:?}");
+}
+
+#[tokio::test]
+async fn connections_over_the_cap_get_503_at_once_and_the_admin_probes_still_answer() {
+    let (gw, _m) =
+        quick_timeouts("max_connections = 8\nheader_read_timeout = \"1h\"\nidle_timeout = \"1h\"");
+    // Eight connections that never finish a head hold every place.
+    let mut held = Vec::new();
+    for _ in 0..8 {
+        let mut s = connect(&gw).await;
+        s.write_all(b"GET /livez HTTP/1.1\r\n").await.unwrap();
+        held.push(s);
+    }
+    // The gateway counts them once it has accepted them all.
+    eventually(Duration::from_secs(10), "8 connections open", || async {
+        let m = metrics(&gw).await;
+        sample(&m, "spillway_client_connections ").unwrap_or(0.0) == 8.0
+    })
+    .await;
+    let mut extra = connect(&gw).await;
+    extra
+        .write_all(b"GET /livez HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let (status, head, body) = response(&mut extra).await;
+    assert_eq!(status, 503, "{head}");
+    assert!(head.contains("retry-after: 1"), "{head}");
+    assert!(head.contains("connection: close"), "{head}");
+    assert_eq!(error_code(&body), "too_many_connections");
+    for probe in ["/livez", "/readyz"] {
+        let r = client().get(gw.admin_url(probe)).send().await.unwrap();
+        assert_eq!(r.status(), 200, "{probe} on the admin listener");
+    }
+    let m = metrics(&gw).await;
+    assert_eq!(
+        sample(
+            &m,
+            "spillway_client_connections_closed_total{listener=\"api\",reason=\"over_capacity\"}"
+        ),
+        Some(1.0),
+        "{m}"
+    );
+    // A place freed is a place taken again.
+    drop(held.pop());
+    eventually(Duration::from_secs(10), "a freed place serves", || async {
+        client()
+            .get(gw.url("/livez"))
+            .send()
+            .await
+            .is_ok_and(|r| r.status() == 200)
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn hyper_refusals_of_a_bad_head_carry_the_json_error_shape() {
+    let (gw, _m) = quick_timeouts("");
+    let cases: [(Vec<u8>, u16, &str); 2] = [
+        (b"NOT HTTP AT ALL\r\n\r\n".to_vec(), 400, "invalid_request"),
+        (
+            format!(
+                "GET /livez HTTP/1.1\r\nhost: x\r\nx-big: {}\r\n\r\n",
+                "a".repeat(100 * 1024)
+            )
+            .into_bytes(),
+            431,
+            "request_head_too_large",
+        ),
+    ];
+    for (request, want, code) in cases {
+        let mut s = connect(&gw).await;
+        let _ = s.write_all(&request).await;
+        let (status, head, body) = response(&mut s).await;
+        assert_eq!(status, want, "{head}");
+        assert!(head.contains("content-type: application/json"), "{head}");
+        assert!(head.contains("connection: close"), "{head}");
+        assert_eq!(error_code(&body), code);
+    }
+}
+
+#[tokio::test]
+async fn a_declared_length_over_the_cap_gets_413_without_100_continue() {
+    let (gw, _m) = quick_timeouts("");
+    let mut s = connect(&gw).await;
+    s.write_all(chat_head(10 * 1024 * 1024, "expect: 100-continue\r\n").as_bytes())
+        .await
+        .unwrap();
+    let (status, head, body) = response(&mut s).await;
+    assert_eq!(
+        status, 413,
+        "an interim 100 came first, or another answer: {head}"
+    );
+    assert_eq!(error_code(&body), "body_too_large");
+    assert!(head.contains("connection: close"), "{head}");
+}
+
+#[tokio::test]
+async fn an_answer_before_the_body_was_read_says_connection_close() {
+    let (gw, _m) = quick_timeouts("");
+    let mut s = connect(&gw).await;
+    let head =
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer sk-nobody\r\n\
+                content-type: application/json\r\ncontent-length: 100\r\n\r\n";
+    s.write_all(head.as_bytes()).await.unwrap();
+    let (status, head, _) = response(&mut s).await;
+    assert_eq!(status, 401);
+    assert!(head.contains("connection: close"), "{head}");
+    // With its body read, a request's answer keeps the connection: the next request on it works.
+    let body = serde_json::to_vec(&chat_body("m", false)).unwrap();
+    let mut s = connect(&gw).await;
+    for _ in 0..2 {
+        s.write_all(chat_head(body.len(), "").as_bytes())
+            .await
+            .unwrap();
+        s.write_all(&body).await.unwrap();
+        let (status, head, _) = response(&mut s).await;
+        assert_eq!(status, 200, "{head}");
+        assert!(!head.contains("connection: close"), "{head}");
+    }
+}
+
+#[tokio::test]
+async fn http2_streams_per_connection_are_capped() {
+    let (gw, _m) = quick_timeouts("http2_max_concurrent_streams = 4");
+    let tcp = connect(&gw).await;
+    let (mut h2, conn) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(conn);
+    // One round trip, so the server's settings have been read.
+    let req = http::Request::get("/livez").body(()).unwrap();
+    let (answer, _) = h2.send_request(req, true).unwrap();
+    assert_eq!(answer.await.unwrap().status(), 200);
+    h2 = h2.ready().await.unwrap();
+    assert_eq!(h2.current_max_send_streams(), 4);
+}

@@ -112,6 +112,13 @@ impl BodyHold {
         self.bytes += more;
         Ok(())
     }
+
+    fn shrink(&mut self, less: u64) {
+        let less = less.min(self.bytes);
+        self.budget.held.fetch_sub(less, Ordering::AcqRel);
+        self.tenant.fetch_sub(less, Ordering::AcqRel);
+        self.bytes -= less;
+    }
 }
 
 impl Drop for BodyHold {
@@ -147,10 +154,15 @@ pub async fn read_body(
         tenant: tenant.clone(),
         bytes: 0,
     };
+    // A declared length is held in the budget at once, before a byte is read (or `100
+    // Continue` invites them), and read into one buffer of that size: what is counted is what
+    // is allocated, never twice the body while it is put together.
+    let declared = body.size_hint().exact();
+    if let Some(n) = declared {
+        hold.grow(n)?;
+    }
     let mut body = Limited::new(body, cap);
-    // Most bodies arrive in one frame: that one is kept as it is, with no copy and no list.
-    let mut first: Option<Bytes> = None;
-    let mut more: Vec<Bytes> = Vec::new();
+    let mut parts = Parts::new(declared);
     let deadline = tokio::time::Instant::from_std(limits.deadline);
     loop {
         let frame = match tokio::time::timeout_at(deadline, body.frame()).await {
@@ -179,25 +191,82 @@ pub async fn read_body(
         let Ok(data) = frame.into_data() else {
             continue;
         };
-        hold.grow(data.len() as u64)?;
-        match first {
-            None => first = Some(data),
-            Some(_) => more.push(data),
+        if declared.is_none() {
+            hold.grow(data.len() as u64)?;
+        }
+        parts.push(data);
+    }
+    if declared.is_none() && parts.needs_copy() {
+        // The chunks are put together in a copy of them all: both exist for a moment.
+        let total = hold.bytes;
+        hold.grow(total)?;
+        let bytes = parts.into_bytes();
+        hold.shrink(total);
+        return Ok((bytes, hold));
+    }
+    Ok((parts.into_bytes(), hold))
+}
+
+/// A body's frames as they arrive: the first kept as it is (most bodies are one frame), later
+/// ones copied into one buffer, of the declared length when there is one.
+struct Parts {
+    first: Option<Bytes>,
+    rest: Option<bytes::BytesMut>,
+    chunks: Vec<Bytes>,
+    declared: Option<u64>,
+}
+
+impl Parts {
+    fn new(declared: Option<u64>) -> Parts {
+        Parts {
+            first: None,
+            rest: None,
+            chunks: Vec::new(),
+            declared,
         }
     }
-    let bytes = match (first, more.is_empty()) {
-        (None, _) => Bytes::new(),
-        (Some(only), true) => only,
-        (Some(head), false) => {
-            let mut all = Vec::with_capacity(hold.bytes as usize);
-            all.extend_from_slice(&head);
-            for chunk in &more {
-                all.extend_from_slice(chunk);
+
+    fn push(&mut self, data: Bytes) {
+        let Some(first) = &self.first else {
+            self.first = Some(data);
+            return;
+        };
+        match self.declared {
+            Some(n) => {
+                let buf = self.rest.get_or_insert_with(|| {
+                    let mut buf = bytes::BytesMut::with_capacity(n as usize);
+                    buf.extend_from_slice(first);
+                    buf
+                });
+                buf.extend_from_slice(&data);
+                self.first = Some(Bytes::new());
             }
-            Bytes::from(all)
+            None => self.chunks.push(data),
         }
-    };
-    Ok((bytes, hold))
+    }
+
+    fn needs_copy(&self) -> bool {
+        !self.chunks.is_empty()
+    }
+
+    fn into_bytes(self) -> Bytes {
+        if let Some(buf) = self.rest {
+            return buf.freeze();
+        }
+        let Some(first) = self.first else {
+            return Bytes::new();
+        };
+        if self.chunks.is_empty() {
+            return first;
+        }
+        let total = first.len() + self.chunks.iter().map(Bytes::len).sum::<usize>();
+        let mut all = Vec::with_capacity(total);
+        all.extend_from_slice(&first);
+        for chunk in &self.chunks {
+            all.extend_from_slice(chunk);
+        }
+        Bytes::from(all)
+    }
 }
 
 /// Checks that `body` is a JSON object with a string `model` and reads what routing needs.
@@ -437,6 +506,48 @@ mod tests {
             .await
             .unwrap_err();
         assert_eq!(e.kind, ErrorKind::BodyTooLarge);
+    }
+
+    #[tokio::test]
+    async fn bodies_in_many_frames_are_put_together_whole_with_or_without_a_declared_length() {
+        let frames = || {
+            futures_util::stream::iter(
+                ["{\"model\":", "\"m\",", "\"x\":1}"]
+                    .map(|f| Ok::<_, std::io::Error>(Bytes::from_static(f.as_bytes()))),
+            )
+        };
+        let budget = BodyBudget::new(1000, 1000);
+        let tenant: Arc<AtomicU64> = Arc::default();
+        let chunked = axum::body::Body::from_stream(frames());
+        let (bytes, hold) = read_body(chunked, limits(100), &budget, &tenant).await.unwrap();
+        assert_eq!(&bytes[..], br#"{"model":"m","x":1}"#);
+        assert_eq!(budget.usage().0, 19, "the copy's share is given back once it is made");
+        drop(hold);
+        struct Declared<S>(S, u64);
+        impl<S: futures_util::Stream<Item = Result<Bytes, std::io::Error>> + Unpin> http_body::Body
+            for Declared<S>
+        {
+            type Data = Bytes;
+            type Error = std::io::Error;
+            fn poll_frame(
+                mut self: std::pin::Pin<&mut Self>,
+                cx: &mut std::task::Context<'_>,
+            ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, std::io::Error>>> {
+                std::pin::Pin::new(&mut self.0)
+                    .poll_next(cx)
+                    .map(|f| f.map(|r| r.map(http_body::Frame::data)))
+            }
+            fn size_hint(&self) -> http_body::SizeHint {
+                http_body::SizeHint::with_exact(self.1)
+            }
+        }
+        use futures_util::Stream as _;
+        let declared = axum::body::Body::new(Declared(frames(), 19));
+        let (bytes, hold) = read_body(declared, limits(100), &budget, &tenant).await.unwrap();
+        assert_eq!(&bytes[..], br#"{"model":"m","x":1}"#);
+        assert_eq!(budget.usage().0, 19);
+        drop(hold);
+        assert_eq!((budget.usage().0, tenant.load(Ordering::Relaxed)), (0, 0));
     }
 
     #[tokio::test]

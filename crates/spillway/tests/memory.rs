@@ -1,0 +1,319 @@
+//! The memory bound of docs/admission.md, held by a real gateway process under each kind of
+//! flood that broke an earlier formula: many clients, one tenant's many connections with large
+//! bodies, HTTP/2 streams stalled mid-body, connections opened and closed as fast as possible,
+//! and bodies the size of the cap. Each measures the gateway's resident memory (VmRSS) while the
+//! flood runs, against its size after a warm-up.
+
+mod support;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const KIB: u64 = 1024;
+const MIB: u64 = 1024 * 1024;
+
+/// The bound, as docs/admission.md states it, for HTTP/1 clients: the body budget with a
+/// quarter more for what the allocator keeps of freed bodies, plus per open connection and per
+/// request in flight what hyper and the relay may hold for it.
+fn bound(max_buffered: u64, max_connections: u64, max_in_flight: u64) -> u64 {
+    max_buffered * 5 / 4 + max_connections * 64 * KIB + max_in_flight * 64 * KIB
+}
+
+/// The bound for HTTP/2 clients: a connection also holds its receive window and, per stream it
+/// may open, a request's head and task.
+fn bound_http2(max_buffered: u64, max_connections: u64, streams: u64, max_in_flight: u64) -> u64 {
+    bound(max_buffered, max_connections, max_in_flight)
+        + max_connections * (256 * KIB + streams * 8 * KIB)
+}
+
+/// Resident memory of process `pid`, in bytes.
+fn rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    line.split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse::<u64>()
+        .unwrap()
+        * KIB
+}
+
+/// Runs `flood` for `run` while sampling the gateway's RSS; returns (baseline, peak growth).
+async fn growth_under<F>(gw: &Proc, run: Duration, flood: F) -> (u64, u64)
+where
+    F: FnOnce(Arc<AtomicBool>) -> Vec<tokio::task::JoinHandle<()>>,
+{
+    let baseline = rss_bytes(gw.pid());
+    let stop = Arc::new(AtomicBool::new(false));
+    let tasks = flood(stop.clone());
+    let mut peak = baseline;
+    let end = Instant::now() + run;
+    while Instant::now() < end {
+        peak = peak.max(rss_bytes(gw.pid()));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        t.abort();
+    }
+    (baseline, peak.saturating_sub(baseline))
+}
+
+fn assert_within(what: &str, (baseline, grew): (u64, u64), bound: u64) {
+    eprintln!(
+        "{what}: grew {} KiB over {} KiB, bound {} KiB",
+        grew / KIB,
+        baseline / KIB,
+        bound / KIB
+    );
+    assert!(
+        grew <= bound,
+        "{what}: grew {} KiB over {} KiB, bound {} KiB",
+        grew / KIB,
+        baseline / KIB,
+        bound / KIB
+    );
+}
+
+/// A gateway in front of a backend slow enough that requests pile up in it.
+fn slow_gateway(server: &str, admission: &str, tenant_limits: &str) -> (Proc, Proc) {
+    let slow = mock(&[
+        "--model",
+        "m",
+        "--ttft",
+        "300ms",
+        "--tokens-per-sec",
+        "0",
+        "--capacity",
+        "64",
+    ]);
+    let gw = gateway_with_env(
+        &format!(
+            "{server}\n[admission]\n{admission}\n[[models]]\nname = \"m\"\n\
+             [[models.backends]]\nname = \"b\"\nregion = \"r\"\nurl = \"{}\"\nmax_concurrency = 20\n\
+             [[tenants]]\nname = \"limited\"\nkeys = [{{ env = \"LIMITED_KEY\" }}]\n{tenant_limits}\n",
+            slow.url("/v1")
+        ),
+        &[("LIMITED_KEY", "limited-key")],
+    );
+    (gw, slow)
+}
+
+fn body_of(bytes: usize) -> serde_json::Value {
+    let mut body = chat_body("m", false);
+    body["messages"][0]["content"] = "x".repeat(bytes).into();
+    body
+}
+
+async fn warm_up(gw: &Proc, body: &serde_json::Value) {
+    // The allocator's and the runtime's pools exist before the baseline is read.
+    let warm = futures_util::future::join_all((0..20).map(|_| chat(gw, body))).await;
+    assert!(warm.iter().all(|r| r.status() == 200));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_stays_within_the_bound_under_a_flood_of_clients() {
+    let (gw, _slow) = slow_gateway(
+        "max_body_bytes = 65536\nmax_connections = 300",
+        "max_in_flight = 100\nmax_buffered_body_bytes = 1048576",
+        "",
+    );
+    let body = body_of(8 * 1024);
+    warm_up(&gw, &body).await;
+    let url = gw.url("/v1/chat/completions");
+    let measured = growth_under(&gw, Duration::from_secs(4), |stop| {
+        (0..600)
+            .map(|_| {
+                let (url, body, stop) = (url.clone(), body.clone(), stop.clone());
+                tokio::spawn(async move {
+                    let c = client();
+                    while !stop.load(Ordering::Relaxed) {
+                        let _ = c.post(&url).bearer_auth(KEY).json(&body).send().await;
+                    }
+                })
+            })
+            .collect()
+    })
+    .await;
+    let m = metrics(&gw).await;
+    assert!(
+        sample_sum(&m, "spillway_client_connections_closed_total{listener=\"api\",reason=\"over_capacity\"}") > 0.0,
+        "600 clients never passed the cap of 300 connections: {m}"
+    );
+    assert_within("600 clients", measured, bound(MIB, 300, 100));
+}
+
+/// IL-0110's shape: one tenant opens a thousand connections, each sending a 100 KB body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_stays_within_the_bound_when_one_tenant_sends_large_bodies_on_many_connections() {
+    let (gw, _slow) = slow_gateway(
+        "max_body_bytes = 1048576\nmax_connections = 1000",
+        "max_in_flight = 200\nmax_buffered_body_bytes = 16777216",
+        "",
+    );
+    let body = body_of(100 * 1000);
+    warm_up(&gw, &body).await;
+    let url = gw.url("/v1/chat/completions");
+    let measured = growth_under(&gw, Duration::from_secs(5), |stop| {
+        (0..1000)
+            .map(|_| {
+                let (url, body, stop) = (url.clone(), body.clone(), stop.clone());
+                tokio::spawn(async move {
+                    let c = client();
+                    while !stop.load(Ordering::Relaxed) {
+                        let _ = c.post(&url).bearer_auth(KEY).json(&body).send().await;
+                    }
+                })
+            })
+            .collect()
+    })
+    .await;
+    assert_within(
+        "1000 connections, 100 KB bodies",
+        measured,
+        bound(16 * MIB, 1000, 200),
+    );
+}
+
+/// Requests whose bodies never finish arriving, over HTTP/2 (many streams on few connections)
+/// from a tenant allowed 4 at a time: beyond its 4, each is refused at its head.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_stays_within_the_bound_under_stalled_http2_streams() {
+    let (gw, _slow) = slow_gateway(
+        "max_body_bytes = 1048576\nmax_connections = 50",
+        "max_in_flight = 200\nmax_buffered_body_bytes = 16777216",
+        "max_concurrency = 4",
+    );
+    warm_up(&gw, &body_of(1000)).await;
+    let addr = gw.addr;
+    let refused = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let counted = refused.clone();
+    let measured = growth_under(&gw, Duration::from_secs(6), move |stop| {
+        (0..50)
+            .map(|_| {
+                let (stop, refused) = (stop.clone(), counted.clone());
+                tokio::spawn(async move {
+                    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+                    let (h2, conn) = h2::client::handshake(tcp).await.unwrap();
+                    tokio::spawn(conn);
+                    let mut open = Vec::new();
+                    // 400 streams per connection at most, 20,000 in all.
+                    for _ in 0..400 {
+                        if stop.load(Ordering::Relaxed) {
+                            break;
+                        }
+                        // h2's futures do not yield to the runtime on their own.
+                        tokio::task::yield_now().await;
+                        let Ok(mut ready) = h2.clone().ready().await else {
+                            return;
+                        };
+                        let req = http::Request::post("/v1/chat/completions")
+                            .header("authorization", "Bearer limited-key")
+                            .header("content-type", "application/json")
+                            .header("content-length", "100000")
+                            .body(())
+                            .unwrap();
+                        let Ok((answer, mut send)) = ready.send_request(req, false) else {
+                            return;
+                        };
+                        let _ = send.send_data(vec![b' '; 10_000].into(), false);
+                        let refused = refused.clone();
+                        // The stream stays open, its body unfinished, until the test ends.
+                        open.push(send);
+                        tokio::spawn(async move {
+                            if let Ok(r) = answer.await {
+                                if r.status() == 429 {
+                                    refused.fetch_add(1, Ordering::Relaxed);
+                                }
+                            }
+                        });
+                    }
+                    // The streams stay open, bodies unfinished, until the flood is stopped.
+                    std::future::pending::<()>().await;
+                    drop(open);
+                })
+            })
+            .collect()
+    })
+    .await;
+    assert!(
+        refused.load(Ordering::Relaxed) > 100,
+        "streams beyond the tenant's 4 were not refused at their heads"
+    );
+    assert_within(
+        "stalled HTTP/2 streams",
+        measured,
+        bound_http2(16 * MIB, 50, 100, 200),
+    );
+}
+
+/// Connections opened, used once and closed, as fast as 200 clients can.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_stays_within_the_bound_under_connection_churn() {
+    let (gw, _slow) = slow_gateway(
+        "max_body_bytes = 65536\nmax_connections = 300",
+        "max_in_flight = 100\nmax_buffered_body_bytes = 1048576",
+        "",
+    );
+    warm_up(&gw, &body_of(1000)).await;
+    let addr = gw.addr;
+    let measured = growth_under(&gw, Duration::from_secs(4), move |stop| {
+        (0..200)
+            .map(|_| {
+                let stop = stop.clone();
+                tokio::spawn(async move {
+                    while !stop.load(Ordering::Relaxed) {
+                        let Ok(mut s) = tokio::net::TcpStream::connect(addr).await else {
+                            continue;
+                        };
+                        let _ = s
+                            .write_all(b"GET /livez HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+                            .await;
+                        let mut sink = Vec::new();
+                        let _ = s.read_to_end(&mut sink).await;
+                    }
+                })
+            })
+            .collect()
+    })
+    .await;
+    assert_within("connection churn", measured, bound(MIB, 300, 100));
+}
+
+/// Bodies of the cap's size, from more clients than the body budget holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_stays_within_the_bound_under_bodies_the_size_of_the_cap() {
+    let (gw, _slow) = slow_gateway(
+        "max_body_bytes = 4194304\nmax_connections = 100",
+        "max_in_flight = 50\nmax_buffered_body_bytes = 33554432\nmax_buffered_body_bytes_per_tenant = 33554432",
+        "",
+    );
+    warm_up(&gw, &body_of(1000)).await;
+    let body = serde_json::to_vec(&body_of(4 * 1024 * 1024 - 200)).unwrap();
+    let url = gw.url("/v1/chat/completions");
+    let measured = growth_under(&gw, Duration::from_secs(5), |stop| {
+        (0..40)
+            .map(|_| {
+                let (url, body, stop) = (url.clone(), body.clone(), stop.clone());
+                tokio::spawn(async move {
+                    let c = client();
+                    while !stop.load(Ordering::Relaxed) {
+                        let _ = c
+                            .post(&url)
+                            .bearer_auth(KEY)
+                            .header("content-type", "application/json")
+                            .body(body.clone())
+                            .send()
+                            .await;
+                    }
+                })
+            })
+            .collect()
+    })
+    .await;
+    assert_within("4 MiB bodies", measured, bound(32 * MIB, 100, 50));
+}

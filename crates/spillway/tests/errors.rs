@@ -231,3 +231,27 @@ async fn a_made_up_model_name_is_not_echoed_whole() {
     assert!(body.len() < 1024, "{} bytes came back", body.len());
     assert!(body.contains("model_not_found"), "{body}");
 }
+
+#[tokio::test]
+async fn a_key_with_non_ascii_characters_is_invalid_not_missing() {
+    let mock = mock(&["--model", "m", "--ttft", "0ms", "--tokens-per-sec", "0"]);
+    let gw = gateway(&model("m", &[("b", "r", mock.url("/v1"))]));
+    let c = client();
+    // "sk-tést" as UTF-8 bytes: a header value HTTP allows but that is not text.
+    let bearer = reqwest::header::HeaderValue::from_bytes(b"Bearer sk-t\xc3\xa9st").unwrap();
+    let azure = reqwest::header::HeaderValue::from_bytes(b"sk-t\xc3\xa9st").unwrap();
+    for (name, value) in [("authorization", bearer), ("api-key", azure)] {
+        let r = c
+            .post(gw.url("/v1/chat/completions"))
+            .header(name, value)
+            .json(&chat_body("m", false))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 401, "{name}");
+        let v: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(v["error"]["code"], "invalid_api_key", "{name}: {v}");
+        let message = v["error"]["message"].as_str().unwrap();
+        assert!(!message.contains("no API key"), "{name}: {message}");
+    }
+}

@@ -258,3 +258,77 @@ async fn probes_never_depend_on_the_store_and_deps_are_reported_apart() {
     // The key cache's size is on the page, set when it is rendered.
     assert!(m.contains("spillway_key_cache_entries{"), "{m}");
 }
+
+/// Creates `tenant` through the admin API with `fields` and one key, and returns the key.
+async fn tenant_with_key(gw: &Proc, tenant: serde_json::Value) -> String {
+    let name = tenant["name"].as_str().unwrap().to_owned();
+    let r = admin(gw, reqwest::Method::POST, "/admin/tenants", Some(tenant)).await;
+    assert_eq!(r.status(), 201, "{}", r.text().await.unwrap());
+    let path = format!("/admin/tenants/{name}/keys");
+    let v: serde_json::Value = admin(gw, reqwest::Method::POST, &path, None)
+        .await
+        .json()
+        .await
+        .unwrap();
+    v["secret"].as_str().unwrap().to_owned()
+}
+
+/// The status and the error body of an admin call that should fail.
+async fn admin_error(
+    gw: &Proc,
+    method: reqwest::Method,
+    path: &str,
+    body: serde_json::Value,
+) -> (u16, serde_json::Value) {
+    let r = admin(gw, method, path, Some(body)).await;
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap())
+}
+
+#[tokio::test]
+async fn admin_patch_with_null_clears_a_limit_and_refuses_unknown_fields() {
+    let mock = mock(&FAST);
+    let gw = admin_gateway(&mock, "");
+    let key = tenant_with_key(
+        &gw,
+        serde_json::json!({"name": "limited", "requests_per_min": 1}),
+    )
+    .await;
+    assert_eq!(chat_as(&gw, &key).await.status(), 200);
+    assert_eq!(chat_as(&gw, &key).await.status(), 429);
+    let r = admin(
+        &gw,
+        reqwest::Method::PATCH,
+        "/admin/tenants/limited",
+        Some(serde_json::json!({"requests_per_min": null})),
+    )
+    .await;
+    assert_eq!(r.status(), 200);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert!(v["requests_per_min"].is_null(), "{v}");
+    // No limit any more: the minute's one request is long spent, and more pass.
+    for _ in 0..3 {
+        assert_eq!(chat_as(&gw, &key).await.status(), 200);
+    }
+    // A misspelt field is refused, naming it, instead of being ignored.
+    let (status, v) = admin_error(
+        &gw,
+        reqwest::Method::PATCH,
+        "/admin/tenants/limited",
+        serde_json::json!({"requests_per_minute": 5}),
+    )
+    .await;
+    assert_eq!(status, 400, "{v}");
+    assert_eq!(v["error"]["code"], "invalid_request", "{v}");
+    let message = v["error"]["message"].as_str().unwrap();
+    assert!(message.contains("requests_per_minute"), "{message}");
+    // A field that has no "none" cannot be cleared.
+    let (status, v) = admin_error(
+        &gw,
+        reqwest::Method::PATCH,
+        "/admin/tenants/limited",
+        serde_json::json!({"priority": null}),
+    )
+    .await;
+    assert_eq!(status, 400, "{v}");
+}

@@ -419,3 +419,42 @@ fn throttling_takes_documented_defaults_and_can_be_turned_off() {
         "{text:?}"
     );
 }
+
+#[test]
+fn tenant_names_and_zero_limits_are_refused_as_the_store_would() {
+    let p = problems(
+        r#"
+[[tenants]]
+name = "."
+[[tenants]]
+name = ".."
+[[tenants]]
+name = "a b"
+[[tenants]]
+name = "zero"
+requests_per_min = 0
+tokens_per_min = 0
+max_concurrency = 0
+[[models]]
+name = "m"
+[[models.backends]]
+name = "b"
+url = "http://127.0.0.1:1/v1"
+"#,
+    );
+    let text: Vec<String> = p.iter().map(|p| p.to_string()).collect();
+    let expect = [
+        "tenants[0] (\".\").name: '.' and '..' are not names",
+        "tenants[1] (\"..\").name: '.' and '..' are not names",
+        "tenants[2] (\"a b\").name: use 1 to 64 characters",
+        "tenants[3] (\"zero\").requests_per_min: must be at least 1",
+        "tenants[3] (\"zero\").tokens_per_min: must be at least 1",
+        "tenants[3] (\"zero\").max_concurrency: must be at least 1",
+    ];
+    for e in expect {
+        assert!(
+            text.iter().any(|t| t.starts_with(e)),
+            "missing {e:?} in {text:#?}"
+        );
+    }
+}

@@ -183,6 +183,43 @@ fn check_config_reports_each_problem_with_its_location() {
     std::fs::remove_file(&path).unwrap();
 }
 
+/// `spillway check-config` on `toml` with `envs` set: exit code and stderr.
+fn check_config(toml: &str, envs: &[(&str, &str)]) -> (Option<i32>, String) {
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let path = std::env::temp_dir().join(format!("spillway-check-{}-{n}.toml", std::process::id()));
+    std::fs::write(&path, toml).unwrap();
+    let out = Command::new(bin())
+        .args(["check-config", path.to_str().unwrap()])
+        .envs(envs.iter().copied())
+        .output()
+        .unwrap();
+    std::fs::remove_file(&path).unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+const ONE_MODEL: &str = "[[models]]\nname = \"m\"\n[[models.backends]]\nname = \"b\"\nurl = \"http://127.0.0.1:1/v1\"\n";
+
+#[test]
+fn check_config_refuses_zero_limits_and_the_tenant_names_dot_and_dot_dot() {
+    let toml = format!(
+        "[[tenants]]\nname = \"..\"\n[[tenants]]\nname = \"z\"\nrequests_per_min = 0\n\
+         tokens_per_min = 0\n{ONE_MODEL}"
+    );
+    let (code, stderr) = check_config(&toml, &[]);
+    assert_eq!(code, Some(1), "{stderr}");
+    for e in [
+        "tenants[0] (\"..\").name: '.' and '..' are not names",
+        "tenants[1] (\"z\").requests_per_min: must be at least 1",
+        "tenants[1] (\"z\").tokens_per_min: must be at least 1",
+    ] {
+        assert!(stderr.contains(e), "missing {e:?} in {stderr}");
+    }
+}
+
 #[test]
 fn every_example_config_is_valid() {
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples");

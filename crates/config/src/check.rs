@@ -1,7 +1,8 @@
 //! Validation: turns what the user typed into a [`Config`], or lists every problem with where it is.
 //!
-//! Checks stop at the edge of the process: an environment variable named for an upstream key is
-//! only checked for a valid name here, because `check-config` may run where the secrets are not.
+//! Checks stop at the edge of the process: an environment variable named for a key is only
+//! checked for a valid name here. Whether it is set is `spillway_proxy::preflight`'s question,
+//! asked by `serve` and `check-config` (unless `--no-env`, for a file away from its secrets).
 
 use std::collections::HashSet;
 use std::fmt;

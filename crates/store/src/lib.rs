@@ -92,6 +92,14 @@ pub struct TenantSpec {
     pub enabled: bool,
 }
 
+impl TenantSpec {
+    /// Whether the store would take this tenant as it is, without asking a database: for
+    /// checking a configuration before anything is opened.
+    pub fn check(&self) -> Result<(), StoreError> {
+        rows::TenantRecord::try_from_spec(self).map(drop)
+    }
+}
+
 /// A stored tenant.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Tenant {

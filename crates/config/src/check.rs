@@ -1,7 +1,8 @@
 //! Validation: turns what the user typed into a [`Config`], or lists every problem with where it is.
 //!
-//! Checks stop at the edge of the process: an environment variable named for an upstream key is
-//! only checked for a valid name here, because `check-config` may run where the secrets are not.
+//! Checks stop at the edge of the process: an environment variable named for a key is only
+//! checked for a valid name here. Whether it is set is `spillway_proxy::preflight`'s question,
+//! asked by `serve` and `check-config` (unless `--no-env`, for a file away from its secrets).
 
 use std::collections::HashSet;
 use std::fmt;
@@ -479,8 +480,8 @@ fn check_tenants(
         .enumerate()
         .map(|(i, t)| {
             let at = format!("tenants[{i}] ({:?})", t.name);
-            if t.name.trim().is_empty() {
-                p.add(format!("{at}.name"), "must not be empty");
+            if let Some(why) = tenant_name_problem(&t.name) {
+                p.add(format!("{at}.name"), why);
             } else if !seen.insert(t.name.clone()) {
                 p.add(format!("{at}.name"), "tenant is declared twice");
             }
@@ -517,8 +518,17 @@ fn check_tenants(
                     format!("{priority:?}: expected critical, standard or batch"),
                 );
             }
-            if t.max_concurrency == Some(0) {
-                p.add(format!("{at}.max_concurrency"), "must be at least 1");
+            for (field, limit) in [
+                ("requests_per_min", t.requests_per_min),
+                ("tokens_per_min", t.tokens_per_min),
+                ("max_concurrency", t.max_concurrency),
+            ] {
+                if limit == Some(0) {
+                    p.add(
+                        format!("{at}.{field}"),
+                        "must be at least 1: 0 would refuse every request (leave it out for no limit)",
+                    );
+                }
             }
             TenantConfig {
                 name: t.name,
@@ -533,6 +543,22 @@ fn check_tenants(
             }
         })
         .collect()
+}
+
+/// What is wrong with a tenant's name, by the store's rule (`spillway-store`'s
+/// `validate::tenant_name`, which `serve` applies again when it writes the tenant): 1 to 64
+/// characters of `A-Z a-z 0-9 . _ -`, and neither `.` nor `..`.
+fn tenant_name_problem(name: &str) -> Option<&'static str> {
+    let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
+    if name.is_empty() {
+        Some("must not be empty")
+    } else if name.len() > 64 || !name.chars().all(allowed) {
+        Some("use 1 to 64 characters of A-Z, a-z, 0-9, '.', '_' and '-'")
+    } else if name == "." || name == ".." {
+        Some("'.' and '..' are not names (they are path steps in the admin API's URLs)")
+    } else {
+        None
+    }
 }
 
 fn check_key(k: RawKey, at: &str, p: &mut Problems) -> Option<KeySource> {

@@ -7,6 +7,7 @@
 
 mod check;
 mod mock;
+mod parse;
 mod raw;
 
 use std::net::SocketAddr;
@@ -34,8 +35,10 @@ pub enum ConfigError {
         path: String,
         source: std::io::Error,
     },
-    #[error("{0}")]
-    Parse(String),
+    /// TOML that does not parse or does not fit the schema: each message with its line, as
+    /// many as could be found ([`parse`](crate) explains why not always all).
+    #[error("{}", .0.join("\n"))]
+    Parse(Vec<String>),
     #[error("{} problem(s) in the configuration", .0.len())]
     Invalid(Vec<Problem>),
 }
@@ -426,8 +429,7 @@ impl Config {
 
     /// Parses and checks a configuration held in memory.
     pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
-        let raw: raw::RawConfig =
-            toml::from_str(text).map_err(|e| ConfigError::Parse(e.to_string()))?;
+        let raw = parse::raw(text).map_err(ConfigError::Parse)?;
         check::check(raw).map_err(ConfigError::Invalid)
     }
 

@@ -52,9 +52,10 @@ fn minimal_config_takes_documented_defaults() {
 fn unknown_key_is_a_parse_error_with_its_line() {
     let err =
         Config::from_toml("[server]\nlisten = \"127.0.0.1:1\"\nlisten_typo = 1\n").unwrap_err();
-    let ConfigError::Parse(msg) = err else {
+    let ConfigError::Parse(errors) = err else {
         panic!("{err:?}")
     };
+    let msg = errors.join("\n");
     assert!(
         msg.contains("listen_typo") && msg.contains("line 3"),
         "{msg}"
@@ -396,7 +397,7 @@ fn engine_metrics_section_rejects_unknown_keys() {
     let err =
         Config::from_toml(&format!("[engine_metrics]\nintervall = \"1s\"\n{MINIMAL}")).unwrap_err();
     assert!(
-        matches!(&err, ConfigError::Parse(m) if m.contains("intervall")),
+        matches!(&err, ConfigError::Parse(m) if m.iter().any(|m| m.contains("intervall"))),
         "{err:?}"
     );
 }
@@ -418,4 +419,70 @@ fn throttling_takes_documented_defaults_and_can_be_turned_off() {
             .any(|t| t.starts_with("retry.throttle_k: must be 0 (off) or between 1 and 100")),
         "{text:?}"
     );
+}
+
+#[test]
+fn tenant_names_and_zero_limits_are_refused_as_the_store_would() {
+    let p = problems(
+        r#"
+[[tenants]]
+name = "."
+[[tenants]]
+name = ".."
+[[tenants]]
+name = "a b"
+[[tenants]]
+name = "zero"
+requests_per_min = 0
+tokens_per_min = 0
+max_concurrency = 0
+[[models]]
+name = "m"
+[[models.backends]]
+name = "b"
+url = "http://127.0.0.1:1/v1"
+"#,
+    );
+    let text: Vec<String> = p.iter().map(|p| p.to_string()).collect();
+    let expect = [
+        "tenants[0] (\".\").name: '.' and '..' are not names",
+        "tenants[1] (\"..\").name: '.' and '..' are not names",
+        "tenants[2] (\"a b\").name: use 1 to 64 characters",
+        "tenants[3] (\"zero\").requests_per_min: must be at least 1",
+        "tenants[3] (\"zero\").tokens_per_min: must be at least 1",
+        "tenants[3] (\"zero\").max_concurrency: must be at least 1",
+    ];
+    for e in expect {
+        assert!(
+            text.iter().any(|t| t.starts_with(e)),
+            "missing {e:?} in {text:#?}"
+        );
+    }
+}
+
+#[test]
+fn type_errors_in_several_sections_are_reported_together_with_their_lines() {
+    let text = format!(
+        "[server]\nlisten = 1\n[upstream]\nconnect_timeout = 5\n[retry]\nmax_attempts = \"x\"\n\
+         [admission]\nmax_in_flight = -1\n{MINIMAL}\n[[tenants]]\nname = 7\n"
+    );
+    let Err(ConfigError::Parse(errors)) = Config::from_toml(&text) else {
+        panic!("expected parse errors")
+    };
+    let lines: Vec<&str> = ["line 2", "line 4", "line 6", "line 8"].to_vec();
+    for line in lines {
+        assert!(
+            errors.iter().any(|e| e.contains(line)),
+            "no error at {line}: {errors:#?}"
+        );
+    }
+    assert!(
+        errors.iter().any(|e| e.contains("name = 7")),
+        "the tenants list: {errors:#?}"
+    );
+    // A syntax error stops the parser: one error.
+    let Err(ConfigError::Parse(errors)) = Config::from_toml("[server\nlisten = 1\n") else {
+        panic!("expected a parse error")
+    };
+    assert_eq!(errors.len(), 1, "{errors:#?}");
 }

@@ -129,6 +129,61 @@ impl From<NewTenant> for TenantSpec {
     }
 }
 
+/// A partial change of a tenant as the admin API takes it: a field left out stays as it is, a
+/// `null` clears an optional one (a limit becomes no limit, the model list every model, the pool
+/// none), and a field the API does not know is refused rather than ignored.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TenantPatch {
+    #[serde(default, deserialize_with = "present")]
+    requests_per_min: Option<Option<u32>>,
+    #[serde(default, deserialize_with = "present")]
+    tokens_per_min: Option<Option<u32>>,
+    #[serde(default, deserialize_with = "present")]
+    max_concurrency: Option<Option<u32>>,
+    #[serde(default, deserialize_with = "not_null")]
+    priority: Option<Priority>,
+    #[serde(default, deserialize_with = "present")]
+    allowed_models: Option<Option<Vec<String>>>,
+    #[serde(default, deserialize_with = "present")]
+    pool: Option<Option<String>>,
+    #[serde(default, deserialize_with = "not_null")]
+    enabled: Option<bool>,
+}
+
+impl From<TenantPatch> for TenantUpdate {
+    fn from(p: TenantPatch) -> Self {
+        TenantUpdate {
+            requests_per_min: p.requests_per_min,
+            tokens_per_min: p.tokens_per_min,
+            max_concurrency: p.max_concurrency,
+            priority: p.priority,
+            allowed_models: p.allowed_models,
+            pool: p.pool,
+            enabled: p.enabled,
+        }
+    }
+}
+
+/// A field that is there, `null` included (`Some(None)`); serde's default for a missing one
+/// gives `None`. Plain `Option<Option<T>>` would read `null` as missing.
+fn present<'de, D, T>(d: D) -> Result<Option<Option<T>>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    Option::<T>::deserialize(d).map(Some)
+}
+
+/// A field that cannot be cleared: `null` is a type error that names what is expected.
+fn not_null<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    T::deserialize(d).map(Some)
+}
+
 fn json_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     serde_json::from_slice(body).map_err(|e| {
         ApiError::new(
@@ -169,7 +224,8 @@ async fn update_tenant(
     Path(name): Path<String>,
     body: axum::body::Bytes,
 ) -> Result<Response, ApiError> {
-    apply(&api, &name, &json_body(&body)?).await
+    let patch: TenantPatch = json_body(&body)?;
+    apply(&api, &name, &patch.into()).await
 }
 
 async fn disable_tenant(

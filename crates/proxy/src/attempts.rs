@@ -132,7 +132,7 @@ impl Attempts<'_> {
                         .await;
                     continue;
                 }
-                return (Err(self.no_backend(last)), attempts);
+                return (Err(self.no_backend(last, attempts)), attempts);
             };
             attempts += 1;
             tried.push(index);
@@ -216,7 +216,7 @@ impl Attempts<'_> {
                                 attempts,
                             )
                         }
-                        _ => (Err(self.give_up(failure, stop)), attempts),
+                        _ => (Err(self.give_up(failure, stop, attempts)), attempts),
                     };
                 }
             };
@@ -344,9 +344,9 @@ impl Attempts<'_> {
     }
 
     /// The answer when no backend could be picked at all.
-    fn no_backend(&self, last: Option<Failure>) -> ApiError {
+    fn no_backend(&self, last: Option<Failure>, attempts: u32) -> ApiError {
         match last {
-            Some(failure) => self.give_up(failure, Stop::AttemptsExhausted),
+            Some(failure) => self.give_up(failure, Stop::AttemptsExhausted, attempts),
             None => ApiError::new(
                 ErrorKind::NoCapacity,
                 format!(
@@ -358,8 +358,9 @@ impl Attempts<'_> {
         }
     }
 
-    /// The answer when the last attempt failed without a response worth relaying.
-    fn give_up(&self, failure: Failure, stop: Stop) -> ApiError {
+    /// The answer when the last attempt failed without a response worth relaying, after
+    /// `attempts` attempts.
+    fn give_up(&self, failure: Failure, stop: Stop, attempts: u32) -> ApiError {
         let model = &*self.pool.name;
         match (failure.class, failure.outcome) {
             (Class::Capacity, _) => ApiError::new(
@@ -386,16 +387,37 @@ impl Attempts<'_> {
             .retry_after(NO_CAPACITY_RETRY_AFTER),
             (_, Outcome::TimedOut) => ApiError::new(
                 ErrorKind::UpstreamTimeout,
-                format!(
-                    "the backend did not answer in time (response timeout {:?}, request deadline {:?})",
-                    self.gw.upstream.response_timeout, self.gw.retry.deadline
-                ),
+                self.timed_out(model, stop, attempts),
             ),
             _ => ApiError::new(
                 ErrorKind::UpstreamUnavailable,
                 "the backend closed the connection before answering",
             ),
         }
+    }
+
+    /// What happened to a request whose last attempt timed out: how many attempts were made
+    /// and how long they took in all, not just one attempt's timeout.
+    fn timed_out(&self, model: &str, stop: Stop, attempts: u32) -> String {
+        // The deadline is the request's start plus `retry.deadline` (see `forward`).
+        let spent = self
+            .deadline
+            .checked_sub(self.gw.retry.deadline)
+            .map_or(Duration::ZERO, |started| started.elapsed());
+        let plural = if attempts == 1 { "" } else { "s" };
+        let mut message = format!(
+            "no backend of the model {model:?} answered in time: {attempts} attempt{plural} \
+             in {:.1}s, each allowed at most {:?} (upstream.response_timeout)",
+            spent.as_secs_f64(),
+            self.gw.upstream.response_timeout,
+        );
+        if stop == Stop::Deadline {
+            message += &format!(
+                "; the request's deadline of {:?} (retry.deadline) left no time for another",
+                self.gw.retry.deadline
+            );
+        }
+        message
     }
 }
 

@@ -65,17 +65,21 @@ const MAX_KEY_LEN: usize = 512;
 
 /// Reads the caller's key from `Authorization: Bearer KEY` or Azure-style `api-key: KEY` and
 /// returns its digest.
+///
+/// A key that is there but not printable ASCII (what a header value must be to be read as text)
+/// is refused as invalid, not as missing: the caller did send one, and being told to send one
+/// would mislead them.
 pub fn presented_key(headers: &HeaderMap) -> Result<KeyDigest, ApiError> {
     let bearer = headers
         .get(http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
+        .map(http::HeaderValue::as_bytes)
         .and_then(|v| {
-            v.strip_prefix("Bearer ")
-                .or_else(|| v.strip_prefix("bearer "))
+            v.strip_prefix(b"Bearer ")
+                .or_else(|| v.strip_prefix(b"bearer "))
         });
     let key = bearer
-        .or_else(|| headers.get("api-key").and_then(|v| v.to_str().ok()))
-        .map(str::trim)
+        .or_else(|| headers.get("api-key").map(http::HeaderValue::as_bytes))
+        .map(<[u8]>::trim_ascii)
         .filter(|k| !k.is_empty())
         .ok_or_else(|| {
             ApiError::new(
@@ -86,6 +90,15 @@ pub fn presented_key(headers: &HeaderMap) -> Result<KeyDigest, ApiError> {
     if key.len() > MAX_KEY_LEN {
         return Err(ApiError::new(ErrorKind::InvalidApiKey, "invalid API key"));
     }
+    let key = std::str::from_utf8(key)
+        .ok()
+        .filter(|k| k.bytes().all(|b| b == b'\t' || (b' '..=b'~').contains(&b)))
+        .ok_or_else(|| {
+            ApiError::new(
+                ErrorKind::InvalidApiKey,
+                "invalid API key: it has characters other than printable ASCII, which no key has",
+            )
+        })?;
     Ok(key_digest(key))
 }
 

@@ -17,6 +17,7 @@ mod forward;
 mod health;
 pub mod metrics;
 pub mod pool;
+pub mod preflight;
 mod relay;
 pub mod request;
 mod server;

@@ -541,7 +541,6 @@ mod tests {
                 http_body::SizeHint::with_exact(self.1)
             }
         }
-        use futures_util::Stream as _;
         let declared = axum::body::Body::new(Declared(frames(), 19));
         let (bytes, hold) = read_body(declared, limits(100), &budget, &tenant).await.unwrap();
         assert_eq!(&bytes[..], br#"{"model":"m","x":1}"#);

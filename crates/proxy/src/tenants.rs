@@ -17,19 +17,24 @@ use tracing::{info, warn};
 
 use crate::auth::{KeyDigest, LookupError, LookupFuture, Tenant, TenantDirectory, TenantLimits};
 
+/// A config file's tenant as the store holds it.
+pub fn spec(t: &TenantConfig) -> Result<TenantSpec, String> {
+    Ok(TenantSpec {
+        name: t.name.clone(),
+        requests_per_min: t.requests_per_min,
+        tokens_per_min: t.tokens_per_min,
+        max_concurrency: t.max_concurrency,
+        priority: t.priority.parse::<Priority>()?,
+        allowed_models: t.allowed_models.clone(),
+        pool: t.pool.clone(),
+        enabled: t.enabled,
+    })
+}
+
 /// Writes the config file's tenants and keys to the store (creating or updating them).
 pub async fn bootstrap(store: &dyn Store, tenants: &[TenantConfig]) -> Result<(), String> {
     for t in tenants {
-        let spec = TenantSpec {
-            name: t.name.clone(),
-            requests_per_min: t.requests_per_min,
-            tokens_per_min: t.tokens_per_min,
-            max_concurrency: t.max_concurrency,
-            priority: t.priority.parse::<Priority>()?,
-            allowed_models: t.allowed_models.clone(),
-            pool: t.pool.clone(),
-            enabled: t.enabled,
-        };
+        let spec = spec(t)?;
         store
             .upsert_tenant(&spec)
             .await

@@ -74,10 +74,16 @@ enum Command {
         #[command(flatten)]
         store: manage::StoreArgs,
     },
-    /// Check a configuration file and print every problem with its location.
+    /// Check a configuration file and print every problem with its location: everything
+    /// `serve` would refuse the file for, including environment variables named for keys that
+    /// are unset, without opening the store or binding a port.
     CheckConfig {
         /// TOML configuration file.
         file: PathBuf,
+        /// Do not look at the environment variables the file names (to check a file away from
+        /// the secrets it will run with).
+        #[arg(long)]
+        no_env: bool,
     },
 }
 
@@ -95,12 +101,13 @@ fn main() -> ExitCode {
 
 fn run(command: Command) -> anyhow::Result<ExitCode> {
     match command {
-        Command::CheckConfig { file } => Ok(check_config(&file)),
+        Command::CheckConfig { file, no_env } => Ok(check_config(&file, !no_env)),
         Command::Serve {
             config,
             listen,
             admin_listen,
         } => {
+            let config_path = config.clone();
             let (mut config, quickstart) = match config {
                 Some(path) => match Config::load(&path) {
                     Ok(c) => (c, false),
@@ -111,6 +118,15 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
                 },
                 None => (Config::quickstart(), true),
             };
+            let problems = spillway_proxy::preflight::preflight(&config, Some(&env_var));
+            if !problems.is_empty() {
+                let source = match &config_path {
+                    Some(path) => path.display().to_string(),
+                    None => "quickstart".to_owned(),
+                };
+                print_config_error(&source, &ConfigError::Invalid(problems));
+                return Ok(ExitCode::FAILURE);
+            }
             config.server.listen = listen.unwrap_or(config.server.listen);
             config.server.admin_listen = admin_listen.unwrap_or(config.server.admin_listen);
             runtime(config.server.worker_threads)?.block_on(serve(config, quickstart))?;
@@ -168,8 +184,19 @@ async fn serve(config: Config, quickstart: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn check_config(file: &std::path::Path) -> ExitCode {
-    match Config::load(file) {
+/// An environment variable's value, for [`spillway_proxy::preflight`].
+fn env_var(name: &str) -> Option<String> {
+    std::env::var(name).ok()
+}
+
+fn check_config(file: &std::path::Path, with_env: bool) -> ExitCode {
+    let env: Option<spillway_proxy::preflight::Env<'_>> = with_env.then_some(&env_var);
+    let checked =
+        Config::load(file).and_then(|c| match spillway_proxy::preflight::preflight(&c, env) {
+            problems if problems.is_empty() => Ok(c),
+            problems => Err(ConfigError::Invalid(problems)),
+        });
+    match checked {
         Ok(c) => {
             let backends: usize = c.models.iter().map(|m| m.backends.len()).sum();
             println!(
@@ -195,13 +222,19 @@ fn print_config_error(file: &str, e: &ConfigError) {
             }
             eprintln!("{file}: {} problem(s)", problems.len());
         }
-        ConfigError::Parse(msg) => {
-            let one_line = msg
-                .lines()
-                .filter(|l| !l.trim().is_empty())
-                .collect::<Vec<_>>()
-                .join(" ");
-            eprintln!("{file}: {one_line}");
+        ConfigError::Parse(errors) => {
+            // One line per error, however many lines the parser spread it over.
+            for msg in errors {
+                let one_line = msg
+                    .lines()
+                    .filter(|l| !l.trim().is_empty())
+                    .collect::<Vec<_>>()
+                    .join(" ");
+                eprintln!("{file}: {one_line}");
+            }
+            if errors.len() > 1 {
+                eprintln!("{file}: {} problem(s)", errors.len());
+            }
         }
         ConfigError::Read { .. } => eprintln!("spillway: {e}"),
     }

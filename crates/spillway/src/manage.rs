@@ -34,19 +34,19 @@ pub struct StoreArgs {
 
 #[derive(Args)]
 pub struct Limits {
-    /// Requests per minute (omit: no limit).
+    /// Requests per minute, at least 1 (omit: no limit).
     #[arg(long)]
     rpm: Option<u32>,
-    /// Tokens per minute.
+    /// Tokens per minute, at least 1.
     #[arg(long)]
     tpm: Option<u32>,
-    /// Concurrent requests at most.
+    /// Concurrent requests at most, at least 1.
     #[arg(long)]
     max_concurrency: Option<u32>,
     /// critical, standard or batch.
     #[arg(long)]
     priority: Option<Priority>,
-    /// Models the tenant may use, comma-separated (omit: all).
+    /// Models the tenant may use, comma-separated (omit, or `*`: all).
     #[arg(long, value_delimiter = ',')]
     models: Option<Vec<String>>,
     /// A dedicated backend pool.
@@ -89,7 +89,7 @@ pub enum KeysCommand {
         tenant: String,
         #[arg(long)]
         description: Option<String>,
-        /// Expire after this long (e.g. `30d`, `12h`).
+        /// Expire after this long (e.g. `30d`, `12h`; more than 0).
         #[arg(long)]
         expires_in: Option<humantime::Duration>,
     },

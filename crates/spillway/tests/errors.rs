@@ -185,6 +185,36 @@ async fn upstream_that_does_not_answer_in_time_is_504() {
 }
 
 #[tokio::test]
+async fn a_timeout_after_retries_reports_every_attempt_and_the_time_spent_in_all() {
+    let mock = mock(&["--model", "m", "--stall-rate", "1", "--stall", "20s"]);
+    let backends: Vec<_> = ["b1", "b2", "b3"]
+        .iter()
+        .map(|b| (*b, "r", mock.url("/v1")))
+        .collect();
+    let gw = gateway(&format!(
+        "[upstream]\nresponse_timeout = \"300ms\"\n[retry]\nmax_attempts = 3\nbudget_ratio = 1.0\n\
+         budget_min_per_sec = 10\nthrottle_k = 0\n[outlier]\nenabled = false\n{}",
+        model("m", &backends)
+    ));
+    let r = chat(&gw, &chat_body("m", false)).await;
+    assert_eq!(r.status(), 504);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "upstream_timeout", "{v}");
+    let message = v["error"]["message"].as_str().unwrap();
+    assert_eq!(chats_received(&mock).await, 3, "{message}");
+    // What happened: three attempts and the time they took together, not one attempt's timeout
+    // given as if it were the whole wait.
+    assert!(message.contains("3 attempts in "), "{message}");
+    let total = message
+        .split("3 attempts in ")
+        .nth(1)
+        .and_then(|rest| rest.split('s').next())
+        .and_then(|secs| secs.parse::<f64>().ok());
+    assert!(total.is_some(), "no total time in: {message}");
+    assert!(message.contains("each allowed at most 300ms"), "{message}");
+}
+
+#[tokio::test]
 async fn broken_stream_ends_with_an_error_event_and_no_done() {
     let mock = mock(&[
         "--model",
@@ -230,4 +260,28 @@ async fn a_made_up_model_name_is_not_echoed_whole() {
     let body = r.text().await.unwrap();
     assert!(body.len() < 1024, "{} bytes came back", body.len());
     assert!(body.contains("model_not_found"), "{body}");
+}
+
+#[tokio::test]
+async fn a_key_with_non_ascii_characters_is_invalid_not_missing() {
+    let mock = mock(&["--model", "m", "--ttft", "0ms", "--tokens-per-sec", "0"]);
+    let gw = gateway(&model("m", &[("b", "r", mock.url("/v1"))]));
+    let c = client();
+    // "sk-tést" as UTF-8 bytes: a header value HTTP allows but that is not text.
+    let bearer = reqwest::header::HeaderValue::from_bytes(b"Bearer sk-t\xc3\xa9st").unwrap();
+    let azure = reqwest::header::HeaderValue::from_bytes(b"sk-t\xc3\xa9st").unwrap();
+    for (name, value) in [("authorization", bearer), ("api-key", azure)] {
+        let r = c
+            .post(gw.url("/v1/chat/completions"))
+            .header(name, value)
+            .json(&chat_body("m", false))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 401, "{name}");
+        let v: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(v["error"]["code"], "invalid_api_key", "{name}: {v}");
+        let message = v["error"]["message"].as_str().unwrap();
+        assert!(!message.contains("no API key"), "{name}: {message}");
+    }
 }

@@ -33,6 +33,7 @@ pub use counted_pool::POOL_ACQUIRE_SECONDS;
 pub use keys::{digest_secret, SECRET_PREFIX};
 pub use sql_store::MAX_PAGE_KEYS;
 pub use sqlite::BUSY_TIMEOUT as SQLITE_BUSY_TIMEOUT;
+pub use validate::ANY_MODEL;
 pub use validate::{MAX_DESCRIPTION_CHARS, MAX_TENANT_NAME_CHARS};
 
 /// The SHA-256 of an API key.
@@ -77,17 +78,26 @@ impl std::str::FromStr for Priority {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TenantSpec {
     pub name: String,
-    /// `None`: no limit of that kind.
+    /// `None`: no limit of that kind. A limit is at least 1: the store refuses 0.
     pub requests_per_min: Option<u32>,
     pub tokens_per_min: Option<u32>,
     pub max_concurrency: Option<u32>,
     #[serde(default)]
     pub priority: Priority,
-    /// `None`: every configured model.
+    /// `None`: every configured model. A list that names `"*"` ([`ANY_MODEL`]) means the same
+    /// and is stored as `None`.
     pub allowed_models: Option<Vec<String>>,
     /// A dedicated backend pool, if the tenant has one.
     pub pool: Option<String>,
     pub enabled: bool,
+}
+
+impl TenantSpec {
+    /// Whether the store would take this tenant as it is, without asking a database: for
+    /// checking a configuration before anything is opened.
+    pub fn check(&self) -> Result<(), StoreError> {
+        rows::TenantRecord::try_from_spec(self).map(drop)
+    }
 }
 
 /// A stored tenant.

@@ -65,12 +65,15 @@ impl TenantRow {
         let tokens_per_min = limit("tokens_per_min", self.tokens_per_min)?;
         let max_concurrency = limit("max_concurrency", self.max_concurrency)?;
         let priority = self.priority.parse().map_err(|e| corrupt("priority", &e))?;
-        let allowed_models = self
+        let allowed_models: Option<Vec<String>> = self
             .allowed_models
             .as_deref()
             .map(serde_json::from_str)
             .transpose()
             .map_err(|e| corrupt("allowed_models", &e))?;
+        // A list stored with "*" before the store read it as every model means every model.
+        let allowed_models =
+            allowed_models.filter(|list| validate::allowed_models(Some(list)).is_some());
         Ok(Tenant {
             spec: TenantSpec {
                 name: self.name,
@@ -135,14 +138,18 @@ pub(crate) struct TenantRecord {
 impl TenantRecord {
     pub fn try_from_spec(spec: &TenantSpec) -> Result<TenantRecord, StoreError> {
         validate::tenant_name(&spec.name)?;
-        validate::tenant_references(spec.allowed_models.as_deref(), spec.pool.as_deref())?;
+        validate::limit("requests_per_min", spec.requests_per_min)?;
+        validate::limit("tokens_per_min", spec.tokens_per_min)?;
+        validate::limit("max_concurrency", spec.max_concurrency)?;
+        let models = validate::allowed_models(spec.allowed_models.as_deref());
+        validate::tenant_references(models, spec.pool.as_deref())?;
         Ok(TenantRecord {
             name: spec.name.clone(),
             requests_per_min: spec.requests_per_min.map(i64::from),
             tokens_per_min: spec.tokens_per_min.map(i64::from),
             max_concurrency: spec.max_concurrency.map(i64::from),
             priority: spec.priority.as_str().to_owned(),
-            allowed_models: spec.allowed_models.as_deref().map(models_json),
+            allowed_models: models.map(models_json),
             pool: spec.pool.clone(),
             enabled: spec.enabled,
         })
@@ -167,8 +174,16 @@ pub(crate) struct TenantChanges {
 
 impl TenantChanges {
     pub fn try_from_update(update: &TenantUpdate) -> Result<TenantChanges, StoreError> {
-        let models = update.allowed_models.as_ref().and_then(Option::as_deref);
+        let models =
+            validate::allowed_models(update.allowed_models.as_ref().and_then(Option::as_deref));
         let pool = update.pool.as_ref().and_then(Option::as_deref);
+        for (field, change) in [
+            ("requests_per_min", update.requests_per_min),
+            ("tokens_per_min", update.tokens_per_min),
+            ("max_concurrency", update.max_concurrency),
+        ] {
+            validate::limit(field, change.flatten())?;
+        }
         validate::tenant_references(models, pool)?;
         let limit =
             |change: Option<Option<u32>>| (change.is_some(), change.flatten().map(i64::from));
@@ -259,6 +274,46 @@ mod tests {
         assert_eq!(changes.max_concurrency, (false, None));
         assert_eq!(changes.pool, (true, None));
         assert_eq!(changes.allowed_models, (false, None));
+    }
+
+    #[test]
+    fn a_star_is_stored_and_read_as_every_model() {
+        let spec = TenantSpec {
+            allowed_models: Some(vec!["m1".into(), "*".into()]),
+            ..row().into_tenant().unwrap().spec
+        };
+        assert_eq!(
+            TenantRecord::try_from_spec(&spec).unwrap().allowed_models,
+            None
+        );
+        let update = TenantUpdate {
+            allowed_models: Some(Some(vec!["*".into()])),
+            ..TenantUpdate::default()
+        };
+        let changes = TenantChanges::try_from_update(&update).unwrap();
+        assert_eq!(changes.allowed_models, (true, None));
+        let stored = TenantRow {
+            allowed_models: Some(r#"["*"]"#.into()),
+            ..row()
+        };
+        assert_eq!(stored.into_tenant().unwrap().spec.allowed_models, None);
+    }
+
+    #[test]
+    fn zero_limits_are_refused_on_create_and_update() {
+        let spec = TenantSpec {
+            tokens_per_min: Some(0),
+            ..row().into_tenant().unwrap().spec
+        };
+        assert!(matches!(
+            TenantRecord::try_from_spec(&spec),
+            Err(StoreError::Invalid(why)) if why.contains("tokens_per_min")
+        ));
+        let update = TenantUpdate {
+            max_concurrency: Some(Some(0)),
+            ..TenantUpdate::default()
+        };
+        assert!(TenantChanges::try_from_update(&update).is_err());
     }
 
     #[test]

@@ -194,6 +194,7 @@ where
             if let Some(text) = &description {
                 validate::description(text)?;
             }
+            validate::expiry(expires_at, unix_now())?;
             let new = NewKey::generate(&mut rand::rng());
             let mut conn = self.pool.acquire("create_key").await?;
             let row: KeyRow = sqlx::query_as(queries::INSERT_KEY)

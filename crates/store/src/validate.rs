@@ -14,8 +14,14 @@ pub const MAX_DESCRIPTION_CHARS: usize = 200;
 /// Longest model or pool name, in characters.
 const MAX_REFERENCE_CHARS: usize = 256;
 
-/// 1 to 64 characters of `A-Z a-z 0-9 . _ -`.
-pub(crate) fn tenant_name(name: &str) -> Result<(), StoreError> {
+/// The entry of an allowed-models list that stands for every model, as in the config file.
+pub const ANY_MODEL: &str = "*";
+
+/// 1 to 64 characters of `A-Z a-z 0-9 . _ -`, other than `.` and `..`.
+///
+/// `.` and `..` are refused because a name is also a path segment of the admin API
+/// (`/admin/tenants/{name}`), where clients and proxies resolve them away.
+pub fn tenant_name(name: &str) -> Result<(), StoreError> {
     let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
     if name.is_empty() || name.len() > MAX_TENANT_NAME_CHARS || !name.chars().all(allowed) {
         return Err(StoreError::Invalid(format!(
@@ -23,7 +29,39 @@ pub(crate) fn tenant_name(name: &str) -> Result<(), StoreError> {
              0-9, '.', '_' and '-'"
         )));
     }
+    if name == "." || name == ".." {
+        return Err(StoreError::Invalid(format!(
+            "tenant name {name:?}: '.' and '..' are not names (they are path steps in the admin API's URLs)"
+        )));
+    }
     Ok(())
+}
+
+/// A tenant's limit, when it has one, is at least 1: a limit of 0 would refuse every request
+/// for good, and "no limit" is said by giving none.
+pub(crate) fn limit(field: &str, value: Option<u32>) -> Result<(), StoreError> {
+    if value == Some(0) {
+        return Err(StoreError::Invalid(format!(
+            "{field} must be at least 1: 0 would refuse every request (for no limit, give none)"
+        )));
+    }
+    Ok(())
+}
+
+/// An allowed-models list as stored: `None` (every model) when it names [`ANY_MODEL`].
+pub(crate) fn allowed_models(list: Option<&[String]>) -> Option<&[String]> {
+    list.filter(|models| !models.iter().any(|m| m == ANY_MODEL))
+}
+
+/// A new key's expiry, if it has one, is after `now` (Unix seconds): a key that could never
+/// authenticate is a mistake worth saying so.
+pub(crate) fn expiry(expires_at: Option<i64>, now: i64) -> Result<(), StoreError> {
+    match expires_at {
+        Some(at) if at <= now => Err(StoreError::Invalid(format!(
+            "expires_at {at} is not in the future (now is {now}, Unix seconds): the key would never work"
+        ))),
+        _ => Ok(()),
+    }
 }
 
 /// Up to 200 characters, none of them control characters.
@@ -78,12 +116,39 @@ mod tests {
         for ok in ["a", "team-a", "Team_A.prod", &"x".repeat(64)] {
             assert_eq!(tenant_name(ok), Ok(()), "{ok}");
         }
-        for bad in ["", "a b", "a/b", "é", "a\n", &"x".repeat(65)] {
+        for bad in ["", ".", "..", "a b", "a/b", "é", "a\n", &"x".repeat(65)] {
             assert!(
                 matches!(tenant_name(bad), Err(StoreError::Invalid(_))),
                 "{bad}"
             );
         }
+    }
+
+    #[test]
+    fn limits_of_zero_are_refused() {
+        assert_eq!(limit("requests_per_min", None), Ok(()));
+        assert_eq!(limit("requests_per_min", Some(1)), Ok(()));
+        assert!(matches!(
+            limit("requests_per_min", Some(0)),
+            Err(StoreError::Invalid(why)) if why.contains("requests_per_min")
+        ));
+    }
+
+    #[test]
+    fn a_star_allows_every_model() {
+        let star = ["m".to_owned(), "*".to_owned()];
+        assert_eq!(allowed_models(Some(&star)), None);
+        let listed = ["m".to_owned()];
+        assert_eq!(allowed_models(Some(&listed)), Some(&listed[..]));
+        assert_eq!(allowed_models(Some(&[])), Some(&[][..]));
+    }
+
+    #[test]
+    fn expiries_in_the_past_are_refused() {
+        assert_eq!(expiry(None, 100), Ok(()));
+        assert_eq!(expiry(Some(101), 100), Ok(()));
+        assert!(expiry(Some(100), 100).is_err());
+        assert!(expiry(Some(-5), 100).is_err());
     }
 
     #[test]

@@ -299,6 +299,34 @@ impl Admission {
                 settled: true,
             });
         }
+        // A rate of 0 has no GCRA to enforce it; it means "admit nothing", never "no limit".
+        // Nothing writes one any more, but a record from before may still hold one.
+        let zero = [
+            (
+                tenant.limits.requests_per_min,
+                ErrorKind::RequestRateLimited,
+                "requests",
+                "rate_limited_requests",
+            ),
+            (
+                tenant.limits.tokens_per_min,
+                ErrorKind::TokenRateLimited,
+                "tokens",
+                "rate_limited_tokens",
+            ),
+        ]
+        .into_iter()
+        .find(|(limit, ..)| *limit == Some(0));
+        if let Some((_, kind, what, outcome)) = zero {
+            let e = ApiError::new(
+                kind,
+                format!(
+                    "this tenant's {what}-per-minute limit is 0, which admits no request; \
+                     its limits must be changed"
+                ),
+            );
+            return refused(outcome, e);
+        }
         let estimate = self.estimate(&ask);
         match self.rates.decide(&gate, &tenant.limits, estimate).await {
             Ruling::Admitted {

@@ -128,7 +128,8 @@ impl Rates {
     }
 }
 
-/// The tenant's whole limits.
+/// The tenant's whole limits. A limit of 0 has no GCRA rate, and never gets here: `admit`
+/// refuses it first.
 fn full(limits: &TenantLimits) -> (Option<RateLimit>, Option<RateLimit>) {
     let rate =
         |per_min: Option<u32>| per_min.and_then(|n| RateLimit::try_new(u64::from(n), None).ok());

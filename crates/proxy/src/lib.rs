@@ -21,6 +21,7 @@ mod relay;
 pub mod request;
 mod server;
 pub mod shared_limits;
+mod store_connect;
 pub mod tenants;
 mod upstream;
 pub mod usage;

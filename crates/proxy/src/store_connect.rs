@@ -11,9 +11,9 @@
 //! tenants, and only then hands it to the handle: from then on the gateway serves from the
 //! store exactly as one that found it at start.
 //!
-//! What is never waited out: a store that refuses the configuration (a bad URL, a role or
-//! database it does not know, migrations from a newer spillway: `Invalid`), and a store that
-//! is down when there is no snapshot to serve from. A gateway that can authenticate nobody is
+//! What is never waited out at start: a store that refuses the configuration (a bad URL, a
+//! role or database it does not know, migrations from a newer spillway: `Invalid`), and a store
+//! that is down when there is no snapshot to serve from. A gateway that can authenticate nobody is
 //! better reported at once, in one line, than started to answer every request with a 503 (the
 //! reasons are in docs/tenants.md).
 
@@ -81,7 +81,7 @@ impl StoreOpening {
 
     /// Tries again until an attempt succeeds, then connects `handle` to the store. Stops when
     /// the handle is gone (the gateway shut down). An `Invalid` answer is logged as an error and
-    /// tried again at the backoff's cap: the operator may fix the database while this gateway
+    /// tried again on the same schedule: the operator may fix the database while this gateway
     /// keeps serving from its snapshot.
     pub async fn keep_trying(self, handle: Weak<DeferredStore>) {
         let gate = LogGate::new(LOG_EVERY);

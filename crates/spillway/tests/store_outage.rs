@@ -269,8 +269,33 @@ fn cache_section(snapshot: &std::path::Path) -> String {
     format!("[cache]\nsnapshot = \"{}\"\n", snapshot.display())
 }
 
-fn snapshot_path() -> PathBuf {
-    std::env::temp_dir().join(format!("{}.json", unique("spillway-outage-snapshot")))
+/// A file under the temp directory, removed (with SQLite's companions) when the test ends,
+/// passed or failed.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(ext: &str) -> Scratch {
+        Scratch(std::env::temp_dir().join(format!("{}.{ext}", unique("spillway-outage"))))
+    }
+}
+
+impl std::ops::Deref for Scratch {
+    type Target = std::path::Path;
+    fn deref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        for suffix in ["", "-wal", "-shm"] {
+            let _ = std::fs::remove_file(format!("{}{suffix}", self.0.display()));
+        }
+    }
+}
+
+fn snapshot_path() -> Scratch {
+    Scratch::new("json")
 }
 
 /// Runs a gateway on `store_url` that serves tenant-a's key once and saves its key cache to
@@ -392,7 +417,6 @@ async fn a_gateway_restarted_while_postgres_is_down_serves_known_keys_from_its_s
         "{log}"
     );
     assert!(log.contains("will keep trying"), "{log}");
-    let _ = std::fs::remove_file(&snapshot);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -450,7 +474,6 @@ async fn a_gateway_started_while_postgres_is_down_connects_migrates_and_bootstra
     let r = chat_as(gw.url(""), &secret).await;
     assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
     assert_eq!(chat_as(gw.url(""), KEY).await.status(), 200);
-    let _ = std::fs::remove_file(&snapshot);
 }
 
 /// The last line of a refused start: `spillway: ...`, alone.
@@ -476,7 +499,7 @@ async fn a_gateway_with_no_snapshot_to_serve_from_refuses_to_start_while_its_sto
     let mock = mock(&FAST);
     let down = format!("postgres://postgres@127.0.0.1:{}/test", closed_port());
     let garbage = snapshot_path();
-    std::fs::write(&garbage, b"{not a snapshot").unwrap();
+    std::fs::write(&*garbage, b"{not a snapshot").unwrap();
     let missing = snapshot_path();
     let models = model("m", &[("b", "r", mock.url("/v1"))]);
     for cache in [
@@ -495,7 +518,6 @@ async fn a_gateway_with_no_snapshot_to_serve_from_refuses_to_start_while_its_sto
             "{line}"
         );
     }
-    let _ = std::fs::remove_file(&garbage);
 }
 
 #[tokio::test]
@@ -506,7 +528,7 @@ async fn a_store_that_refuses_the_configuration_fails_the_start_even_with_a_snap
     };
     let mock = mock(&FAST);
     let snapshot = snapshot_path();
-    let sqlite = std::env::temp_dir().join(format!("{}.db", unique("spillway-outage")));
+    let sqlite = Scratch::new("db");
     let sqlite_url = format!("sqlite://{}", sqlite.display());
     learn_key_into_snapshot(&mock, &sqlite_url, &snapshot).await;
 
@@ -522,8 +544,4 @@ async fn a_store_that_refuses_the_configuration_fails_the_start_even_with_a_snap
     };
     let line = one_line_error(&refused);
     assert!(line.contains("does not exist"), "{line}");
-    for ext in ["", "-wal", "-shm"] {
-        let _ = std::fs::remove_file(format!("{}{ext}", sqlite.display()));
-    }
-    let _ = std::fs::remove_file(&snapshot);
 }

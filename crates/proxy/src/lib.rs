@@ -22,6 +22,7 @@ mod relay;
 pub mod request;
 mod server;
 pub mod shared_limits;
+mod store_connect;
 pub mod tenants;
 mod upstream;
 pub mod usage;

@@ -519,9 +519,15 @@ mod tests {
         let budget = BodyBudget::new(1000, 1000);
         let tenant: Arc<AtomicU64> = Arc::default();
         let chunked = axum::body::Body::from_stream(frames());
-        let (bytes, hold) = read_body(chunked, limits(100), &budget, &tenant).await.unwrap();
+        let (bytes, hold) = read_body(chunked, limits(100), &budget, &tenant)
+            .await
+            .unwrap();
         assert_eq!(&bytes[..], br#"{"model":"m","x":1}"#);
-        assert_eq!(budget.usage().0, 19, "the copy's share is given back once it is made");
+        assert_eq!(
+            budget.usage().0,
+            19,
+            "the copy's share is given back once it is made"
+        );
         drop(hold);
         struct Declared<S>(S, u64);
         impl<S: futures_util::Stream<Item = Result<Bytes, std::io::Error>> + Unpin> http_body::Body
@@ -532,7 +538,8 @@ mod tests {
             fn poll_frame(
                 mut self: std::pin::Pin<&mut Self>,
                 cx: &mut std::task::Context<'_>,
-            ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, std::io::Error>>> {
+            ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, std::io::Error>>>
+            {
                 std::pin::Pin::new(&mut self.0)
                     .poll_next(cx)
                     .map(|f| f.map(|r| r.map(http_body::Frame::data)))
@@ -542,7 +549,9 @@ mod tests {
             }
         }
         let declared = axum::body::Body::new(Declared(frames(), 19));
-        let (bytes, hold) = read_body(declared, limits(100), &budget, &tenant).await.unwrap();
+        let (bytes, hold) = read_body(declared, limits(100), &budget, &tenant)
+            .await
+            .unwrap();
         assert_eq!(&bytes[..], br#"{"model":"m","x":1}"#);
         assert_eq!(budget.usage().0, 19);
         drop(hold);

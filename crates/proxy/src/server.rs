@@ -274,20 +274,20 @@ impl BoundGateway {
     }
 }
 
-/// Opens the store, applies the config's tenants to it, and builds the cached directory (warmed
-/// from its snapshot, if any, at once and from the store in the background).
+/// Builds the cached directory (loaded from its snapshot, if any), then opens the store and
+/// applies the config's tenants to it. A store that cannot be reached now is waited out when
+/// the snapshot gave the cache keys to serve: the gateway starts without it and connects in the
+/// background (`store_connect.rs`); anything else about the store fails the start.
 async fn open_tenants(config: &Config) -> Result<StoreDirectory, StartError> {
+    let bootstrap =
+        crate::tenants::Bootstrap::resolve(&config.tenants).map_err(StartError::Setup)?;
     let options = spillway_store::PoolOptions {
         max_connections: config.store.max_connections,
         acquire_timeout: config.store.acquire_timeout,
         ..spillway_store::PoolOptions::default()
     };
-    let store = spillway_store::open(&config.store.url, &options)
-        .await
-        .map_err(|e| StartError::Setup(format!("store {}: {e}", redact(&config.store.url))))?;
-    crate::tenants::bootstrap(store.as_ref(), &config.tenants)
-        .await
-        .map_err(StartError::Setup)?;
+    let handle = Arc::new(spillway_store::DeferredStore::new(options.max_connections));
+    let store: Arc<dyn spillway_store::Store> = handle.clone();
     let c = &config.cache;
     let cache = spillway_directory::Directory::new(
         store.clone(),
@@ -313,11 +313,37 @@ async fn open_tenants(config: &Config) -> Result<StoreDirectory, StartError> {
     if c.naive {
         warn!("cache.naive is set: the key cache has no single flight, no load cap and no stale answers; for demonstrations only");
     }
+    let mut snapshot_keys = 0;
     if c.snapshot.is_some() {
         match cache.load_snapshot().await {
-            Ok(n) => info!(entries = n, "key cache loaded from its snapshot"),
+            Ok(n) => {
+                snapshot_keys = n;
+                info!(entries = n, "key cache loaded from its snapshot");
+            }
             Err(e) => warn!("key cache snapshot not loaded: {e}"),
         }
+    }
+    let url = redact(&config.store.url);
+    let opening =
+        crate::store_connect::StoreOpening::new(config.store.url.clone(), options, bootstrap);
+    match opening.attempt().await {
+        Ok(opened) => {
+            handle.connect(opened);
+        }
+        Err(e) => match crate::store_connect::on_first_failure(&e, snapshot_keys) {
+            crate::store_connect::Start::Refuse(why) => {
+                return Err(StartError::Setup(format!("store {url}: {why}")));
+            }
+            crate::store_connect::Start::WithoutStore => {
+                warn!(
+                    snapshot_keys,
+                    "started without its store ({url}: {e}): serving the keys of the key-cache \
+                     snapshot, answering other keys 503 store_unavailable; will keep trying to \
+                     connect in the background"
+                );
+                tokio::spawn(opening.keep_trying(Arc::downgrade(&handle)));
+            }
+        },
     }
     Ok(StoreDirectory::new(store, cache))
 }

@@ -1,7 +1,8 @@
 //! Tenants from the store, through the lookup cache: the one way every request is authenticated.
 //!
-//! Tenants declared in the config file are written to the store at start (declarative
-//! bootstrap) and then looked up like any other: there is no second path that skips the store,
+//! Tenants declared in the config file are written to the store at start, or when a gateway
+//! that started without its store first reaches it (declarative bootstrap, [`Bootstrap`]), and
+//! then looked up like any other: there is no second path that skips the store,
 //! the cache or, later, the limits (G3). A cached lookup is judged again on every request
 //! (revocation, expiry, a disabled tenant), so a cached answer never outlives what it says.
 
@@ -12,7 +13,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use http::StatusCode;
 use spillway_config::{KeySource, TenantConfig};
 use spillway_directory::Directory;
-use spillway_store::{KeyMatch, Priority, Store, TenantSpec};
+use spillway_store::{KeyMatch, Priority, Store, StoreError, TenantSpec};
 use tracing::{info, warn};
 
 use crate::auth::{KeyDigest, LookupError, LookupFuture, Tenant, TenantDirectory, TenantLimits};
@@ -31,40 +32,73 @@ pub fn spec(t: &TenantConfig) -> Result<TenantSpec, String> {
     })
 }
 
-/// Writes the config file's tenants and keys to the store (creating or updating them).
-pub async fn bootstrap(store: &dyn Store, tenants: &[TenantConfig]) -> Result<(), String> {
-    for t in tenants {
-        let spec = spec(t)?;
-        store
-            .upsert_tenant(&spec)
-            .await
-            .map_err(|e| format!("tenant {:?}: {e}", t.name))?;
-        for (i, key) in t.keys.iter().enumerate() {
-            let digest = match key {
-                KeySource::Sha256(d) => *d,
-                KeySource::Env(var) => {
-                    let key = std::env::var(var)
-                        .ok()
-                        .filter(|k| !k.is_empty())
-                        .ok_or_else(|| {
-                            format!("tenant {:?}: environment variable {var} is not set", t.name)
-                        })?;
-                    spillway_config::key_digest(&key)
-                }
-            };
-            store
-                .ensure_key_digest(&t.name, &digest, &format!("config file, key {i}"))
-                .await
-                .map_err(|e| format!("tenant {:?}: {e}", t.name))?;
+/// The config file's tenants as they are written to the store: each spec with the digests of
+/// its keys. Resolved once at start, before the store is reached, so a key's environment
+/// variable that is not set fails the start at once even while the store is down. (No `Debug`:
+/// the digests are not for logs.)
+pub struct Bootstrap {
+    tenants: Vec<(TenantSpec, Vec<spillway_store::KeyDigest>)>,
+}
+
+impl Bootstrap {
+    /// Reads each tenant's keys (digests, or environment variables that hold keys).
+    pub fn resolve(tenants: &[TenantConfig]) -> Result<Bootstrap, String> {
+        let mut resolved = Vec::with_capacity(tenants.len());
+        for t in tenants {
+            let spec = spec(t)?;
+            let mut digests = Vec::with_capacity(t.keys.len());
+            for key in &t.keys {
+                digests.push(match key {
+                    KeySource::Sha256(d) => *d,
+                    KeySource::Env(var) => {
+                        let key = std::env::var(var)
+                            .ok()
+                            .filter(|k| !k.is_empty())
+                            .ok_or_else(|| {
+                                format!(
+                                    "tenant {:?}: environment variable {var} is not set",
+                                    t.name
+                                )
+                            })?;
+                        spillway_config::key_digest(&key)
+                    }
+                });
+            }
+            resolved.push((spec, digests));
         }
+        Ok(Bootstrap { tenants: resolved })
     }
-    if !tenants.is_empty() {
-        info!(
-            tenants = tenants.len(),
-            "config tenants applied to the store"
-        );
+
+    /// Writes the tenants and keys to the store (creating or updating them). An error names the
+    /// tenant; its kind says whether trying again may help (`Unavailable`) or not.
+    pub async fn apply(&self, store: &dyn Store) -> Result<(), StoreError> {
+        let named = |name: &str, e: StoreError| match e {
+            StoreError::Unavailable(why) => {
+                StoreError::Unavailable(format!("tenant {name:?}: {why}"))
+            }
+            StoreError::Invalid(why) => StoreError::Invalid(format!("tenant {name:?}: {why}")),
+            other => StoreError::Invalid(format!("tenant {name:?}: {other}")),
+        };
+        for (spec, digests) in &self.tenants {
+            store
+                .upsert_tenant(spec)
+                .await
+                .map_err(|e| named(&spec.name, e))?;
+            for (i, digest) in digests.iter().enumerate() {
+                store
+                    .ensure_key_digest(&spec.name, digest, &format!("config file, key {i}"))
+                    .await
+                    .map_err(|e| named(&spec.name, e))?;
+            }
+        }
+        if !self.tenants.is_empty() {
+            info!(
+                tenants = self.tenants.len(),
+                "config tenants applied to the store"
+            );
+        }
+        Ok(())
     }
-    Ok(())
 }
 
 fn unix_now() -> i64 {

@@ -141,7 +141,10 @@ async fn memory_stays_within_the_bound_under_a_flood_of_clients() {
     .await;
     let m = metrics(&gw).await;
     assert!(
-        sample_sum(&m, "spillway_client_connections_closed_total{listener=\"api\",reason=\"over_capacity\"}") > 0.0,
+        sample_sum(
+            &m,
+            "spillway_client_connections_closed_total{listener=\"api\",reason=\"over_capacity\"}"
+        ) > 0.0,
         "600 clients never passed the cap of 300 connections: {m}"
     );
     assert_within("600 clients", measured, bound(MIB, 300, 100));
@@ -271,7 +274,9 @@ async fn memory_stays_within_the_bound_under_connection_churn() {
                             continue;
                         };
                         let _ = s
-                            .write_all(b"GET /livez HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+                            .write_all(
+                                b"GET /livez HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+                            )
                             .await;
                         let mut sink = Vec::new();
                         let _ = s.read_to_end(&mut sink).await;

@@ -40,8 +40,9 @@ impl Default for PoolOptions {
 /// Opens the store at `url` and applies its migrations.
 ///
 /// `sqlite://PATH` or `sqlite:PATH` (the file and its directory are created on first run), or
-/// `postgres://…` / `postgresql://…`. Anything else is `Invalid`; an unreachable database is
-/// `Unavailable`.
+/// `postgres://…` / `postgresql://…`. Anything else is `Invalid`, and so is a database that
+/// refuses the URL's role, password or database name; a database that cannot be reached now is
+/// `Unavailable` (a caller may wait that out: [`crate::DeferredStore`]).
 pub async fn open(url: &str, options: &PoolOptions) -> Result<Arc<dyn Store>, StoreError> {
     if options.max_connections == 0 {
         return Err(StoreError::Invalid(
@@ -95,10 +96,7 @@ where
         .test_before_acquire(false)
         .connect_with(connect)
         .await
-        .map_err(|err| {
-            tracing::warn!(store = what, error = %err, "cannot open the store");
-            StoreError::Unavailable(format!("opening {what}: {err}"))
-        })?;
+        .map_err(|err| opening_failed(err, what))?;
     migrator.run(&pool).await.map_err(|err| match err {
         MigrateError::Execute(err) => db_error::read(err, "migrate"),
         // A database migrated by a newer spillway, or edited by hand: not something a retry
@@ -106,6 +104,32 @@ where
         other => StoreError::Invalid(format!("migrations of {what}: {other}")),
     })?;
     Ok(Arc::new(SqlStore::new(pool)))
+}
+
+/// Why a pool could not be opened, as the caller must act on it: a database that cannot be
+/// reached now (refused, unreachable, timed out, starting up, out of connections) is
+/// `Unavailable`, worth waiting out; one that answered with a refusal no wait will change (no
+/// such role or database, a wrong password, a TLS or URL setting it rejects) is `Invalid`, a
+/// configuration error to report at once.
+fn opening_failed(err: sqlx::Error, what: &str) -> StoreError {
+    let refused_for_good = match &err {
+        sqlx::Error::Database(db) => db.code().is_some_and(|c| is_configuration_sqlstate(&c)),
+        sqlx::Error::Configuration(_) | sqlx::Error::Tls(_) => true,
+        _ => false,
+    };
+    if refused_for_good {
+        return StoreError::Invalid(format!("opening {what}: {err}"));
+    }
+    tracing::warn!(store = what, error = %err, "cannot open the store");
+    StoreError::Unavailable(format!("opening {what}: {err}"))
+}
+
+/// PostgreSQL's classes of refusal that come from the configuration, not the moment: `28`
+/// (invalid authorization: wrong password, no such role, refused by `pg_hba.conf`) and `3D`
+/// (no such database). Transient ones (`57P03` starting up, `53300` too many connections) are
+/// not among them; SQLite's codes are numeric and never match.
+fn is_configuration_sqlstate(code: &str) -> bool {
+    code.starts_with("28") || code.starts_with("3D")
 }
 
 #[cfg(test)]
@@ -117,5 +141,35 @@ mod tests {
         let options = PoolOptions::default();
         assert_eq!(options.max_connections, 16);
         assert_eq!(options.acquire_timeout, Duration::from_secs(2));
+    }
+
+    #[test]
+    fn refusals_of_the_configuration_are_told_from_passing_trouble() {
+        // invalid_password, invalid_authorization_specification, invalid_catalog_name
+        for code in ["28P01", "28000", "3D000"] {
+            assert!(is_configuration_sqlstate(code), "{code}");
+        }
+        // cannot_connect_now, too_many_connections, admin_shutdown, and a SQLite code
+        for code in ["57P03", "53300", "57P01", "14"] {
+            assert!(!is_configuration_sqlstate(code), "{code}");
+        }
+    }
+
+    #[test]
+    fn a_refused_connection_is_unavailable() {
+        let io = sqlx::Error::Io(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+        assert!(matches!(
+            opening_failed(io, "postgres"),
+            StoreError::Unavailable(_)
+        ));
+        assert!(matches!(
+            opening_failed(sqlx::Error::PoolTimedOut, "postgres"),
+            StoreError::Unavailable(_)
+        ));
+        let tls = sqlx::Error::Tls("certificate rejected".into());
+        assert!(matches!(
+            opening_failed(tls, "postgres"),
+            StoreError::Invalid(_)
+        ));
     }
 }

@@ -4,7 +4,8 @@
 //! on first run) and PostgreSQL (for several gateway instances sharing one store). Both carry
 //! their own migrations and apply them at open. The request path never calls a store directly:
 //! it goes through the lookup cache, which bounds how many queries reach the database however
-//! the cache is flushed (IL-0136).
+//! the cache is flushed (IL-0136). A gateway that starts while its database is down serves
+//! through a [`DeferredStore`], which answers `Unavailable` until the database is connected.
 //!
 //! Keys are random, high-entropy and carry a recognisable prefix (`sk-spw-`). A key's secret is
 //! returned once, when it is created; the store keeps only its SHA-256 digest and a short
@@ -20,6 +21,7 @@ use serde::{Deserialize, Serialize};
 mod connect;
 mod counted_pool;
 mod db_error;
+mod deferred;
 mod keys;
 mod postgres;
 mod queries;
@@ -30,6 +32,7 @@ mod validate;
 
 pub use connect::{open, PoolOptions};
 pub use counted_pool::POOL_ACQUIRE_SECONDS;
+pub use deferred::{DeferredStore, NOT_CONNECTED};
 pub use keys::{digest_secret, SECRET_PREFIX};
 pub use sql_store::MAX_PAGE_KEYS;
 pub use sqlite::BUSY_TIMEOUT as SQLITE_BUSY_TIMEOUT;

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{spec, unix_now, Backend, TestDb};
-use spillway_store::{digest_secret, PoolOptions, Priority, StoreError, TenantUpdate};
+use spillway_store::{digest_secret, PoolOptions, Priority, Store, StoreError, TenantUpdate};
 
 /// Generates one test per backend for every case named.
 macro_rules! on_both_backends {
@@ -488,4 +488,72 @@ async fn zero_sized_pool_is_invalid() {
     };
     let result = spillway_store::open("sqlite://unused.db", &options).await;
     assert!(matches!(result, Err(StoreError::Invalid(_))));
+}
+
+/// The test PostgreSQL's URL with another database or role in it.
+fn postgres_url_with(user: &str, database: &str) -> Option<String> {
+    let url = std::env::var("SPILLWAY_TEST_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+    if url == "off" {
+        return None;
+    }
+    let options: sqlx::postgres::PgConnectOptions = url.parse().expect("a PostgreSQL URL");
+    let host = options.get_host();
+    let port = options.get_port();
+    Some(format!("postgres://{user}@{host}:{port}/{database}"))
+}
+
+/// A gateway waits out a store it cannot reach now, but must not wait for a role or database
+/// that the server refuses: no wait fixes a configuration.
+#[tokio::test]
+async fn a_postgres_that_refuses_the_role_or_database_is_invalid_not_unavailable() {
+    let Some(no_database) = postgres_url_with("postgres", "spillway_no_such_database") else {
+        eprintln!("skipped: SPILLWAY_TEST_POSTGRES_URL=off");
+        return;
+    };
+    let no_role = postgres_url_with("spillway_no_such_role", "test").unwrap();
+    for url in [no_database, no_role] {
+        match spillway_store::open(&url, &PoolOptions::default()).await {
+            Err(StoreError::Invalid(_)) => {}
+            Err(other) => panic!("{url}: {other:?}"),
+            Ok(_) => panic!("{url} opened"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_deferred_store_is_unavailable_until_connected_then_is_that_store() {
+    common::run(Backend::Sqlite, |db| async move {
+        let deferred = spillway_store::DeferredStore::new(7);
+        assert!(!deferred.is_connected());
+        assert_eq!(deferred.pool_stats().max_size, 7);
+        let digest = digest_secret("sk-spw-anything");
+        assert!(matches!(
+            deferred.lookup(&digest).await,
+            Err(StoreError::Unavailable(_))
+        ));
+        assert!(matches!(
+            deferred.ping().await,
+            Err(StoreError::Unavailable(_))
+        ));
+        assert!(matches!(
+            deferred.create_tenant(&spec("team-a")).await,
+            Err(StoreError::Unavailable(_))
+        ));
+
+        let store = db.open_default().await;
+        store.create_tenant(&spec("team-a")).await.unwrap();
+        assert!(deferred.connect(store.clone()));
+        assert!(deferred.is_connected());
+        assert!(!deferred.connect(store), "connected once only");
+        deferred.ping().await.unwrap();
+        let issued = deferred.create_key("team-a", None, None).await.unwrap();
+        let found = deferred.lookup(&digest_secret(&issued.secret)).await;
+        assert_eq!(found.unwrap().unwrap().tenant.spec.name, "team-a");
+        assert_eq!(
+            deferred.pool_stats().max_size,
+            PoolOptions::default().max_connections
+        );
+    })
+    .await;
 }

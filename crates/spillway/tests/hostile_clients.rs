@@ -331,3 +331,130 @@ async fn http2_streams_per_connection_are_capped() {
     h2 = h2.ready().await.unwrap();
     assert_eq!(h2.current_max_send_streams(), 4);
 }
+
+/// A gateway with a tenant `limited` (key `limited-key`, `limits` as TOML lines) beside the
+/// support tenants, with the client timeouts of an hour: only the caps are at work.
+fn with_limited_tenant(server: &str, admission: &str, limits: &str) -> (Proc, Proc) {
+    let m = mock(&["--model", "m"]);
+    let gw = gateway_with_env(
+        &format!(
+            "header_read_timeout = \"1h\"\nidle_timeout = \"1h\"\nbody_read_timeout = \"1h\"\n{server}\n\
+             [admission]\n{admission}\n{}\n\
+             [[tenants]]\nname = \"limited\"\nkeys = [{{ env = \"LIMITED_KEY\" }}]\n{limits}\n",
+            model("m", &[("b", "r", m.url("/v1"))])
+        ),
+        &[("LIMITED_KEY", "limited-key")],
+    );
+    (gw, m)
+}
+
+/// Opens a request of the tenant `limited` declaring `declared` bytes of body and sends only the
+/// first few: it holds its place until the connection is dropped.
+async fn stalled_request(gw: &Proc, declared: usize) -> TcpStream {
+    let mut s = connect(gw).await;
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer limited-key\r\n\
+         content-type: application/json\r\ncontent-length: {declared}\r\n\r\n{{\"model\":\"m\","
+    );
+    s.write_all(head.as_bytes()).await.unwrap();
+    s
+}
+
+#[tokio::test]
+async fn one_slow_tenant_cannot_hold_the_body_budget_from_the_others() {
+    let (gw, _m) = with_limited_tenant(
+        "max_body_bytes = 200000",
+        "max_buffered_body_bytes = 1048576\nmax_buffered_body_bytes_per_tenant = 262144",
+        "",
+    );
+    // Twenty slow bodies of 150 KB would hold 3 MB; the tenant's share holds one of them.
+    let mut slow = Vec::new();
+    for _ in 0..20 {
+        slow.push(stalled_request(&gw, 150_000).await);
+    }
+    let mut refused = 0;
+    for s in &mut slow {
+        let mut buf = [0u8; 4096];
+        if let Ok(Ok(n)) = tokio::time::timeout(Duration::from_millis(500), s.read(&mut buf)).await
+        {
+            let text = String::from_utf8_lossy(&buf[..n]);
+            assert!(text.starts_with("HTTP/1.1 429"), "{text}");
+            assert!(text.contains("body_budget_exceeded"), "{text}");
+            refused += 1;
+        }
+    }
+    assert_eq!(
+        refused, 19,
+        "the tenant's share holds exactly one 150 KB body"
+    );
+    // Another tenant's large body still fits in the budget.
+    let mut body = chat_body("m", false);
+    body["messages"][0]["content"] = "x".repeat(150_000).into();
+    let r = chat(&gw, &body).await;
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+}
+
+#[tokio::test]
+async fn a_request_whose_body_is_still_arriving_counts_against_its_tenants_concurrency() {
+    let (gw, _m) = with_limited_tenant("", "", "max_concurrency = 2");
+    let _held = [
+        stalled_request(&gw, 1000).await,
+        stalled_request(&gw, 1000).await,
+    ];
+    // Both heads are read once the gateway counts them.
+    eventually(
+        Duration::from_secs(10),
+        "two requests in flight",
+        || async { sample(&metrics(&gw).await, "spillway_requests_in_flight ") == Some(2.0) },
+    )
+    .await;
+    let r = client()
+        .post(gw.url("/v1/chat/completions"))
+        .bearer_auth("limited-key")
+        .json(&chat_body("m", false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 429);
+    let body: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "concurrency_limit_exceeded");
+}
+
+#[tokio::test]
+async fn requests_refused_before_any_route_are_counted_and_admin_errors_are_json() {
+    let m = mock(&["--model", "m"]);
+    let gw = gateway_with_env(
+        &model("m", &[("b", "r", m.url("/v1"))]),
+        &[("SPILLWAY_ADMIN_TOKEN", "test-admin-token-0123456789")],
+    );
+    let c = client();
+    let r = c
+        .get(gw.url("/v1/models"))
+        .bearer_auth("sk-nobody")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    let r = c.get(gw.url("/v1/nothing-here")).send().await.unwrap();
+    assert_eq!(r.status(), 404);
+    let m = metrics(&gw).await;
+    for status in ["401", "404"] {
+        let line = format!("spillway_requests_total{{tenant=\"unknown\",model=\"unknown\",backend=\"none\",status=\"{status}\"}}");
+        assert!(sample_sum(&m, &line) >= 1.0, "{line} missing:\n{m}");
+    }
+    let r = c.delete(gw.admin_url("/metrics")).send().await.unwrap();
+    assert_eq!(r.status(), 405);
+    let body: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "method_not_allowed");
+    let r = c
+        .post(gw.admin_url("/admin/tenants"))
+        .bearer_auth("test-admin-token-0123456789")
+        .header("content-type", "application/json")
+        .body(vec![b' '; 100 * 1024])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 413);
+    let body: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "body_too_large");
+}

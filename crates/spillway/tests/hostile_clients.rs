@@ -458,3 +458,42 @@ async fn requests_refused_before_any_route_are_counted_and_admin_errors_are_json
     let body: serde_json::Value = r.json().await.unwrap();
     assert_eq!(body["error"]["code"], "body_too_large");
 }
+
+#[tokio::test]
+async fn an_http2_client_that_stops_answering_pings_is_disconnected() {
+    let (gw, _m) = quick_timeouts(
+        "idle_timeout = \"1h\"\nbody_read_timeout = \"1h\"\n\
+         http2_keepalive_interval = \"1s\"\nhttp2_keepalive_timeout = \"1s\"",
+    );
+    let tcp = connect(&gw).await;
+    let (h2, conn) = h2::client::handshake(tcp).await.unwrap();
+    // The client's side of the connection is driven only until a request with an unfinished
+    // body is open (so no idle or body timeout applies), then kept open but never read again:
+    // nothing answers the gateway's pings.
+    let mut conn = Box::pin(conn);
+    let open = async {
+        let mut h2 = h2.ready().await.unwrap();
+        let req = http::Request::post("/v1/chat/completions")
+            .header("authorization", format!("Bearer {KEY}"))
+            .header("content-length", "1000")
+            .body(())
+            .unwrap();
+        let (answer, mut body) = h2.send_request(req, false).unwrap();
+        body.send_data(b"{\"model\":".to_vec().into(), false)
+            .unwrap();
+        eventually(Duration::from_secs(10), "the request in flight", || async {
+            sample(&metrics(&gw).await, "spillway_requests_in_flight ") == Some(1.0)
+        })
+        .await;
+        (h2, answer, body)
+    };
+    let held = tokio::select! {
+        _ = &mut conn => panic!("the connection ended before the request was in flight"),
+        held = open => held,
+    };
+    eventually(PATIENCE, "the silent connection closed", || async {
+        sample(&metrics(&gw).await, "spillway_client_connections ") == Some(0.0)
+    })
+    .await;
+    drop((held, conn));
+}

@@ -103,6 +103,33 @@ fn slow_gateway(server: &str, admission: &str, tenant_limits: &str) -> (Proc, Pr
     (gw, slow)
 }
 
+/// `clients` clients, each posting `body` as tenant-a as fast as it is answered until stopped.
+fn posting_clients(
+    clients: usize,
+    url: String,
+    body: Vec<u8>,
+) -> impl FnOnce(Arc<AtomicBool>) -> Vec<tokio::task::JoinHandle<()>> {
+    move |stop| {
+        (0..clients)
+            .map(|_| {
+                let (url, body, stop) = (url.clone(), body.clone(), stop.clone());
+                tokio::spawn(async move {
+                    let c = client();
+                    while !stop.load(Ordering::Relaxed) {
+                        let _ = c
+                            .post(&url)
+                            .bearer_auth(KEY)
+                            .header("content-type", "application/json")
+                            .body(body.clone())
+                            .send()
+                            .await;
+                    }
+                })
+            })
+            .collect()
+    }
+}
+
 fn body_of(bytes: usize) -> serde_json::Value {
     let mut body = chat_body("m", false);
     body["messages"][0]["content"] = "x".repeat(bytes).into();
@@ -125,20 +152,8 @@ async fn memory_stays_within_the_bound_under_a_flood_of_clients() {
     let body = body_of(8 * 1024);
     warm_up(&gw, &body).await;
     let url = gw.url("/v1/chat/completions");
-    let measured = growth_under(&gw, Duration::from_secs(4), |stop| {
-        (0..600)
-            .map(|_| {
-                let (url, body, stop) = (url.clone(), body.clone(), stop.clone());
-                tokio::spawn(async move {
-                    let c = client();
-                    while !stop.load(Ordering::Relaxed) {
-                        let _ = c.post(&url).bearer_auth(KEY).json(&body).send().await;
-                    }
-                })
-            })
-            .collect()
-    })
-    .await;
+    let flood = posting_clients(600, url, serde_json::to_vec(&body).unwrap());
+    let measured = growth_under(&gw, Duration::from_secs(4), flood).await;
     let m = metrics(&gw).await;
     assert!(
         sample_sum(
@@ -161,20 +176,8 @@ async fn memory_stays_within_the_bound_when_one_tenant_sends_large_bodies_on_man
     let body = body_of(100 * 1000);
     warm_up(&gw, &body).await;
     let url = gw.url("/v1/chat/completions");
-    let measured = growth_under(&gw, Duration::from_secs(5), |stop| {
-        (0..1000)
-            .map(|_| {
-                let (url, body, stop) = (url.clone(), body.clone(), stop.clone());
-                tokio::spawn(async move {
-                    let c = client();
-                    while !stop.load(Ordering::Relaxed) {
-                        let _ = c.post(&url).bearer_auth(KEY).json(&body).send().await;
-                    }
-                })
-            })
-            .collect()
-    })
-    .await;
+    let flood = posting_clients(1000, url, serde_json::to_vec(&body).unwrap());
+    let measured = growth_under(&gw, Duration::from_secs(5), flood).await;
     assert_within(
         "1000 connections, 100 KB bodies",
         measured,
@@ -300,25 +303,7 @@ async fn memory_stays_within_the_bound_under_bodies_the_size_of_the_cap() {
     warm_up(&gw, &body_of(1000)).await;
     let body = serde_json::to_vec(&body_of(4 * 1024 * 1024 - 200)).unwrap();
     let url = gw.url("/v1/chat/completions");
-    let measured = growth_under(&gw, Duration::from_secs(5), |stop| {
-        (0..40)
-            .map(|_| {
-                let (url, body, stop) = (url.clone(), body.clone(), stop.clone());
-                tokio::spawn(async move {
-                    let c = client();
-                    while !stop.load(Ordering::Relaxed) {
-                        let _ = c
-                            .post(&url)
-                            .bearer_auth(KEY)
-                            .header("content-type", "application/json")
-                            .body(body.clone())
-                            .send()
-                            .await;
-                    }
-                })
-            })
-            .collect()
-    })
-    .await;
+    let flood = posting_clients(40, url, body);
+    let measured = growth_under(&gw, Duration::from_secs(5), flood).await;
     assert_within("4 MiB bodies", measured, bound(32 * MIB, 100, 50));
 }

@@ -241,16 +241,7 @@ fn serve(body: &str) -> Result<Served, Refused> {
         let stderr = log.lock().unwrap().clone();
         return Err(Refused { status, stderr });
     };
-    let addrs: Vec<SocketAddr> = line
-        .split("http://")
-        .skip(1)
-        .map(|s| {
-            let end = s
-                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '.' || c == ':'))
-                .unwrap_or(s.len());
-            s[..end].parse().unwrap()
-        })
-        .collect();
+    let addrs = addrs_in(&line);
     Ok(Served {
         child,
         addr: addrs[0],
@@ -333,13 +324,7 @@ async fn admin(
     path: &str,
     body: Option<serde_json::Value>,
 ) -> reqwest::Response {
-    let mut req = client()
-        .request(method, gw.admin_url(path))
-        .bearer_auth(ADMIN_TOKEN);
-    if let Some(b) = body {
-        req = req.json(&b);
-    }
-    req.send().await.unwrap()
+    admin_call(gw.admin_url(path), ADMIN_TOKEN, method, body).await
 }
 
 async fn deps_status(gw: &Served) -> (u16, serde_json::Value) {

@@ -24,13 +24,7 @@ async fn admin(
     path: &str,
     body: Option<serde_json::Value>,
 ) -> reqwest::Response {
-    let mut req = client()
-        .request(method, gw.admin_url(path))
-        .bearer_auth(ADMIN_TOKEN);
-    if let Some(b) = body {
-        req = req.json(&b);
-    }
-    req.send().await.unwrap()
+    admin_call(gw.admin_url(path), ADMIN_TOKEN, method, body).await
 }
 
 async fn chat_as(gw: &Proc, key: &str) -> reqwest::Response {

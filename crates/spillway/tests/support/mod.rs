@@ -108,8 +108,18 @@ fn start(args: &[&str], envs: &[(&str, &str)], config: Option<PathBuf>) -> Proc 
             panic!("spillway {args:?} did not report a listening address");
         }
     };
-    let addrs: Vec<SocketAddr> = line
-        .split("http://")
+    let addrs = addrs_in(&line);
+    Proc {
+        child,
+        addr: addrs[0],
+        admin: addrs.get(1).copied(),
+        config,
+    }
+}
+
+/// The addresses a process printed in its `http://...` line, in order.
+pub fn addrs_in(line: &str) -> Vec<SocketAddr> {
+    line.split("http://")
         .skip(1)
         .map(|s| {
             let end = s
@@ -117,13 +127,21 @@ fn start(args: &[&str], envs: &[(&str, &str)], config: Option<PathBuf>) -> Proc 
                 .unwrap_or(s.len());
             s[..end].parse().unwrap()
         })
-        .collect();
-    Proc {
-        child,
-        addr: addrs[0],
-        admin: addrs.get(1).copied(),
-        config,
+        .collect()
+}
+
+/// One admin API call with `token`, with `body` as JSON if given.
+pub async fn admin_call(
+    url: String,
+    token: &str,
+    method: reqwest::Method,
+    body: Option<serde_json::Value>,
+) -> reqwest::Response {
+    let mut req = client().request(method, url).bearer_auth(token);
+    if let Some(b) = body {
+        req = req.json(&b);
     }
+    req.send().await.unwrap()
 }
 
 /// Starts a standalone mock backend with extra flags.

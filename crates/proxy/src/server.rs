@@ -412,7 +412,6 @@ fn api_router(gw: Arc<Gateway>) -> Router {
                 "method not allowed on this endpoint",
             ))
         })
-        .layer(middleware::map_response(json_errors))
         .layer(middleware::from_fn(request_id))
         .with_state(gw)
 }

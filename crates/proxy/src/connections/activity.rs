@@ -10,12 +10,16 @@
 //! HTTP/2 multiplexes requests on one connection and its frames (pings, settings, window
 //! updates) arrive at any time, so for it bytes read never start a head: it is idle exactly
 //! while no stream is open.
+//!
+//! Nothing on the request path wakes the watchdog: a request's start and end only update this
+//! state, and the watchdog looks again when `verdict` says. It looks at least every half
+//! `header_read_timeout` while idle and every `idle_timeout` while busy, which is often enough
+//! to enforce both deadlines exactly, at a timer per connection per interval rather than per
+//! request.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-
-use tokio::sync::Notify;
 
 /// The connection's two timeouts.
 #[derive(Debug, Clone, Copy)]
@@ -30,8 +34,9 @@ pub(crate) struct Deadlines {
 pub(crate) struct Activity {
     state: Mutex<State>,
     http2: AtomicBool,
-    /// Wakes the watchdog when a deadline may have moved earlier.
-    changed: Notify,
+    /// Whether the request being served has had its body read to the end (HTTP/1: one at a
+    /// time).
+    body_read: AtomicBool,
     deadlines: Deadlines,
 }
 
@@ -45,10 +50,8 @@ struct State {
 /// What the watchdog should do next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Verdict {
-    /// Look again at this instant (or sooner, if woken).
+    /// Nothing is due yet: look again at this instant.
     Until(Instant),
-    /// Requests are being served: nothing to time here; look again when that changes.
-    Busy,
     /// The connection has been idle for `idle_timeout`.
     Idle,
     /// The head of a request took longer than `header_read_timeout`.
@@ -64,7 +67,7 @@ impl Activity {
                 head_since: None,
             }),
             http2: AtomicBool::new(false),
-            changed: Notify::new(),
+            body_read: AtomicBool::new(false),
             deadlines,
         })
     }
@@ -90,9 +93,16 @@ impl Activity {
         let mut s = self.state();
         if s.busy == 0 && s.head_since.is_none() {
             s.head_since = Some(now);
-            drop(s);
-            self.changed.notify_one();
         }
+    }
+
+    /// The request's body has been read to its end.
+    pub(crate) fn set_body_read(&self) {
+        self.body_read.store(true, Ordering::Release);
+    }
+
+    pub(crate) fn body_read(&self) -> bool {
+        self.body_read.load(Ordering::Acquire)
     }
 
     /// Whether the connection is between requests with part of a head read: what hyper
@@ -107,6 +117,7 @@ impl Activity {
         let mut s = self.state();
         s.busy += 1;
         s.head_since = None;
+        self.body_read.store(false, Ordering::Release);
         Busy(self.clone())
     }
 
@@ -115,8 +126,6 @@ impl Activity {
         s.busy -= 1;
         if s.busy == 0 {
             s.idle_since = now;
-            drop(s);
-            self.changed.notify_one();
         }
     }
 
@@ -124,7 +133,8 @@ impl Activity {
     pub(crate) fn verdict(&self, now: Instant) -> Verdict {
         let s = self.state();
         if s.busy > 0 {
-            return Verdict::Busy;
+            // It becomes idle no earlier than now: a look within `idle` sees that in time.
+            return Verdict::Until(now + self.deadlines.idle);
         }
         if let Some(head) = s.head_since {
             let due = head + self.deadlines.header_read;
@@ -136,15 +146,10 @@ impl Activity {
         }
         let due = s.idle_since + self.deadlines.idle;
         if now >= due {
-            Verdict::Idle
-        } else {
-            Verdict::Until(due)
+            return Verdict::Idle;
         }
-    }
-
-    /// Resolves when the activity changed in a way that may bring a deadline forward.
-    pub(crate) async fn changed(&self) {
-        self.changed.notified().await
+        // A head may begin at any moment; looking again within half its timeout sees it in time.
+        Verdict::Until(due.min(now + self.deadlines.header_read / 2))
     }
 }
 
@@ -171,7 +176,10 @@ mod tests {
     fn an_idle_connection_is_due_at_the_idle_timeout() {
         let t0 = Instant::now();
         let a = Activity::new(t0, D);
-        assert_eq!(a.verdict(t0), Verdict::Until(t0 + D.idle));
+        // Looked at often enough to see a head begin, until the idle timeout is due.
+        assert_eq!(a.verdict(t0), Verdict::Until(t0 + D.header_read / 2));
+        let late = t0 + D.idle - Duration::from_secs(1);
+        assert_eq!(a.verdict(late), Verdict::Until(t0 + D.idle));
         assert_eq!(a.verdict(t0 + D.idle), Verdict::Idle);
     }
 
@@ -188,24 +196,28 @@ mod tests {
     }
 
     #[test]
-    fn a_busy_connection_has_no_deadline_and_is_idle_again_when_its_last_request_ends() {
+    fn a_busy_connection_is_never_due_and_is_idle_again_when_its_last_request_ends() {
         let t0 = Instant::now();
         let a = Activity::new(t0, D);
         a.bytes_read(t0);
         let one = a.begin();
         let two = a.begin();
         assert!(!a.reading_head());
-        assert_eq!(a.verdict(t0 + Duration::from_secs(3600)), Verdict::Busy);
+        let hour = t0 + Duration::from_secs(3600);
+        assert_eq!(a.verdict(hour), Verdict::Until(hour + D.idle));
         drop(one);
-        assert_eq!(a.verdict(t0 + Duration::from_secs(3600)), Verdict::Busy);
+        assert_eq!(a.verdict(hour), Verdict::Until(hour + D.idle));
         drop(two);
-        let Verdict::Until(due) = a.verdict(Instant::now()) else {
-            panic!("an idle connection has a deadline");
+        let ended = Instant::now();
+        let almost = ended + D.idle - Duration::from_secs(1);
+        let Verdict::Until(due) = a.verdict(almost) else {
+            panic!("an idle connection is not due before its idle timeout");
         };
         assert!(
             due > t0 + D.idle,
             "idle counts from the end of the last request"
         );
+        assert_eq!(a.verdict(ended + D.idle), Verdict::Idle);
     }
 
     #[test]
@@ -215,6 +227,23 @@ mod tests {
         a.set_http2();
         a.bytes_read(t0);
         assert!(!a.reading_head());
-        assert_eq!(a.verdict(t0 + D.header_read), Verdict::Until(t0 + D.idle));
+        let later = t0 + D.header_read;
+        assert_eq!(a.verdict(later), Verdict::Until(later + D.header_read / 2));
+    }
+
+    #[test]
+    fn a_head_begun_between_two_looks_is_seen_before_its_deadline() {
+        let t0 = Instant::now();
+        let a = Activity::new(t0, D);
+        let Verdict::Until(next) = a.verdict(t0) else {
+            panic!("nothing is due at once");
+        };
+        // The head begins just after that look; the next look comes before its deadline.
+        a.bytes_read(t0 + Duration::from_millis(1));
+        assert!(next < t0 + Duration::from_millis(1) + D.header_read);
+        assert_eq!(
+            a.verdict(next),
+            Verdict::Until(t0 + Duration::from_millis(1) + D.header_read)
+        );
     }
 }

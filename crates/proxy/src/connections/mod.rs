@@ -23,7 +23,6 @@ mod refuse;
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::{pin, Pin};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -169,8 +168,8 @@ impl Connections {
         let served = activity.clone();
         let service = hyper::service::service_fn(move |req: Request<Incoming>| {
             let busy = served.begin();
-            let router = router.clone();
-            async move { Ok::<_, Infallible>(respond(router, req, busy).await) }
+            let (router, activity) = (router.clone(), served.clone());
+            async move { Ok::<_, Infallible>(respond(router, req, busy, activity).await) }
         });
         let mut conn = pin!(self
             .builder
@@ -239,49 +238,44 @@ fn closed(listener: &'static str, reason: &'static str) {
 async fn outstayed(activity: &Activity) -> Verdict {
     loop {
         match activity.verdict(Instant::now()) {
-            Verdict::Until(due) => {
-                tokio::select! {
-                    () = tokio::time::sleep_until(due.into()) => {}
-                    () = activity.changed() => {}
-                }
-            }
-            Verdict::Busy => activity.changed().await,
+            Verdict::Until(due) => tokio::time::sleep_until(due.into()).await,
             verdict => return verdict,
         }
     }
 }
 
 /// Serves one request, its connection busy until the response's body is done with.
-async fn respond(router: Router, req: Request<Incoming>, busy: Busy) -> Response<Body> {
-    let http1 = req.version() <= Version::HTTP_11;
-    let has_body = !req.body().is_end_stream();
-    let read = Arc::new(AtomicBool::new(!has_body));
-    let req = req.map(|b| {
-        Body::new(Watched {
-            inner: b,
-            read: read.clone(),
-        })
-    });
+async fn respond(
+    router: Router,
+    req: Request<Incoming>,
+    busy: Busy,
+    activity: Arc<Activity>,
+) -> Response<Tracked> {
+    // Only HTTP/1 closes a connection for a body left unread, and only a request with a body
+    // needs watching.
+    let watch = req.version() <= Version::HTTP_11 && !req.body().is_end_stream();
+    let req = if watch {
+        let activity = activity.clone();
+        req.map(|inner| Body::new(Watched { inner, activity }))
+    } else {
+        req.map(Body::new)
+    };
     let mut response = router.oneshot(req).await.unwrap_or_else(|e| match e {});
-    if http1 && !read.load(Ordering::Acquire) {
+    if watch && !activity.body_read() {
         // hyper closes a connection whose request body was not read to its end: say so, or the
         // client sends its next request on it and sees that fail.
         response
             .headers_mut()
             .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
     }
-    response.map(|body| {
-        Body::new(Tracked {
-            inner: body,
-            _busy: busy,
-        })
-    })
+    // Handed to hyper as it is: no second box around the router's body.
+    response.map(|inner| Tracked { inner, _busy: busy })
 }
 
-/// A request body that records when it was read to its end.
+/// A request body that records on its connection when it was read to its end.
 struct Watched {
     inner: Incoming,
-    read: Arc<AtomicBool>,
+    activity: Arc<Activity>,
 }
 
 impl http_body::Body for Watched {
@@ -294,7 +288,7 @@ impl http_body::Body for Watched {
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let polled = Pin::new(&mut self.inner).poll_frame(cx);
         if matches!(polled, Poll::Ready(None)) || self.inner.is_end_stream() {
-            self.read.store(true, Ordering::Release);
+            self.activity.set_body_read();
         }
         polled
     }

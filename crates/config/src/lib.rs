@@ -73,7 +73,7 @@ pub struct ServerConfig {
     /// Request header through which a caller may lower its request's priority class.
     pub priority_header: http::HeaderName,
     pub max_body_bytes: usize,
-    /// Open client connections on the API listener at most; past it, accepting pauses.
+    /// Open client connections on the API listener at most; past it, a new one gets 503 and is closed.
     pub max_connections: usize,
     /// Threads that run the request path; `None` means one per CPU the process may use.
     pub worker_threads: Option<usize>,

@@ -16,11 +16,11 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 const KIB: u64 = 1024;
 const MIB: u64 = 1024 * 1024;
 
-/// The bound, as docs/admission.md states it, for HTTP/1 clients: the body budget with half
-/// more for what the allocator keeps of freed bodies, plus per open connection and per request
-/// in flight what hyper and the relay may hold for it.
+/// The bound, as docs/admission.md states it, for HTTP/1 clients: twice the body budget (the
+/// bodies, and as much again for what the allocator keeps of freed ones), plus per open
+/// connection and per request in flight what hyper and the relay may hold for it.
 fn bound(max_buffered: u64, max_connections: u64, max_in_flight: u64) -> u64 {
-    max_buffered * 3 / 2 + max_connections * 64 * KIB + max_in_flight * 64 * KIB
+    max_buffered * 2 + max_connections * 64 * KIB + max_in_flight * 64 * KIB
 }
 
 /// The bound for HTTP/2 clients: a connection also holds its receive window and, per stream it

@@ -229,6 +229,7 @@ fn client_timeout(d: Option<Duration>, default: Duration, at: &str, p: &mut Prob
     d
 }
 
+/// `v` (or `default`) when it is between 1 and `max`; otherwise a problem at `at`, and `default`.
 fn bounded(v: Option<u64>, default: u64, max: u64, at: &str, p: &mut Problems) -> u64 {
     let v = v.unwrap_or(default);
     if v == 0 || v > max {

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use super::Problems;
+use super::{bounded, Problems};
 use crate::raw::RawAdmission;
 use crate::AdmissionConfig;
 
@@ -13,22 +13,14 @@ pub(super) fn check_admission(
     max_body: usize,
     p: &mut Problems,
 ) -> AdmissionConfig {
-    let in_range = |v: Option<u64>, default: u64, max: u64, at: &str, p: &mut Problems| {
-        let v = v.unwrap_or(default);
-        if v == 0 || v > max {
-            p.add(at, format!("must be between 1 and {max}, got {v}"));
-            return default;
-        }
-        v
-    };
-    let max_in_flight = in_range(
+    let max_in_flight = bounded(
         raw.max_in_flight,
         2048,
         1_000_000,
         "admission.max_in_flight",
         p,
     );
-    let max_buffered = in_range(
+    let max_buffered = bounded(
         raw.max_buffered_body_bytes,
         256 * 1024 * 1024,
         64 * 1024 * 1024 * 1024,
@@ -54,15 +46,15 @@ pub(super) fn check_admission(
             ),
         );
     }
-    let default_completion_tokens = in_range(
+    let default_completion_tokens = bounded(
         raw.default_completion_tokens,
         1024,
         10_000_000,
         "admission.default_completion_tokens",
         p,
     );
-    let max_queued = in_range(raw.max_queued, 1024, 1_000_000, "admission.max_queued", p);
-    let max_queued_per_tenant = in_range(
+    let max_queued = bounded(raw.max_queued, 1024, 1_000_000, "admission.max_queued", p);
+    let max_queued_per_tenant = bounded(
         raw.max_queued_per_tenant,
         256,
         1_000_000,
@@ -73,7 +65,7 @@ pub(super) fn check_admission(
     if queue_wait > Duration::from_secs(600) {
         p.add("admission.queue_wait", "must be at most 10m");
     }
-    let instances = in_range(
+    let instances = bounded(
         raw.instances.map(u64::from),
         1,
         10_000,

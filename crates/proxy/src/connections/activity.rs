@@ -34,6 +34,9 @@ pub(crate) struct Deadlines {
 pub(crate) struct Activity {
     state: Mutex<State>,
     http2: AtomicBool,
+    /// Idle with no head begun: the only state in which bytes read change anything, kept apart
+    /// so that a read on a busy connection costs one load and no lock.
+    awaiting_head: AtomicBool,
     /// Whether the request being served has had its body read to the end (HTTP/1: one at a
     /// time).
     body_read: AtomicBool,
@@ -67,6 +70,7 @@ impl Activity {
                 head_since: None,
             }),
             http2: AtomicBool::new(false),
+            awaiting_head: AtomicBool::new(true),
             body_read: AtomicBool::new(false),
             deadlines,
         })
@@ -85,14 +89,20 @@ impl Activity {
         self.http2.load(Ordering::Relaxed)
     }
 
+    /// Whether bytes read now would begin a request's head (idle HTTP/1, no head begun).
+    pub(crate) fn awaits_head(&self) -> bool {
+        self.awaiting_head.load(Ordering::Acquire) && !self.is_http2()
+    }
+
     /// Bytes arrived: on an idle HTTP/1 connection, a request's head has begun.
     pub(crate) fn bytes_read(&self, now: Instant) {
-        if self.is_http2() {
+        if !self.awaits_head() {
             return;
         }
         let mut s = self.state();
         if s.busy == 0 && s.head_since.is_none() {
             s.head_since = Some(now);
+            self.awaiting_head.store(false, Ordering::Release);
         }
     }
 
@@ -117,6 +127,7 @@ impl Activity {
         let mut s = self.state();
         s.busy += 1;
         s.head_since = None;
+        self.awaiting_head.store(false, Ordering::Release);
         self.body_read.store(false, Ordering::Release);
         Busy(self.clone())
     }
@@ -126,6 +137,7 @@ impl Activity {
         s.busy -= 1;
         if s.busy == 0 {
             s.idle_since = now;
+            self.awaiting_head.store(true, Ordering::Release);
         }
     }
 

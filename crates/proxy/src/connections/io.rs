@@ -95,7 +95,9 @@ impl AsyncRead for GuardedIo {
                     this.activity.set_http2();
                 }
             }
-            this.activity.bytes_read(Instant::now());
+            if this.activity.awaits_head() {
+                this.activity.bytes_read(Instant::now());
+            }
         }
         Poll::Ready(Ok(()))
     }

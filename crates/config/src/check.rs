@@ -59,12 +59,22 @@ pub(crate) fn check(raw: RawConfig) -> Result<Config, Vec<Problem>> {
     let cache = metadata::check_cache(raw.cache, &mut p);
     let admin = metadata::check_admin(raw.admin, &mut p);
     let admission = admission::check_admission(raw.admission, server.max_body_bytes, &mut p);
-    let retry = resilience::check_retry(raw.retry, &mut p);
-    let outlier = resilience::check_outlier(raw.outlier, &mut p);
-    let health_check = resilience::check_health(raw.health_check, &mut p);
-    let adaptive_concurrency = resilience::check_adaptive(raw.adaptive_concurrency, &mut p);
+    let naive = raw.retry.naive.unwrap_or(false);
+    let mut retry = resilience::check_retry(raw.retry, &mut p);
+    let mut outlier = resilience::check_outlier(raw.outlier, &mut p);
+    let mut health_check = resilience::check_health(raw.health_check, &mut p);
+    let mut adaptive_concurrency = resilience::check_adaptive(raw.adaptive_concurrency, &mut p);
     let engine_metrics = engine::check_engine_metrics(raw.engine_metrics, &mut p);
-    let models = check_models(raw.models, &mut p);
+    let mut models = check_models(raw.models, &mut p);
+    if naive {
+        resilience::without_protections(
+            &mut retry,
+            &mut outlier,
+            &mut health_check,
+            &mut adaptive_concurrency,
+            &mut models,
+        );
+    }
     let tenants = check_tenants(raw.tenants, &models, &mut p);
     if let Some(home) = &server.home_region {
         let known = models

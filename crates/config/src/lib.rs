@@ -336,9 +336,8 @@ pub struct RetryConfig {
     pub shed_client_retries: bool,
     /// Adaptive throttling of each pool while its backends fail (`None`: off).
     pub throttle: Option<ThrottleConfig>,
-    /// Retry every 5xx at once, with no budget, no backoff and no other protection: the
-    /// behaviour of the IL-0248 layers, kept for `spillway replay` comparisons only.
-    pub naive: bool,
+    /// Relayed 5xx answers carry `x-should-retry: false`: spillway has retried already.
+    pub discourage_caller_retries: bool,
 }
 
 /// `[outlier]`: passive ejection of failing backends.

@@ -171,7 +171,7 @@ fn resilience_sections_take_documented_defaults() {
     assert_eq!(c.retry.budget, BudgetConfig::default());
     assert_eq!(c.retry.deadline, Duration::from_secs(300));
     assert_eq!(c.retry.client_retry_headers, ["x-stainless-retry-count"]);
-    assert!(c.retry.shed_client_retries && !c.retry.naive);
+    assert!(c.retry.shed_client_retries && c.retry.discourage_caller_retries);
     assert!(c.outlier.enabled && c.health_check.enabled && c.adaptive_concurrency.enabled);
     assert_eq!(c.outlier.detector, OutlierConfig::default());
     assert_eq!(c.health_check.interval, Duration::from_secs(2));

@@ -57,6 +57,21 @@ impl Default for BudgetConfig {
     }
 }
 
+impl BudgetConfig {
+    /// A budget that never refuses, for replays of a gateway without protections.
+    pub fn unlimited() -> Self {
+        BudgetConfig {
+            // Finite, so that `ratio x 0 requests` is 0 rather than NaN; the floor term alone is
+            // then infinite.
+            ratio: f64::MAX,
+            min_per_sec: f64::MAX,
+            window: Duration::from_secs(1),
+            max_retrying_share: f64::MAX,
+            min_retrying: u32::MAX,
+        }
+    }
+}
+
 /// Counts of requests and retries over a sliding window.
 #[derive(Debug, Clone)]
 pub struct RetryBudget {

@@ -138,6 +138,22 @@ pub struct Rules {
     pub transient: Vec<u16>,
     /// Whether a 500 from this backend may be retried (it is known not to fail deterministically).
     pub retry_500: bool,
+    /// Statuses that mean the backend refused the gateway's own credential for it.
+    pub upstream_auth: Vec<u16>,
+}
+
+impl Rules {
+    /// The classification of a gateway without protections, for replays that show what they
+    /// prevent (the IL-0248 layers): every 5xx is worth another attempt, nothing is a capacity
+    /// answer or a refused credential, and every other 4xx goes back to the caller.
+    pub fn naive() -> Self {
+        Rules {
+            capacity: Vec::new(),
+            transient: (500..=599).collect(),
+            retry_500: true,
+            upstream_auth: Vec::new(),
+        }
+    }
 }
 
 impl Default for Rules {
@@ -146,6 +162,7 @@ impl Default for Rules {
             capacity: vec![429, 503],
             transient: vec![502, 504],
             retry_500: false,
+            upstream_auth: vec![401, 403],
         }
     }
 }
@@ -160,7 +177,7 @@ pub fn classify(outcome: Outcome, rules: &Rules) -> Class {
                 Class::Capacity
             } else if rules.transient.contains(&status) || (status == 500 && rules.retry_500) {
                 Class::Transient
-            } else if status == 401 || status == 403 {
+            } else if rules.upstream_auth.contains(&status) {
                 Class::UpstreamAuth
             } else if status < 400 {
                 Class::Success

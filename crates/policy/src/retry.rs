@@ -61,6 +61,9 @@ pub struct RetryPolicy {
     pub transient: Backoff,
     /// For capacity failures (throttling).
     pub capacity: Backoff,
+    /// Whether the backend's `Retry-After`, `retry-after-ms` and `x-should-retry` are heeded
+    /// (always, but in the naive policy of replays).
+    pub honour_pushback: bool,
 }
 
 impl Default for RetryPolicy {
@@ -75,6 +78,7 @@ impl Default for RetryPolicy {
                 base: Duration::from_millis(250),
                 cap: Duration::from_secs(5),
             },
+            honour_pushback: true,
         }
     }
 }
@@ -106,6 +110,22 @@ pub enum Stop {
 }
 
 impl RetryPolicy {
+    /// The retries of a gateway without protections, for replays that show what they prevent
+    /// (the IL-0248 layers): `max_attempts` attempts at once, no backoff, and no heed to what
+    /// the backend says about retrying.
+    pub fn naive(max_attempts: u32) -> Self {
+        let none = Backoff {
+            base: Duration::ZERO,
+            cap: Duration::ZERO,
+        };
+        RetryPolicy {
+            max_attempts,
+            transient: none,
+            capacity: none,
+            honour_pushback: false,
+        }
+    }
+
     /// The policy with `max_attempts` held to `[1, MAX_ATTEMPTS_CAP]`.
     pub fn clamped(mut self) -> Self {
         self.max_attempts = self.max_attempts.clamp(1, MAX_ATTEMPTS_CAP);
@@ -122,6 +142,11 @@ impl RetryPolicy {
         time_left: Duration,
         rng: &mut impl Rng,
     ) -> Decision {
+        let pushback = if self.honour_pushback {
+            pushback
+        } else {
+            Pushback::default()
+        };
         let backoff = match class {
             Class::Success | Class::ClientError => return Decision::Stop(Stop::Final),
             Class::ServerError if pushback.should_retry != Some(true) => {

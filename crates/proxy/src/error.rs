@@ -9,6 +9,9 @@ use std::time::Duration;
 use axum::response::{IntoResponse, Response};
 use http::{header, HeaderValue, StatusCode};
 
+/// How long a caller refused for lack of capacity is told to wait.
+pub(crate) const NO_CAPACITY_RETRY_AFTER: Duration = Duration::from_secs(1);
+
 /// What went wrong.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorKind {

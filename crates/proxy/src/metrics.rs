@@ -6,15 +6,12 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, OnceLock, RwLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use metrics::{counter, gauge, histogram, Counter, Gauge, Histogram, Label};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 use spillway_policy::{AffinityOutcome, Class, Refusal};
-
-use crate::pool::{Backend, Models};
-use crate::relay::{BodyEnd, EndObserver};
 
 pub const REQUESTS: &str = "spillway_requests_total";
 pub const REQUEST_DURATION: &str = "spillway_request_duration_seconds";
@@ -101,8 +98,6 @@ fn describe() {
     );
     describe_counter!(SPILLOVERS, "Requests served outside the preferred region.");
     spillway_directory::metrics::describe();
-    crate::admission::metrics::describe();
-    crate::engine::metrics::describe();
     describe_gauge!(OUTSTANDING, "Requests in flight to a backend.");
     describe_gauge!(
         STORE_POOL_CONNECTIONS,
@@ -160,36 +155,6 @@ fn describe() {
         CLIENT_RETRIES_SHED,
         "Callers' retries refused while the model's backends were failing."
     );
-}
-
-/// Renders the page, refreshing the gauges that are read rather than pushed.
-pub fn render(
-    handle: &PrometheusHandle,
-    models: &Models,
-    pool: spillway_store::PoolStats,
-    cache: &spillway_directory::Directory,
-) -> String {
-    cache.stats(); // sets the key cache's gauges
-    gauge!(STORE_POOL_CONNECTIONS, "state" => "idle").set(f64::from(pool.idle));
-    gauge!(STORE_POOL_CONNECTIONS, "state" => "in_use")
-        .set(f64::from(pool.size.saturating_sub(pool.idle)));
-    gauge!(STORE_POOL_MAX).set(f64::from(pool.max_size));
-    gauge!(STORE_POOL_WAITERS).set(pool.waiters as f64);
-    counter!(STORE_POOL_TIMEOUTS).absolute(pool.acquire_timeouts);
-    for name in &models.names {
-        if let Some(pool) = models.get(name) {
-            let now = Instant::now();
-            for b in &pool.backends {
-                b.metrics.outstanding.set(b.outstanding() as f64);
-                b.metrics.limit.set(b.health.limit() as f64);
-                let out = b.health.health(now) != spillway_policy::outlier::Health::Healthy;
-                b.metrics.ejected.set(if out { 1.0 } else { 0.0 });
-                crate::engine::metrics::render(&pool.name, b, now);
-            }
-        }
-    }
-    handle.run_upkeep();
-    handle.render()
 }
 
 /// Why an upstream attempt produced no response.
@@ -280,6 +245,32 @@ impl BackendMetrics {
 
     pub fn spilled_over(&self) {
         self.spillovers.increment(1);
+    }
+
+    /// A relayed body ended after `took` since its request arrived.
+    pub fn body_ended(&self, took: Duration) {
+        self.request_duration.record(took.as_secs_f64());
+    }
+
+    /// A relayed body broke off upstream: with an error, or `stalled` past the idle timeout.
+    pub fn stream_broke(&self, stalled: bool) {
+        if stalled {
+            self.upstream_stalled.increment(1);
+        } else {
+            self.upstream_broke.increment(1);
+        }
+    }
+
+    /// The client went away before the end of its response.
+    pub fn client_cancelled(&self) {
+        self.client_cancelled.increment(1);
+    }
+
+    /// The gauges read rather than pushed, set when the page is rendered.
+    pub fn read_gauges(&self, outstanding: u32, limit: u32, ejected: bool) {
+        self.outstanding.set(f64::from(outstanding));
+        self.limit.set(f64::from(limit));
+        self.ejected.set(if ejected { 1.0 } else { 0.0 });
     }
 }
 
@@ -460,25 +451,5 @@ impl PoolMetrics {
 impl std::fmt::Debug for PoolMetrics {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("PoolMetrics")
-    }
-}
-
-/// Records the end of a relayed body.
-pub struct BodyMetrics {
-    pub backend: Arc<Backend>,
-    pub started: Instant,
-}
-
-impl EndObserver for BodyMetrics {
-    fn ended(&mut self, end: BodyEnd) {
-        let m = &self.backend.metrics;
-        m.request_duration
-            .record(self.started.elapsed().as_secs_f64());
-        match end {
-            BodyEnd::Complete => {}
-            BodyEnd::UpstreamBroke => m.upstream_broke.increment(1),
-            BodyEnd::UpstreamStalled => m.upstream_stalled.increment(1),
-            BodyEnd::ClientGone => m.client_cancelled.increment(1),
-        }
     }
 }

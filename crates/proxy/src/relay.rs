@@ -15,7 +15,6 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
-use hyper::body::Incoming;
 use tokio::time::{Instant, Sleep};
 
 use crate::error::{ApiError, ErrorKind};
@@ -41,8 +40,8 @@ pub trait EndObserver: Send + Sync + Unpin + 'static {
     fn ended(&mut self, end: BodyEnd);
 }
 
-pub struct RelayBody<O: EndObserver> {
-    inner: Incoming,
+pub struct RelayBody<B: Body<Data = Bytes> + Unpin, O: EndObserver> {
+    inner: B,
     sse: bool,
     idle_timeout: Duration,
     last_frame: Instant,
@@ -51,14 +50,8 @@ pub struct RelayBody<O: EndObserver> {
     state: Option<(InFlight, O)>,
 }
 
-impl<O: EndObserver> RelayBody<O> {
-    pub fn new(
-        inner: Incoming,
-        sse: bool,
-        idle_timeout: Duration,
-        hold: InFlight,
-        observer: O,
-    ) -> Self {
+impl<B: Body<Data = Bytes> + Unpin, O: EndObserver> RelayBody<B, O> {
+    pub fn new(inner: B, sse: bool, idle_timeout: Duration, hold: InFlight, observer: O) -> Self {
         Self {
             inner,
             sse,
@@ -98,7 +91,11 @@ impl<O: EndObserver> RelayBody<O> {
     }
 }
 
-impl<O: EndObserver> Body for RelayBody<O> {
+impl<B, O> Body for RelayBody<B, O>
+where
+    B: Body<Data = Bytes, Error: std::fmt::Display> + Unpin,
+    O: EndObserver,
+{
     type Data = Bytes;
     type Error = BoxError;
 
@@ -157,7 +154,7 @@ impl<O: EndObserver> Body for RelayBody<O> {
     }
 }
 
-impl<O: EndObserver> Drop for RelayBody<O> {
+impl<B: Body<Data = Bytes> + Unpin, O: EndObserver> Drop for RelayBody<B, O> {
     fn drop(&mut self) {
         // hyper drops a body of known length once it has written that many bytes, without a
         // last poll: that is a complete response, not a client that went away.

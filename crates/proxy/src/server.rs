@@ -9,7 +9,7 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,58 +18,16 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use http::{HeaderValue, StatusCode, Uri};
+use http::{HeaderValue, StatusCode};
 use metrics_exporter_prometheus::PrometheusHandle;
-use spillway_config::{
-    BackendKind, Config, EngineMetricsConfig, HealthCheckConfig, RetryConfig, ServerConfig,
-    UpstreamConfig,
-};
+use spillway_config::{BackendKind, Config};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use crate::auth::TenantDirectory;
+use crate::call;
 use crate::error::{ApiError, ErrorKind};
-use crate::forward;
-use crate::pool::Models;
-use crate::tenants::StoreDirectory;
-use crate::upstream::{self, HttpClient};
-
-/// Why the gateway could not start.
-#[derive(Debug, thiserror::Error)]
-pub enum StartError {
-    #[error("cannot listen on {addr}: {source}")]
-    Bind {
-        addr: SocketAddr,
-        source: std::io::Error,
-    },
-    #[error("{0}")]
-    Setup(String),
-}
-
-/// Shared state of the request path.
-pub struct Gateway {
-    pub(crate) server: ServerConfig,
-    pub(crate) upstream: UpstreamConfig,
-    pub(crate) retry: RetryConfig,
-    pub(crate) directory: Arc<dyn TenantDirectory>,
-    pub(crate) tenants: Arc<StoreDirectory>,
-    admin_token: Option<[u8; 32]>,
-    pub(crate) models: Models,
-    pub(crate) client: HttpClient,
-    /// Keeps no connections: for resending a request whose pooled connection was stale.
-    pub(crate) fresh_client: HttpClient,
-    health_check: HealthCheckConfig,
-    engine_metrics: EngineMetricsConfig,
-    ready: AtomicBool,
-    pub(crate) admission: crate::admission::Admission,
-    /// The API listener's client connections (`server.max_connections`).
-    pub(crate) connections: Arc<crate::connections::Connections>,
-    pub(crate) body_budget: Arc<crate::request::BodyBudget>,
-}
-
-/// How long a caller refused for lack of capacity is told to wait.
-pub(crate) const NO_CAPACITY_RETRY_AFTER: Duration = Duration::from_secs(1);
+use crate::gateway::{Gateway, MockBases, StartError};
 
 /// A gateway whose listeners are bound and whose mock backends run, ready to serve.
 pub struct BoundGateway {
@@ -87,11 +45,8 @@ impl BoundGateway {
     pub async fn bind(config: Config) -> Result<Self, StartError> {
         let listener = bind(config.server.listen).await?;
         let admin_listener = bind(config.server.admin_listen).await?;
-        let tenants = Arc::new(open_tenants(&config).await?);
-        let config_warm = (config.cache.warm_batch, config.cache.warm_max_keys);
         let (mocks, mocks_stop) = watch::channel(false);
-        // Keyed by (model, backend): the pools are built in a second pass.
-        let mut mock_bases = std::collections::HashMap::new();
+        let mut mock_bases = MockBases::new();
         for m in &config.models {
             for b in &m.backends {
                 if let BackendKind::Mock(profile) = &b.kind {
@@ -101,65 +56,15 @@ impl BoundGateway {
                 }
             }
         }
-        let models = Models::new(&config, |m, b| match &b.kind {
-            BackendKind::OpenAi { url } | BackendKind::Azure { url, .. } => Ok(url.clone()),
-            BackendKind::Mock(_) => mock_bases
-                .get(&(&m.name, &b.name))
-                .ok_or("mock backend was not started")?
-                .parse::<Uri>()
-                .map_err(|e| e.to_string()),
-        })
-        .map_err(StartError::Setup)?;
-        let shared = match &config.admission.redis {
-            Some(url) => Some(
-                crate::shared_limits::SharedLimits::start(url, config.admission.redis_timeout)
-                    .await
-                    .map_err(|e| StartError::Setup(format!("admission.redis: {e}")))?,
-            ),
-            None => None,
-        };
-        let admission = crate::admission::Admission::new(
-            &config.admission,
-            models
-                .names
-                .iter()
-                .filter_map(|n| models.get(n))
-                .map(|p| &**p),
-            shared,
-        );
-        let connections = Arc::new(crate::connections::Connections::new(
-            &config.server,
-            config.server.max_connections,
-            "api",
-        ));
-        let gateway = Arc::new(Gateway {
-            client: upstream::client(&config.upstream),
-            fresh_client: upstream::fresh_client(&config.upstream),
-            server: config.server,
-            upstream: config.upstream,
-            retry: config.retry,
-            health_check: config.health_check,
-            engine_metrics: config.engine_metrics,
-            directory: tenants.clone(),
-            tenants,
-            admin_token: admin_token(&config.admin.token_env),
-            models,
-            ready: AtomicBool::new(false),
-            admission,
-            connections,
-            body_budget: crate::request::BodyBudget::new(
-                config.admission.max_buffered_body_bytes,
-                config.admission.max_buffered_body_bytes_per_tenant,
-            ),
-        });
+        let gateway = Arc::new(Gateway::build(&config, &mock_bases).await?);
         Ok(Self {
             gateway,
-            metrics: crate::metrics::recorder(),
+            metrics: crate::page::recorder(),
             listener,
             admin_listener,
             mocks,
-            warm_batch: config_warm.0,
-            warm_max_keys: config_warm.1,
+            warm_batch: config.cache.warm_batch,
+            warm_max_keys: config.cache.warm_max_keys,
         })
     }
 
@@ -217,14 +122,12 @@ impl BoundGateway {
                 upkeep.run_upkeep();
             }
         });
-        if !gw.retry.naive {
-            crate::health::spawn_checks(
-                gw.models.pools(),
-                gw.client.clone(),
-                gw.health_check.clone(),
-                stop_rx.clone(),
-            );
-        }
+        crate::probe::spawn_checks(
+            gw.models.pools(),
+            gw.client.clone(),
+            gw.health_check.clone(),
+            stop_rx.clone(),
+        );
         crate::engine::spawn_scrapes(
             gw.models.pools(),
             gw.client.clone(),
@@ -274,103 +177,6 @@ impl BoundGateway {
     }
 }
 
-/// Builds the cached directory (loaded from its snapshot, if any), then opens the store and
-/// applies the config's tenants to it. A store that cannot be reached now is waited out when
-/// the snapshot gave the cache keys to serve: the gateway starts without it and connects in the
-/// background (`store_connect.rs`); anything else about the store fails the start.
-async fn open_tenants(config: &Config) -> Result<StoreDirectory, StartError> {
-    let bootstrap =
-        crate::tenants::Bootstrap::resolve(&config.tenants).map_err(StartError::Setup)?;
-    let options = spillway_store::PoolOptions {
-        max_connections: config.store.max_connections,
-        acquire_timeout: config.store.acquire_timeout,
-        ..spillway_store::PoolOptions::default()
-    };
-    let handle = Arc::new(spillway_store::DeferredStore::new(options.max_connections));
-    let store: Arc<dyn spillway_store::Store> = handle.clone();
-    let c = &config.cache;
-    let cache = spillway_directory::Directory::new(
-        store.clone(),
-        spillway_directory::DirectoryConfig {
-            ttl: c.ttl,
-            ttl_jitter: c.ttl_jitter,
-            stale_for: c.stale_for,
-            negative_ttl: c.negative_ttl,
-            max_entries: c.max_entries,
-            max_negative_entries: c.max_negative_entries,
-            max_concurrent_loads: c.max_concurrent_loads,
-            load_wait: c.load_wait,
-            load_timeout: c.load_timeout,
-            redis: c.redis.clone(),
-            redis_timeout: c.redis_timeout,
-            snapshot: c.snapshot.clone(),
-            flush_spread: c.flush_spread,
-            naive: c.naive,
-        },
-    )
-    .await
-    .map_err(|e| StartError::Setup(format!("key cache: {e}")))?;
-    if c.naive {
-        warn!("cache.naive is set: the key cache has no single flight, no load cap and no stale answers; for demonstrations only");
-    }
-    let mut snapshot_keys = 0;
-    if c.snapshot.is_some() {
-        match cache.load_snapshot().await {
-            Ok(n) => {
-                snapshot_keys = n;
-                info!(entries = n, "key cache loaded from its snapshot");
-            }
-            Err(e) => warn!("key cache snapshot not loaded: {e}"),
-        }
-    }
-    let url = redact(&config.store.url);
-    let opening =
-        crate::store_connect::StoreOpening::new(config.store.url.clone(), options, bootstrap);
-    match opening.attempt().await {
-        Ok(opened) => {
-            handle.connect(opened);
-        }
-        Err(e) => match crate::store_connect::on_first_failure(&e, snapshot_keys) {
-            crate::store_connect::Start::Refuse(why) => {
-                return Err(StartError::Setup(format!("store {url}: {why}")));
-            }
-            crate::store_connect::Start::WithoutStore => {
-                warn!(
-                    snapshot_keys,
-                    "started without its store ({url}: {e}): serving the keys of the key-cache \
-                     snapshot, answering other keys 503 store_unavailable; will keep trying to \
-                     connect in the background"
-                );
-                tokio::spawn(opening.keep_trying(Arc::downgrade(&handle)));
-            }
-        },
-    }
-    Ok(StoreDirectory::new(store, cache))
-}
-
-/// The URL without its password, for messages.
-fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            let creds = &url[scheme + 3..at];
-            let user = creds.split(':').next().unwrap_or("");
-            format!("{}{user}:***{}", &url[..scheme + 3], &url[at..])
-        }
-        _ => url.to_owned(),
-    }
-}
-
-/// The admin token's digest, from the environment; `None` turns the admin API off.
-fn admin_token(var: &str) -> Option<[u8; 32]> {
-    match std::env::var(var) {
-        Ok(t) if !t.trim().is_empty() => Some(spillway_config::key_digest(t.trim())),
-        _ => {
-            info!("admin API off: {var} is not set");
-            None
-        }
-    }
-}
-
 async fn bind(addr: SocketAddr) -> Result<TcpListener, StartError> {
     TcpListener::bind(addr)
         .await
@@ -399,9 +205,9 @@ async fn start_mock(
 
 fn api_router(gw: Arc<Gateway>) -> Router {
     Router::new()
-        .route("/v1/chat/completions", post(forward::chat_completions))
-        .route("/v1/completions", post(forward::completions))
-        .route("/v1/embeddings", post(forward::embeddings))
+        .route("/v1/chat/completions", post(call::chat_completions))
+        .route("/v1/completions", post(call::completions))
+        .route("/v1/embeddings", post(call::embeddings))
         .route("/v1/models", get(list_models))
         .route("/livez", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
@@ -434,7 +240,7 @@ async fn readyz(State(gw): State<Arc<Gateway>>) -> Response {
 }
 
 async fn list_models(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
-    let tenant = match forward::authenticate(&gw, req.headers()).await {
+    let tenant = match call::authenticate(&gw, req.headers()).await {
         Ok(t) => t,
         Err(e) => return counted(e),
     };
@@ -488,21 +294,7 @@ fn admin_router(state: AdminState) -> Router {
             get(|State(s): State<AdminState>| async move {
                 (
                     [(http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-                    {
-                        crate::admission::metrics::caps(
-                            s.gateway.admission.in_flight(),
-                            s.gateway.body_budget.usage(),
-                        );
-                        let (open, max) = s.gateway.connections.open();
-                        crate::admission::metrics::connections(open, max);
-                        crate::admission::metrics::queues(&s.gateway.admission.queue_figures());
-                        crate::metrics::render(
-                            &s.metrics,
-                            &s.gateway.models,
-                            s.gateway.tenants.store().pool_stats(),
-                            s.gateway.tenants.cache(),
-                        )
-                    },
+                    crate::page::render(&s.metrics, &s.gateway),
                 )
             }),
         )

@@ -1,23 +1,152 @@
-//! The upstream side: one pooled HTTP client for every backend, and how a client request becomes
-//! an upstream request.
+//! The upstream side: the seam the attempt loop sends through ([`Upstream`]), its one production
+//! implementation ([`HyperUpstream`]: one pooled HTTP client for every backend), and how a client
+//! request becomes an upstream request.
+//!
+//! The seam is small on purpose: one attempt in, a response head or the [`Outcome`] of a failure
+//! out. Everything about retrying (whether, where, when, from which budget) is the attempt
+//! loop's, so a scripted fake of this trait is enough to test that loop in-process.
 //!
 //! Connections are kept alive and reused (an LLM gateway that opens a connection per request
 //! spends its CPU on handshakes and can run out of ephemeral ports under load). The connect
 //! timeout is short and separate from the response timeout, so an unreachable backend is told
 //! apart from a slow one: the first is skipped and the request goes elsewhere, the second is a 504.
 
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
 use bytes::Bytes;
-use http::{header, HeaderMap, HeaderValue, Method, Request};
+use http::{header, HeaderMap, HeaderName, HeaderValue, Method, Request};
 use http_body_util::Full;
+use hyper::body::Incoming;
 use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
-use spillway_config::UpstreamConfig;
+use spillway_config::{ServerConfig, UpstreamConfig};
+use spillway_policy::Outcome;
+use tracing::{debug, warn};
 
+use crate::metrics::UpstreamFailure;
 use crate::pool::{Backend, Endpoint};
 
 pub type HttpClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
+
+/// One attempt, as the attempt loop hands it to the upstream.
+pub(crate) struct Attempt<'a> {
+    pub endpoint: Endpoint,
+    /// The client's request headers (those that must not cross are left out when sent).
+    pub headers: &'a HeaderMap,
+    /// The body as this backend gets it (renamed model, priority field).
+    pub body: Bytes,
+    /// When the response head must have come.
+    pub until: Instant,
+}
+
+/// Where attempts go: sends one attempt to one backend and returns the response head, or the
+/// outcome of an attempt that got none. It never retries on its own account, but for a pooled
+/// connection found closed before the request was read (see [`is_stale_connection`]).
+pub(crate) trait Upstream: Send + Sync {
+    type Body: http_body::Body<Data = Bytes, Error: std::fmt::Display> + Send + Unpin + 'static;
+
+    fn send(
+        &self,
+        backend: &Arc<Backend>,
+        attempt: Attempt<'_>,
+    ) -> impl Future<Output = Result<http::Response<Self::Body>, Outcome>> + Send;
+}
+
+/// The upstream of production: the pooled hyper client.
+pub(crate) struct HyperUpstream {
+    client: HttpClient,
+    /// Keeps no connections: for resending a request whose pooled connection was stale.
+    fresh: HttpClient,
+    /// A response head later than this is a timeout, whatever the request's deadline.
+    response_timeout: Duration,
+    /// How long a backend that refused a connection is left out of new picks.
+    unreachable_cooldown: Duration,
+    /// The caller's region preference, which is the gateway's business and not the backend's.
+    region_header: HeaderName,
+}
+
+impl HyperUpstream {
+    pub(crate) fn new(upstream: &UpstreamConfig, server: &ServerConfig) -> Self {
+        HyperUpstream {
+            client: client(upstream),
+            fresh: fresh_client(upstream),
+            response_timeout: upstream.response_timeout,
+            unreachable_cooldown: upstream.unreachable_cooldown,
+            region_header: server.region_header.clone(),
+        }
+    }
+}
+
+impl Upstream for HyperUpstream {
+    type Body = Incoming;
+
+    async fn send(
+        &self,
+        backend: &Arc<Backend>,
+        attempt: Attempt<'_>,
+    ) -> Result<http::Response<Incoming>, Outcome> {
+        let build = || {
+            request(
+                backend,
+                attempt.endpoint,
+                attempt.headers,
+                &self.region_header,
+                attempt.body.clone(),
+            )
+        };
+        let sent = crate::clock::now();
+        let timeout = self
+            .response_timeout
+            .min(attempt.until.saturating_duration_since(sent));
+        let mut result = tokio::time::timeout(timeout, self.client.request(build())).await;
+        let mut resent = false;
+        if let Ok(Err(e)) = &result {
+            if is_stale_connection(e) {
+                resent = true;
+                // The pooled connection was already closed: the backend never read the request.
+                backend
+                    .metrics
+                    .upstream_failed(UpstreamFailure::StaleConnection);
+                debug!(backend = %backend.name, "pooled connection was closed; sending again on a new one: {e}");
+                let left = timeout.saturating_sub(sent.elapsed());
+                result = tokio::time::timeout(left, self.fresh.request(build())).await;
+            }
+        }
+        match result {
+            Ok(Ok(response)) => {
+                backend.metrics.upstream_responded(sent.elapsed());
+                Ok(response)
+            }
+            Ok(Err(e)) if e.is_connect() => {
+                backend.metrics.upstream_failed(UpstreamFailure::Connect);
+                warn!(backend = %backend.name, "cannot connect upstream: {e}");
+                backend.skip_for(crate::clock::now(), self.unreachable_cooldown);
+                if resent {
+                    // The closed connection was the backend going down with the request on
+                    // it, not a stale one: the request did reach it, so what follows is a
+                    // retry like any other, drawn from the budget.
+                    Err(Outcome::ResetBeforeResponse)
+                } else {
+                    Err(Outcome::ConnectFailed)
+                }
+            }
+            Ok(Err(e)) => {
+                backend.metrics.upstream_failed(UpstreamFailure::Connection);
+                warn!(backend = %backend.name, "upstream request failed: {e}");
+                Err(Outcome::ResetBeforeResponse)
+            }
+            Err(_) => {
+                backend.metrics.upstream_failed(UpstreamFailure::Timeout);
+                warn!(backend = %backend.name, "no response within {timeout:?}");
+                Err(Outcome::TimedOut)
+            }
+        }
+    }
+}
 
 /// Builds the shared upstream client from the `[upstream]` settings.
 pub fn client(cfg: &UpstreamConfig) -> HttpClient {
@@ -95,7 +224,7 @@ fn is_stripped_request_header(name: &header::HeaderName) -> bool {
 }
 
 /// Removes the hop-by-hop headers of an upstream response before it is relayed.
-pub fn strip_response_headers(headers: &mut HeaderMap) {
+pub(crate) fn strip_response_headers(headers: &mut HeaderMap) {
     for name in [
         header::CONNECTION,
         header::TE,
@@ -111,7 +240,7 @@ pub fn strip_response_headers(headers: &mut HeaderMap) {
 
 /// The upstream request for `endpoint` on `backend`, carrying `body` and the client's headers
 /// minus those that must not cross.
-pub fn request(
+fn request(
     backend: &Backend,
     endpoint: Endpoint,
     client_headers: &HeaderMap,

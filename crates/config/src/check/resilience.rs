@@ -8,7 +8,7 @@ use spillway_policy::{Backoff, BudgetConfig, OutlierConfig, RetryPolicy, Rules, 
 
 use super::Problems;
 use crate::raw::{RawAdaptive, RawBackend, RawHealthCheck, RawOutlier, RawRetry};
-use crate::{AdaptiveConfig, HealthCheckConfig, OutlierSettings, RetryConfig};
+use crate::{AdaptiveConfig, HealthCheckConfig, ModelConfig, OutlierSettings, RetryConfig};
 
 pub(super) fn share(value: Option<f64>, default: f64, at: &str, p: &mut Problems) -> f64 {
     let v = value.unwrap_or(default);
@@ -82,6 +82,7 @@ pub(super) fn check_retry(raw: RawRetry, p: &mut Problems) -> RetryConfig {
             "retry.capacity",
             p,
         ),
+        honour_pushback: true,
     }
     .clamped();
     let b = BudgetConfig::default();
@@ -127,7 +128,7 @@ pub(super) fn check_retry(raw: RawRetry, p: &mut Problems) -> RetryConfig {
         client_retry_headers,
         shed_client_retries: raw.shed_client_retries.unwrap_or(true),
         throttle,
-        naive: raw.naive.unwrap_or(false),
+        discourage_caller_retries: true,
     }
 }
 
@@ -271,5 +272,31 @@ pub(super) fn check_backend_rules(b: &RawBackend, at: &str, p: &mut Problems) ->
         capacity: statuses(&b.capacity_statuses, &d.capacity, "capacity_statuses", p),
         transient: statuses(&b.transient_statuses, &d.transient, "transient_statuses", p),
         retry_500: b.retry_500.unwrap_or(d.retry_500),
+        upstream_auth: d.upstream_auth,
+    }
+}
+
+/// `retry.naive`: the gateway without its protections, as settings rather than as branches on
+/// the request path. Every 5xx is retried at once up to `max_attempts`, with no budget, no
+/// backoff, no heed to the backend's pushback, no shedding of callers' retries, no throttling,
+/// no ejection, no adaptive limit and no health checks: the behaviour of the IL-0248 layers,
+/// for `spillway replay` comparisons only.
+pub(super) fn without_protections(
+    retry: &mut RetryConfig,
+    outlier: &mut OutlierSettings,
+    health_check: &mut HealthCheckConfig,
+    adaptive: &mut AdaptiveConfig,
+    models: &mut [ModelConfig],
+) {
+    retry.policy = RetryPolicy::naive(retry.policy.max_attempts);
+    retry.budget = BudgetConfig::unlimited();
+    retry.shed_client_retries = false;
+    retry.throttle = None;
+    retry.discourage_caller_retries = false;
+    outlier.enabled = false;
+    health_check.enabled = false;
+    adaptive.enabled = false;
+    for b in models.iter_mut().flat_map(|m| &mut m.backends) {
+        b.rules = Rules::naive();
     }
 }

@@ -17,11 +17,18 @@
 //!
 //! A refusal is a 429 with `Retry-After` and the `x-ratelimit-*` headers OpenAI and Azure OpenAI
 //! send; an admitted request carries the same headers on its response.
+//!
+//! The first two are taken at the request's head ([`Admission::enter`]), while its body is still
+//! to be read; the rest in one call once the body is read ([`Admission::admit`]), which also
+//! sheds a caller's own retry while the model's backends are failing, applies the model's
+//! adaptive throttling and waits for a queue seat, and returns one [`Ticket`] that holds it all
+//! until the response ends.
 
 mod headers;
 pub(crate) mod metrics;
 mod queue;
 mod rate;
+mod ticket;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -29,16 +36,19 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use spillway_config::AdmissionConfig;
-use spillway_policy::{Dimension, RateHeaders, TenantLimiter};
+use spillway_policy::{Dimension, TenantLimiter};
 
 use crate::auth::{Tenant, TenantLimits};
-use crate::error::{ApiError, ErrorKind};
+use crate::call::Call;
+use crate::error::{ApiError, ErrorKind, NO_CAPACITY_RETRY_AFTER};
+use crate::pool::{Endpoint, ModelPool};
 use crate::request::RequestSummary;
 
 pub(crate) use headers::insert_rate_headers;
 use queue::PoolQueue;
 pub(crate) use queue::{Seat, Shed};
 use rate::{Rates, Ruling};
+pub(crate) use ticket::Ticket;
 
 /// Queue bounds and in-flight cap of `admission.naive`: in effect none.
 const NAIVE_UNBOUNDED: usize = 1 << 30;
@@ -57,8 +67,15 @@ pub(crate) struct Admission {
     max_in_flight: usize,
     default_completion_tokens: u64,
     rates: Arc<Rates>,
-    /// `admission.naive`: no limits, one unbounded first-come-first-served queue.
-    naive: bool,
+    /// Whether tenants are held to their own limits (rates and concurrency): always, but in the
+    /// replays of a gateway without admission (`admission.naive`).
+    tenant_limits: bool,
+    /// Whether each tenant waits in its own line of a queue, served in turn; else everyone waits
+    /// in one line, first come first served (`admission.naive`).
+    fair_lines: bool,
+    /// Callers' own retries are refused first while a model's backends are failing
+    /// (`retry.shed_client_retries`).
+    shed_client_retries: bool,
     /// One queue per model and bulkhead (`None`: the shared backends).
     queues: HashMap<QueueKey, Arc<PoolQueue>>,
     /// The longest a request waits for a seat, or, once seated, for a backend to free up.
@@ -104,7 +121,8 @@ impl Admission {
     /// backends belong to.
     pub(crate) fn new<'a>(
         config: &AdmissionConfig,
-        pools: impl IntoIterator<Item = &'a crate::pool::ModelPool>,
+        shed_client_retries: bool,
+        pools: impl IntoIterator<Item = &'a ModelPool>,
         shared: Option<crate::shared_limits::SharedLimits>,
     ) -> Admission {
         let (bounds, wait, max_in_flight) = if config.naive {
@@ -125,7 +143,9 @@ impl Admission {
             in_flight: Arc::new(AtomicUsize::new(0)),
             max_in_flight,
             queue_wait: wait,
-            naive: config.naive,
+            tenant_limits: !config.naive,
+            fair_lines: !config.naive,
+            shed_client_retries,
             default_completion_tokens: config.default_completion_tokens,
             rates: Arc::new(Rates {
                 shared,
@@ -150,12 +170,12 @@ impl Admission {
 
     /// Waits for a seat in `pool` for an admitted request (which then holds it until its
     /// response ends), or sheds it.
-    pub(crate) async fn seat(
+    async fn seat(
         &self,
-        pool: &crate::pool::ModelPool,
+        pool: &ModelPool,
         tenant: &Tenant,
         class: spillway_policy::Priority,
-        admitted: &mut Admitted,
+        admitted: &mut Ticket,
     ) -> Result<(), ApiError> {
         let key = (pool.name.clone(), tenant.pool.clone());
         let Some(queue) = self.queues.get(&key) else {
@@ -180,16 +200,14 @@ impl Admission {
             )
             .retry_after(OVERLOADED_RETRY_AFTER));
         }
-        // Naive: everyone in one line, first come first served.
-        let line = if self.naive {
-            Arc::from("")
-        } else {
+        let line = if self.fair_lines {
             tenant.name.clone()
+        } else {
+            Arc::from("")
         };
         match queue.enter(seats, class, line).await {
             Ok((seat, waited)) => {
-                admitted.gate.series.queue_wait(&tenant.name, class, waited);
-                admitted.seat = Some(seat);
+                admitted.seated(seat, &tenant.name, class, waited);
                 Ok(())
             }
             Err(shed) => {
@@ -256,7 +274,7 @@ impl Admission {
         };
         let gate = self.gate(tenant);
         let mut own = None;
-        if let (Some(max), false) = (tenant.limits.max_concurrency, self.naive) {
+        if let Some(max) = self.limits_of(tenant).max_concurrency {
             own = Slot::take(&gate.in_flight, max as usize);
             if own.is_none() {
                 let e = ApiError::new(
@@ -270,34 +288,80 @@ impl Admission {
         Ok(Entered { gate, global, own })
     }
 
+    /// Admits a call whose body is read, or says why not, as the error to answer with: its
+    /// tenant's rate limits, then the shedding of a caller's own retry while the model's
+    /// backends are failing, the model's adaptive throttling, and a seat in its queue. The
+    /// ticket holds the call's places, reservation and seat until its response ends.
+    pub(crate) async fn admit(&self, call: &mut Call) -> Result<Ticket, ApiError> {
+        let entered = match call.entered.take() {
+            Some(entered) => entered,
+            None => self.enter(&call.tenant)?,
+        };
+        let ask = Ask {
+            summary: &call.summary,
+            body_len: call.body.len(),
+            completes: call.endpoint != Endpoint::Embeddings,
+        };
+        let mut ticket = self.limits(&call.tenant, entered, ask).await?;
+        let pool = &*call.pool;
+        let now = crate::clock::now();
+        if call.client_retry {
+            // A caller's retry while the pool is failing would only stack its retries on ours.
+            let shed = self.shed_client_retries && pool.is_failing(now);
+            call.labels.client_retry(shed);
+            if shed {
+                return Err(ApiError::new(
+                    ErrorKind::ClientRetryShed,
+                    format!(
+                        "the backends of the model {:?} are failing and spillway has retried already; retried requests are refused first",
+                        &*pool.name
+                    ),
+                )
+                .retry_after(NO_CAPACITY_RETRY_AFTER));
+            }
+        }
+        if !pool.throttle_admits(now) {
+            // The backends have been failing: only a share of requests reaches them until they
+            // accept again, however often callers resend.
+            pool.metrics.throttled();
+            return Err(ApiError::new(
+                ErrorKind::BackendsFailing,
+                format!(
+                    "the backends of the model {:?} are failing; spillway sends them only a share of requests until they recover",
+                    &*pool.name
+                ),
+            )
+            .retry_after(NO_CAPACITY_RETRY_AFTER));
+        }
+        self.seat(pool, &call.tenant, call.priority, &mut ticket)
+            .await?;
+        Ok(ticket)
+    }
+
+    /// The limits a tenant is held to.
+    fn limits_of(&self, tenant: &Tenant) -> TenantLimits {
+        if self.tenant_limits {
+            tenant.limits
+        } else {
+            TenantLimits::default()
+        }
+    }
+
     /// Admits an entered request under its tenant's rate limits, or says why not, as the error
     /// to answer with.
-    pub(crate) async fn admit(
+    async fn limits(
         &self,
         tenant: &Tenant,
         entered: Entered,
         ask: Ask<'_>,
-    ) -> Result<Admitted, ApiError> {
+    ) -> Result<Ticket, ApiError> {
         let refused = |outcome, e: ApiError| {
             metrics::admission(&tenant.name, tenant.limits.priority, outcome);
             Err(e)
         };
         let Entered { gate, global, own } = entered;
-        if self.naive {
-            return Ok(Admitted {
-                gate,
-                rates: None,
-                reserved: 0,
-                prompt: 0,
-                headers: RateHeaders {
-                    requests: None,
-                    tokens: None,
-                },
-                _global: global,
-                _own: None,
-                seat: None,
-                settled: true,
-            });
+        if !self.tenant_limits {
+            return Ok(Ticket::unlimited(gate, global));
         }
         // A rate of 0 has no GCRA to enforce it; it means "admit nothing", never "no limit".
         // Nothing writes one any more, but a record from before may still hold one.
@@ -336,17 +400,16 @@ impl Admission {
             } => {
                 gate.series
                     .admitted(&tenant.name, tenant.limits.priority, tokens);
-                Ok(Admitted {
+                Ok(Ticket::new(ticket::Places {
                     gate,
+                    _global: global,
+                    _own: own,
                     rates: shared.then(|| (self.rates.clone(), tenant.limits)),
                     reserved: tokens,
                     prompt: self.prompt_estimate(ask.body_len),
                     headers,
-                    _global: global,
-                    _own: own,
-                    seat: None,
-                    settled: false,
-                })
+                    meters_tokens: tenant.limits.tokens_per_min.is_some(),
+                }))
             }
             Ruling::Refused {
                 which,
@@ -431,59 +494,6 @@ impl Admission {
                 })
             })
             .clone()
-    }
-}
-
-/// An admitted request: holds its places in the in-flight counts and its token reservation
-/// until the response ends. Settle it with the usage the backend reported; dropped unsettled
-/// (the request failed before a response), its reserved tokens are refunded.
-pub(crate) struct Admitted {
-    gate: Arc<Gate>,
-    /// Set when Redis decided: the reservation is settled there.
-    rates: Option<(Arc<Rates>, TenantLimits)>,
-    reserved: u64,
-    prompt: u64,
-    /// The tenant's quotas after this admission, for the response's `x-ratelimit-*` headers.
-    pub(crate) headers: RateHeaders,
-    _global: Slot,
-    _own: Option<Slot>,
-    /// Its seat in the pool, once it has one.
-    seat: Option<Seat>,
-    settled: bool,
-}
-
-impl Admitted {
-    /// The prompt's share of the reservation.
-    pub(crate) fn prompt_estimate(&self) -> u64 {
-        self.prompt
-    }
-
-    /// The request is over: `used` tokens if known (the backend's report, or a count of what
-    /// was streamed); `None` keeps the reservation as it is.
-    pub(crate) fn settle(mut self, used: Option<u64>) {
-        if let Some(used) = used {
-            self.gate.series.tokens_reported.increment(used);
-            self.reconcile(used);
-        }
-        self.settled = true;
-    }
-
-    fn reconcile(&self, used: u64) {
-        if let Some((rates, limits)) = &self.rates {
-            rates.settle_shared(&self.gate.tenant, limits, self.reserved, used);
-            return;
-        }
-        let mut rate = self.gate.rate.lock().unwrap_or_else(|e| e.into_inner());
-        rate.1.reconcile(Instant::now(), self.reserved, used);
-    }
-}
-
-impl Drop for Admitted {
-    fn drop(&mut self) {
-        if !self.settled {
-            // Nothing was generated: give the tokens back (the request itself still counts).
-            self.reconcile(0);
-        }
     }
 }
 

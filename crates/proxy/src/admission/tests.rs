@@ -37,9 +37,9 @@ fn summary(max_tokens: Option<u64>) -> RequestSummary {
 
 /// Both steps of admission, as a request passes them: entered at its head, admitted after its
 /// body.
-async fn admit(a: &Admission, t: &Tenant, ask: Ask<'_>) -> Result<Admitted, ApiError> {
+async fn admit(a: &Admission, t: &Tenant, ask: Ask<'_>) -> Result<Ticket, ApiError> {
     let entered = a.enter(t)?;
-    a.admit(t, entered, ask).await
+    a.limits(t, entered, ask).await
 }
 
 fn ask(s: &RequestSummary) -> Ask<'_> {
@@ -52,7 +52,7 @@ fn ask(s: &RequestSummary) -> Ask<'_> {
 
 #[tokio::test]
 async fn a_tenant_over_its_requests_per_minute_gets_429_with_the_openai_headers() {
-    let a = Admission::new(&config(100), std::iter::empty(), None);
+    let a = Admission::new(&config(100), true, std::iter::empty(), None);
     let t = tenant(
         "a",
         TenantLimits {
@@ -62,7 +62,7 @@ async fn a_tenant_over_its_requests_per_minute_gets_429_with_the_openai_headers(
     );
     let s = summary(Some(10));
     let first = admit(&a, &t, ask(&s)).await.unwrap();
-    assert_eq!(first.headers.requests.unwrap().remaining, 1);
+    assert_eq!(first.rate_headers().requests.unwrap().remaining, 1);
     let _second = admit(&a, &t, ask(&s)).await.unwrap();
     let e = admit(&a, &t, ask(&s)).await.err().unwrap();
     assert_eq!(e.kind, ErrorKind::RequestRateLimited);
@@ -87,7 +87,7 @@ async fn a_tenant_over_its_requests_per_minute_gets_429_with_the_openai_headers(
 
 #[tokio::test]
 async fn concurrency_is_held_until_the_admission_is_dropped() {
-    let a = Admission::new(&config(100), std::iter::empty(), None);
+    let a = Admission::new(&config(100), true, std::iter::empty(), None);
     let t = tenant(
         "a",
         TenantLimits {
@@ -100,14 +100,14 @@ async fn concurrency_is_held_until_the_admission_is_dropped() {
     let e = admit(&a, &t, ask(&s)).await.err().unwrap();
     assert_eq!(e.kind, ErrorKind::ConcurrencyLimited);
     assert_eq!(a.in_flight().0, 1, "a refusal holds no place");
-    held.settle(None);
+    drop(held);
     assert_eq!(a.in_flight().0, 0);
     assert!(admit(&a, &t, ask(&s)).await.is_ok());
 }
 
 #[tokio::test]
 async fn the_global_cap_refuses_every_tenant_with_503() {
-    let a = Admission::new(&config(2), std::iter::empty(), None);
+    let a = Admission::new(&config(2), true, std::iter::empty(), None);
     let s = summary(None);
     let t = tenant("a", TenantLimits::default());
     let _one = admit(&a, &t, ask(&s)).await.unwrap();
@@ -125,7 +125,7 @@ async fn the_global_cap_refuses_every_tenant_with_503() {
 
 #[tokio::test]
 async fn tokens_are_estimated_reserved_and_reconciled_with_the_report() {
-    let a = Admission::new(&config(100), std::iter::empty(), None);
+    let a = Admission::new(&config(100), true, std::iter::empty(), None);
     let t = tenant(
         "a",
         TenantLimits {
@@ -135,23 +135,24 @@ async fn tokens_are_estimated_reserved_and_reconciled_with_the_report() {
     );
     // 400 bytes of body is about 100 prompt tokens, plus 300 allowed completion tokens.
     let s = summary(Some(300));
-    let admitted = admit(&a, &t, ask(&s)).await.unwrap();
-    assert_eq!(admitted.headers.tokens.unwrap().remaining, 600);
+    let mut admitted = admit(&a, &t, ask(&s)).await.unwrap();
+    assert_eq!(admitted.rate_headers().tokens.unwrap().remaining, 600);
     admitted.settle(Some(150));
+    drop(admitted);
     let next = admit(&a, &t, ask(&s)).await.unwrap();
     // 1000 - 150 - 400, give or take the refill of a few microseconds.
-    let left = next.headers.tokens.unwrap().remaining;
+    let left = next.rate_headers().tokens.unwrap().remaining;
     assert!((450..=451).contains(&left), "{left}");
     // Dropped unsettled (the request failed): its 400 tokens come back.
     drop(next);
     let again = admit(&a, &t, ask(&s)).await.unwrap();
-    let left = again.headers.tokens.unwrap().remaining;
+    let left = again.rate_headers().tokens.unwrap().remaining;
     assert!((450..=452).contains(&left), "{left}");
 }
 
 #[tokio::test]
 async fn a_request_larger_than_the_token_limit_is_refused_without_a_retry_time() {
-    let a = Admission::new(&config(100), std::iter::empty(), None);
+    let a = Admission::new(&config(100), true, std::iter::empty(), None);
     let t = tenant(
         "a",
         TenantLimits {
@@ -172,7 +173,7 @@ async fn a_request_larger_than_the_token_limit_is_refused_without_a_retry_time()
 
 #[tokio::test]
 async fn changed_limits_apply_to_the_next_request() {
-    let a = Admission::new(&config(100), std::iter::empty(), None);
+    let a = Admission::new(&config(100), true, std::iter::empty(), None);
     let s = summary(None);
     let strict = tenant(
         "a",

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use metrics::{counter, gauge, Counter, Label};
 
-use crate::pool::Backend;
+use super::EngineLoad;
 
 pub const RUNNING: &str = "spillway_engine_requests_running";
 pub const WAITING: &str = "spillway_engine_requests_waiting";
@@ -40,14 +40,14 @@ pub(crate) fn describe() {
 }
 
 /// Sets the backend's engine gauges from its last reading; none before the first.
-pub(crate) fn render(model: &Arc<str>, backend: &Backend, now: Instant) {
-    let Some(reading) = backend.engine.as_ref().and_then(|e| e.reading(now)) else {
+pub(crate) fn render(model: &Arc<str>, backend: &Arc<str>, engine: &EngineLoad, now: Instant) {
+    let Some(reading) = engine.reading(now) else {
         return;
     };
     let labels = || {
         vec![
             Label::new("model", model.clone()),
-            Label::new("backend", backend.name.clone()),
+            Label::new("backend", backend.clone()),
         ]
     };
     gauge!(RUNNING, labels()).set(f64::from(reading.running));

@@ -159,7 +159,13 @@ async fn the_reading_appears_and_follows_the_page() {
     .await;
 
     let pool = models.get("scrape-follows").unwrap();
-    crate::engine::metrics::render(&pool.name, &pool.backends[0], Instant::now());
+    let b = &pool.backends[0];
+    crate::engine::metrics::render(
+        &pool.name,
+        &b.name,
+        b.engine.as_ref().unwrap(),
+        Instant::now(),
+    );
     assert_eq!(series(RUNNING, "scrape-follows", None), 0.0);
     assert_eq!(series(WAITING, "scrape-follows", None), 5.0);
     assert!(series(READING_AGE, "scrape-follows", None) < 10.0);

@@ -5,6 +5,8 @@
 //! after refusing a connection. Outstanding counts are taken with a compare-and-swap against the
 //! backend's `max_concurrency`, so the cap holds under any number of concurrent pickers.
 
+mod learn;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -22,6 +24,8 @@ use spillway_policy::{
     Throttle,
 };
 use tokio::sync::Notify;
+
+use tracing::info;
 
 use crate::engine::{EngineLoad, EngineLoads};
 use crate::health::BackendHealth;
@@ -240,15 +244,22 @@ impl Backend {
     }
 
     /// Skips this backend for `cooldown` (it refused a connection or timed out).
-    pub fn skip_for(&self, cooldown: Duration) {
-        let until = self.epoch.elapsed() + cooldown;
+    /// Logs and counts an ejection of `for_`, for `why`.
+    pub fn ejected(&self, for_: Duration, why: &str) {
+        info!(backend = %self.name, seconds = for_.as_secs_f64(), reason = why, "backend ejected");
+        self.metrics.ejected();
+    }
+
+    /// Leaves this backend out of new picks for `cooldown` from `now`.
+    pub fn skip_for(&self, now: Instant, cooldown: Duration) {
+        let until = now.saturating_duration_since(self.epoch) + cooldown;
         self.skip_until_ms
             .store(until.as_millis().max(1) as u64, Ordering::Relaxed);
     }
 
     fn skipped(&self, now: Instant) -> bool {
         let until = self.skip_until_ms.load(Ordering::Relaxed);
-        until != 0 && (now.duration_since(self.epoch).as_millis() as u64) < until
+        until != 0 && (now.saturating_duration_since(self.epoch).as_millis() as u64) < until
     }
 }
 
@@ -378,8 +389,7 @@ impl ModelPool {
 
     /// Picks a backend with room for `ask`, skipping those in `exclude`, cooling down or ejected
     /// (unless the pool is in panic mode), and takes a unit of its concurrency.
-    pub fn acquire(&self, ask: Ask<'_>, exclude: &[usize]) -> Option<Acquired> {
-        let now = Instant::now();
+    pub fn acquire(&self, now: Instant, ask: Ask<'_>, exclude: &[usize]) -> Option<Acquired> {
         let (states, panic) = self.states(now);
         let usable = |i: usize, b: &Backend| {
             b.bulkhead.as_deref() == ask.bulkhead
@@ -469,12 +479,14 @@ impl Models {
         config: &Config,
         mut base_of: impl FnMut(&spillway_config::ModelConfig, &BackendConfig) -> Result<Uri, String>,
     ) -> Result<Self, String> {
-        let epoch = Instant::now();
-        let naive = config.retry.naive;
-        let outlier = (config.outlier.enabled && !naive).then(|| config.outlier.detector.clone());
+        let epoch = crate::clock::now();
+        let outlier = config
+            .outlier
+            .enabled
+            .then(|| config.outlier.detector.clone());
         let adaptive = &config.adaptive_concurrency;
         let aimd = |b: &BackendConfig| {
-            (adaptive.enabled && !naive).then(|| {
+            adaptive.enabled.then(|| {
                 let min_limit = adaptive.min_limit.min(b.max_concurrency);
                 AimdConfig {
                     min_limit,
@@ -513,7 +525,6 @@ impl Models {
                 throttle: config
                     .retry
                     .throttle
-                    .filter(|_| !naive)
                     .map(|t| Mutex::new(Throttle::new(t, epoch))),
                 in_flight: AtomicU64::new(0),
                 retrying: AtomicU64::new(0),

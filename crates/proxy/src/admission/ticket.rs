@@ -1,0 +1,159 @@
+//! The ticket of an admitted call: what it holds while it runs, and how it settles itself.
+//!
+//! It holds the call's places in the in-flight counts, its token reservation and its queue seat
+//! until the response ends. While the response is relayed it reads the usage the backend
+//! reports (only for tenants with a tokens-per-minute limit); at the end it reconciles the
+//! reservation with that usage. Dropped before then (the call failed before a response, or the
+//! client went away before its body began), it refunds the reserved tokens.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use spillway_policy::{Priority, RateHeaders};
+
+use super::rate::Rates;
+use super::{Gate, Seat, Slot};
+use crate::auth::TenantLimits;
+use crate::usage::UsageScanner;
+
+/// An admitted call's hold on the gateway's capacity.
+pub(crate) struct Ticket {
+    places: Places,
+    /// Its seat in the pool, once it has one.
+    seat: Option<Seat>,
+    /// The usage the backend reports, read from the relayed body (tokens-per-minute tenants).
+    usage: Option<UsageScanner>,
+    data_frames: u64,
+    sse: bool,
+    settled: bool,
+}
+
+/// What admission hands a ticket.
+pub(super) struct Places {
+    pub gate: Arc<Gate>,
+    /// Held, not read: its place in the gateway's cap and in its tenant's concurrency.
+    pub _global: Slot,
+    pub _own: Option<Slot>,
+    /// Set when Redis decided: the reservation is settled there.
+    pub rates: Option<(Arc<Rates>, TenantLimits)>,
+    pub reserved: u64,
+    /// The prompt's share of the reservation.
+    pub prompt: u64,
+    /// The tenant's quotas after this admission, for the response's `x-ratelimit-*` headers.
+    pub headers: RateHeaders,
+    /// The tenant has a tokens-per-minute limit: its usage is read and reconciled.
+    pub meters_tokens: bool,
+}
+
+impl Ticket {
+    pub(super) fn new(places: Places) -> Self {
+        Ticket {
+            places,
+            seat: None,
+            usage: None,
+            data_frames: 0,
+            sse: false,
+            settled: false,
+        }
+    }
+
+    /// A ticket that holds the call's place in the gateway's cap and nothing of its tenant's
+    /// limits (a gateway without admission, for replays).
+    pub(super) fn unlimited(gate: Arc<Gate>, global: Slot) -> Self {
+        let mut ticket = Ticket::new(Places {
+            gate,
+            _global: global,
+            _own: None,
+            rates: None,
+            reserved: 0,
+            prompt: 0,
+            headers: RateHeaders {
+                requests: None,
+                tokens: None,
+            },
+            meters_tokens: false,
+        });
+        ticket.settled = true;
+        ticket
+    }
+
+    pub(super) fn seated(&mut self, seat: Seat, tenant: &str, class: Priority, waited: Duration) {
+        self.places.gate.series.queue_wait(tenant, class, waited);
+        self.seat = Some(seat);
+    }
+
+    /// The tenant's quotas after this admission.
+    pub(crate) fn rate_headers(&self) -> &RateHeaders {
+        &self.places.headers
+    }
+
+    /// The ticket of a call whose response is about to be relayed, as an event stream or not.
+    pub(crate) fn relayed(mut self, sse: bool) -> Self {
+        self.sse = sse;
+        if self.places.meters_tokens {
+            self.usage = Some(UsageScanner::new(sse));
+        }
+        self
+    }
+
+    /// A data frame of the relayed body passed.
+    pub(crate) fn frame(&mut self, data: &Bytes) {
+        if let Some(scanner) = &mut self.usage {
+            scanner.feed(data);
+            self.data_frames += 1;
+        }
+    }
+
+    /// The relayed body ended, `complete` or not: the reservation is reconciled with the usage
+    /// the backend reported. Without a report the estimate stands for a response that
+    /// completed; a stream cut short is charged its prompt and about a token per event it
+    /// carried.
+    pub(crate) fn ended(&mut self, complete: bool) {
+        if self.settled {
+            return;
+        }
+        let reported = self
+            .usage
+            .as_ref()
+            .and_then(UsageScanner::usage)
+            .map(|u| u.total_tokens);
+        let used = match reported {
+            Some(tokens) => Some(tokens),
+            None if !complete && self.sse && self.usage.is_some() => {
+                Some(self.places.prompt + self.data_frames)
+            }
+            None => None,
+        };
+        self.settle(used);
+    }
+
+    /// Settles the reservation: `used` tokens if known (the backend's report, or a count of what
+    /// was streamed); `None` keeps the reservation as it is.
+    pub(super) fn settle(&mut self, used: Option<u64>) {
+        self.settled = true;
+        if let Some(used) = used {
+            self.places.gate.series.tokens_reported.increment(used);
+            self.reconcile(used);
+        }
+    }
+
+    fn reconcile(&self, used: u64) {
+        let p = &self.places;
+        if let Some((rates, limits)) = &p.rates {
+            rates.settle_shared(&p.gate.tenant, limits, p.reserved, used);
+            return;
+        }
+        let mut rate = p.gate.rate.lock().unwrap_or_else(|e| e.into_inner());
+        rate.1.reconcile(crate::clock::now(), p.reserved, used);
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        if !self.settled {
+            // Nothing was generated: give the tokens back (the request itself still counts).
+            self.reconcile(0);
+        }
+    }
+}

@@ -1,0 +1,355 @@
+//! The attempts of one call: pick a backend, send, classify, and retry only when the policy and
+//! the model's budget allow.
+//!
+//! This is the one owner of retries on the path (G1). It deposits the call into its model's
+//! retry budget and withdraws from it for each retry, counts the attempts, and decides about
+//! spillover; it sends through the [`Upstream`] seam, so that the whole loop runs in-process
+//! against a scripted upstream in its tests (`tests.rs`), on paused time.
+//!
+//! Each attempt's outcome is classified once (`spillway_policy::classify`) and reported to the
+//! backend's health. A retry needs the policy (`RetryPolicy::decide`) and the budget; a
+//! connection never made put no load on a backend and draws nothing from the budget. A capacity
+//! failure never goes back to the backend that reported it and moves to another region while
+//! one has room. Nothing is retried once a response is chosen: the decision is made on the
+//! response head, before a byte of the body reaches the client.
+
+mod answer;
+#[cfg(test)]
+mod tests;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use http::{header, HeaderMap};
+use spillway_config::{RetryConfig, UpstreamConfig};
+use spillway_policy::{classify, Class, Decision, Outcome, Pushback, RetryPolicy};
+use tracing::{debug, warn};
+
+use crate::call::Call;
+use crate::error::ApiError;
+use crate::pool::{Acquired, Ask, Backend, InFlight};
+use crate::request::with_fields;
+use crate::upstream::{self, Upstream};
+use answer::Failure;
+
+/// How often a call waiting for a backend looks again when none frees up (an ejection may
+/// end, or a cooldown, without a request finishing).
+const RECHECK_EVERY: Duration = Duration::from_millis(100);
+
+/// The longest a backend that asked for time with a capacity answer is left out of new picks.
+const MAX_PUSHBACK_COOLDOWN: Duration = Duration::from_secs(60);
+
+/// What the attempt loop is configured with.
+#[derive(Debug, Clone)]
+pub(crate) struct Retries {
+    pub policy: RetryPolicy,
+    /// No attempt of a call starts after this long since it arrived (`retry.deadline`).
+    pub deadline: Duration,
+    /// One attempt's longest wait for a response head (`upstream.response_timeout`), for the
+    /// message when attempts time out.
+    pub response_timeout: Duration,
+    /// How long a seated call waits for a backend to free up before its first attempt.
+    pub queue_wait: Duration,
+}
+
+impl Retries {
+    pub(crate) fn new(
+        retry: &RetryConfig,
+        upstream: &UpstreamConfig,
+        queue_wait: Duration,
+    ) -> Self {
+        Retries {
+            policy: retry.policy,
+            deadline: retry.deadline,
+            response_timeout: upstream.response_timeout,
+            queue_wait,
+        }
+    }
+}
+
+/// The response chosen to be relayed, with the hold on its backend.
+pub(crate) struct Chosen<B> {
+    pub response: http::Response<B>,
+    pub hold: InFlight,
+}
+
+/// How a call's attempts ended.
+pub(crate) struct Attempted<B> {
+    pub result: Result<Chosen<B>, ApiError>,
+    /// The last backend tried, if any.
+    pub backend: Option<Arc<str>>,
+}
+
+/// Runs the attempts of `call` until one is chosen or the call gives up.
+pub(crate) async fn run<U: Upstream>(
+    call: &Call,
+    retries: &Retries,
+    upstream: &U,
+) -> Attempted<U::Body> {
+    let pool = &*call.pool;
+    pool.budget
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .deposit(crate::clock::now());
+    let _in_flight = Counted::new(&pool.in_flight);
+    let mut attempts = Loop {
+        call,
+        retries,
+        made: 0,
+        tried: Vec::with_capacity(3),
+        refused: Vec::new(),
+        backend: None,
+        wait_until: crate::clock::now() + retries.queue_wait,
+    };
+    let result = attempts.run(upstream).await;
+    pool.metrics.attempts(attempts.made);
+    call.labels.attempted(attempts.made);
+    Attempted {
+        result,
+        backend: attempts.backend,
+    }
+}
+
+/// The state of one call's attempts.
+struct Loop<'a> {
+    call: &'a Call,
+    retries: &'a Retries,
+    made: u32,
+    /// The backends tried, by index in the pool.
+    tried: Vec<usize>,
+    /// The backends tried that must not be tried again: they gave a capacity answer or refused
+    /// the gateway's credential.
+    refused: Vec<usize>,
+    backend: Option<Arc<str>>,
+    /// Until when the call waits for a backend to free up before it has reached one.
+    wait_until: Instant,
+}
+
+impl Loop<'_> {
+    async fn run<U: Upstream>(&mut self, upstream: &U) -> Result<Chosen<U::Body>, ApiError> {
+        let call = self.call;
+        let pool = &*call.pool;
+        let mut exclude_tried = false;
+        let mut avoid_region: Option<String> = None;
+        let mut last: Option<Failure> = None;
+        let mut retrying: Option<Counted<'_>> = None;
+        loop {
+            let now = crate::clock::now();
+            let exclude: &[usize] = if exclude_tried { &self.tried } else { &[] };
+            let ask = Ask {
+                bulkhead: call.tenant.pool.as_deref(),
+                region: call.region.as_deref(),
+                avoid_region: avoid_region.as_deref(),
+                affinity_key: call.affinity_key,
+            };
+            let acquired = pool.acquire(now, ask, exclude).or_else(|| {
+                // A transient failure prefers another backend but may use one tried before;
+                // never one that gave a capacity answer or refused the credential.
+                let fallback = exclude_tried && last.as_ref().is_some_and(|f| f.same_backend_ok());
+                let again = Ask {
+                    avoid_region: None,
+                    ..ask
+                };
+                fallback
+                    .then(|| pool.acquire(now, again, &self.refused))
+                    .flatten()
+            });
+            let Some(Acquired {
+                index,
+                hold,
+                spilled_over,
+                affinity,
+            }) = acquired
+            else {
+                // A seated call found every backend full: a limit fell or a backend left after
+                // it was seated. It waits for one to free up, as it would have in the queue,
+                // rather than being refused while a backend is about to have room. Only while
+                // nothing has reached a backend yet (no attempt, or only refused connections),
+                // and only while some backend can take requests at all.
+                let until = self.wait_until.min(call.deadline);
+                let unsent = last
+                    .as_ref()
+                    .is_none_or(|f| f.outcome == Outcome::ConnectFailed);
+                if unsent && now < until && pool.seats(ask.bulkhead, now) > 0 {
+                    pool.freed(until.duration_since(now).min(RECHECK_EVERY))
+                        .await;
+                    continue;
+                }
+                return Err(self.no_backend(last));
+            };
+            self.made += 1;
+            self.tried.push(index);
+            let backend = hold.backend().clone();
+            if self.made == 1 {
+                pool.metrics.affinity(affinity);
+            }
+            self.backend = Some(backend.name.clone());
+            let in_flight = backend.outstanding();
+            let (outcome, response) = match upstream.send(&backend, self.attempt(&backend)).await {
+                Ok(r) => (Outcome::Response(r.status().as_u16()), Some(r)),
+                Err(outcome) => (outcome, None),
+            };
+            let now = crate::clock::now();
+            let class = classify(outcome, &backend.rules);
+            let pushback = response
+                .as_ref()
+                .map_or_else(Pushback::default, |r| pushback(r.headers()));
+            self.learn(
+                &backend,
+                now,
+                outcome,
+                class,
+                pushback,
+                in_flight,
+                response.as_ref(),
+            );
+            let time_left = call.deadline.saturating_duration_since(now);
+            let decision =
+                self.retries
+                    .policy
+                    .decide(class, pushback, self.made, time_left, &mut rand::rng());
+            let failure = Failure {
+                class,
+                outcome,
+                pushback,
+            };
+            let after = match decision {
+                Decision::Retry { .. } if outcome == Outcome::ConnectFailed => {
+                    // Nothing was sent: the next backend can be tried at once, and the budget
+                    // pays nothing, as no backend took any load.
+                    Duration::ZERO
+                }
+                Decision::Retry { after, .. } => {
+                    // This call's own earlier retry is not another call retrying.
+                    let others =
+                        pool.retrying.load(Ordering::Relaxed) - u64::from(retrying.is_some());
+                    let granted = pool
+                        .budget
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .try_withdraw(now, pool.in_flight.load(Ordering::Relaxed), others);
+                    if let Err(refusal) = granted {
+                        pool.metrics.budget_exhausted(refusal);
+                        debug!(
+                            request_id = ?call.id,
+                            class = class.as_str(),
+                            refusal = refusal.as_str(),
+                            "retry budget refused a retry"
+                        );
+                        return Err(answer::budget_refused(&pool.name, class, refusal));
+                    }
+                    after
+                }
+                Decision::Stop(stop) => {
+                    debug!(request_id = ?call.id, class = class.as_str(), ?stop, attempts = self.made, "no retry");
+                    return match response {
+                        Some(response) if failure.is_relayed() => {
+                            if spilled_over {
+                                backend.metrics.spilled_over();
+                            }
+                            Ok(Chosen { response, hold })
+                        }
+                        _ => Err(self.give_up(failure, stop)),
+                    };
+                }
+            };
+            pool.metrics.retried(class);
+            retrying.get_or_insert_with(|| Counted::new(&pool.retrying));
+            drop(response);
+            drop(hold);
+            exclude_tried = true;
+            if !failure.same_backend_ok() {
+                self.refused.push(index);
+                avoid_region = Some(backend.region.clone());
+            }
+            last = Some(failure);
+            if !after.is_zero() {
+                tokio::time::sleep(after).await;
+            }
+        }
+    }
+
+    /// The attempt as `backend` gets it.
+    fn attempt(&self, backend: &Backend) -> upstream::Attempt<'_> {
+        let call = self.call;
+        let priority = backend
+            .forward_priority
+            .then(|| call.priority.engine_value());
+        let body = match (&backend.rename_to, priority) {
+            (None, None) => call.body.clone(),
+            (name, priority) => with_fields(&call.body, name.as_deref(), priority)
+                .unwrap_or_else(|_| call.body.clone()),
+        };
+        upstream::Attempt {
+            endpoint: call.endpoint,
+            headers: &call.headers,
+            body,
+            until: call.deadline,
+        }
+    }
+
+    /// What the pool and the backend learn from one attempt: its health, throttling, a
+    /// credential the operator must fix, a backend that asked for time or cannot be reached.
+    #[allow(clippy::too_many_arguments)]
+    fn learn<B>(
+        &self,
+        backend: &Backend,
+        now: Instant,
+        outcome: Outcome,
+        class: Class,
+        pushback: Pushback,
+        in_flight: u32,
+        response: Option<&http::Response<B>>,
+    ) {
+        let pool = &*self.call.pool;
+        pool.record(backend, now, class, in_flight);
+        if outcome != Outcome::ConnectFailed {
+            // A connection never made put no load on a backend.
+            pool.throttle_record(now, !class.is_backend_failure());
+        }
+        if class == Class::UpstreamAuth {
+            // The gateway's own key for this backend is wrong: the operator must hear of it,
+            // once in a while rather than once per request.
+            if let Some(held_back) = backend.auth_log.pass(now) {
+                warn!(
+                    backend = %backend.name,
+                    status = response.map_or(0, |r| r.status().as_u16()),
+                    held_back,
+                    "the backend refused spillway's credential for it; check its api_key_env"
+                );
+            }
+        }
+        if class == Class::Capacity {
+            if let Some(wait) = pushback.retry_after {
+                // The full backend asked for time: it gets it, and this call moves on.
+                backend.skip_for(now, wait.min(MAX_PUSHBACK_COOLDOWN));
+            }
+        }
+    }
+}
+
+/// Counts itself in an atomic gauge while alive.
+struct Counted<'a>(&'a AtomicU64);
+
+impl<'a> Counted<'a> {
+    fn new(gauge: &'a AtomicU64) -> Self {
+        gauge.fetch_add(1, Ordering::Relaxed);
+        Counted(gauge)
+    }
+}
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+fn pushback(headers: &HeaderMap) -> Pushback {
+    let get = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    Pushback::parse(
+        get(header::RETRY_AFTER.as_str()),
+        get("retry-after-ms"),
+        get("x-should-retry"),
+    )
+}

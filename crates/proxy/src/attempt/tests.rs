@@ -1,0 +1,381 @@
+//! The attempt loop in-process, against a scripted upstream, on paused time: what guarantee G1
+//! promises, for any sequence of upstream outcomes.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::HeaderMap;
+use http_body_util::{BodyExt, Full, StreamBody};
+use proptest::prelude::*;
+use spillway_config::{BackendKind, Config};
+use spillway_policy::Outcome;
+use tokio::time::Instant;
+
+use super::{run, Retries};
+use crate::auth::{Tenant, TenantLimits};
+use crate::call::Call;
+use crate::metrics::RequestLabels;
+use crate::pool::{Backend, Endpoint, Models};
+use crate::upstream::{Attempt, Upstream};
+
+/// What the scripted upstream does with one attempt.
+#[derive(Debug, Clone)]
+enum Step {
+    /// Answers with this status after `after`.
+    Status(u16, Duration),
+    /// Gives no response head: the outcome, after `after`.
+    Fail(Outcome, Duration),
+}
+
+/// One attempt as the upstream saw it.
+#[derive(Debug, Clone)]
+struct Sent {
+    backend: Arc<str>,
+    at: Instant,
+}
+
+/// An upstream that plays its script, one step per attempt, and then answers 200.
+#[derive(Default)]
+struct Scripted {
+    steps: Mutex<VecDeque<Step>>,
+    sent: Mutex<Vec<Sent>>,
+}
+
+impl Scripted {
+    fn new(steps: impl IntoIterator<Item = Step>) -> Self {
+        Scripted {
+            steps: Mutex::new(steps.into_iter().collect()),
+            sent: Mutex::default(),
+        }
+    }
+
+    fn sent(&self) -> Vec<Sent> {
+        self.sent.lock().unwrap().clone()
+    }
+}
+
+type Frames =
+    futures_util::stream::Iter<std::vec::IntoIter<Result<http_body::Frame<Bytes>, std::io::Error>>>;
+
+impl Upstream for Scripted {
+    type Body = Full<Bytes>;
+
+    async fn send(
+        &self,
+        backend: &Arc<Backend>,
+        _attempt: Attempt<'_>,
+    ) -> Result<http::Response<Self::Body>, Outcome> {
+        self.sent.lock().unwrap().push(Sent {
+            backend: backend.name.clone(),
+            at: Instant::now(),
+        });
+        let step = self.steps.lock().unwrap().pop_front();
+        let step = step.unwrap_or(Step::Status(200, Duration::ZERO));
+        let (Step::Status(_, after) | Step::Fail(_, after)) = &step;
+        tokio::time::sleep(*after).await;
+        match step {
+            Step::Status(status, _) => Ok(http::Response::builder()
+                .status(status)
+                .body(Full::new(Bytes::from_static(b"{}")))
+                .unwrap()),
+            Step::Fail(outcome, _) => Err(outcome),
+        }
+    }
+}
+
+/// A stream that sends one event and then breaks off, as a backend that dies mid-stream.
+struct BreaksMidStream;
+
+impl Upstream for BreaksMidStream {
+    type Body = StreamBody<Frames>;
+
+    async fn send(
+        &self,
+        _backend: &Arc<Backend>,
+        _attempt: Attempt<'_>,
+    ) -> Result<http::Response<Self::Body>, Outcome> {
+        let frames = vec![
+            Ok(http_body::Frame::data(Bytes::from_static(b"data: {}\n\n"))),
+            Err(std::io::Error::other("the backend went away")),
+        ];
+        Ok(http::Response::builder()
+            .header("content-type", "text/event-stream")
+            .body(StreamBody::new(futures_util::stream::iter(frames)))
+            .unwrap())
+    }
+}
+
+const BUDGET_RATIO: f64 = 0.1;
+const BUDGET_MIN_PER_SEC: f64 = 1.0;
+const BUDGET_WINDOW_SECS: u64 = 60;
+
+/// Three backends of one model, with the retry settings of the test.
+fn pool(extra: &str) -> (Models, Retries) {
+    let config = Config::from_toml(&format!(
+        r#"
+[retry]
+max_attempts = 5
+budget_ratio = {BUDGET_RATIO}
+budget_min_per_sec = {BUDGET_MIN_PER_SEC}
+budget_window = "{BUDGET_WINDOW_SECS}s"
+deadline = "120s"
+{extra}
+[[models]]
+name = "m"
+[[models.backends]]
+name = "a"
+url = "http://127.0.0.1:9/v1"
+engine = "none"
+[[models.backends]]
+name = "b"
+url = "http://127.0.0.1:9/v1"
+engine = "none"
+[[models.backends]]
+name = "c"
+url = "http://127.0.0.1:9/v1"
+engine = "none"
+"#
+    ))
+    .unwrap();
+    let models = Models::new(&config, |_, b| match &b.kind {
+        BackendKind::OpenAi { url } => Ok(url.clone()),
+        other => Err(format!("unexpected {other:?}")),
+    })
+    .unwrap();
+    let retries = Retries::new(&config.retry, &config.upstream, Duration::from_secs(1));
+    (models, retries)
+}
+
+fn call(models: &Models, retries: &Retries) -> Call {
+    let started = crate::clock::now();
+    Call {
+        id: None,
+        endpoint: Endpoint::ChatCompletions,
+        started,
+        deadline: started + retries.deadline,
+        tenant: Arc::new(Tenant {
+            name: Arc::from("t"),
+            allowed_models: None,
+            enabled: true,
+            limits: TenantLimits::default(),
+            pool: None,
+        }),
+        headers: HeaderMap::new(),
+        body: Bytes::from_static(br#"{"model":"m"}"#),
+        summary: crate::request::summarize(br#"{"model":"m"}"#).unwrap(),
+        pool: models.get("m").unwrap().clone(),
+        region: None,
+        priority: Default::default(),
+        affinity_key: None,
+        client_retry: false,
+        labels: RequestLabels::unrouted(),
+        entered: None,
+        _body_hold: None,
+    }
+}
+
+/// Runs `f` on a current-thread runtime whose clock is paused: sleeps and timeouts pass at
+/// once, in order, as the loop's backoffs and the script's latencies ask.
+fn paused<F: std::future::Future>(f: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap()
+        .block_on(f)
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    let after = (0u64..20).prop_map(Duration::from_millis);
+    prop_oneof![
+        (
+            prop::sample::select(vec![200u16, 400, 404, 429, 500, 502, 503, 504]),
+            after.clone()
+        )
+            .prop_map(|(s, a)| Step::Status(s, a)),
+        (
+            prop::sample::select(vec![
+                Outcome::ConnectFailed,
+                Outcome::ResetBeforeResponse,
+                Outcome::TimedOut
+            ]),
+            after
+        )
+            .prop_map(|(o, a)| Step::Fail(o, a)),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// G1: whatever the backends answer and however often callers resend, the attempts that
+    /// reach a backend stay within requests x (1 + ratio) + floor over the budget's window.
+    /// (A refused connection reached no backend and is not counted: it costs no budget.)
+    #[test]
+    fn attempts_that_reach_a_backend_stay_within_the_budget(
+        steps in prop::collection::vec(step(), 0..400),
+        callers in 1usize..60,
+        caller_retries in 0u32..4,
+    ) {
+        let (models, retries) = pool("transient_backoff_base = \"0s\"\ncapacity_backoff_base = \"0s\"");
+        let upstream = Scripted::new(steps.clone());
+        let requests = paused(async {
+            let start = Instant::now();
+            let mut requests = 0u64;
+            for _ in 0..callers {
+                for _ in 0..=caller_retries {
+                    requests += 1;
+                    let ok = run(&call(&models, &retries), &retries, &upstream)
+                        .await
+                        .result
+                        .is_ok_and(|c| c.response.status().is_success());
+                    if ok {
+                        break;
+                    }
+                }
+            }
+            assert!(start.elapsed() < Duration::from_secs(BUDGET_WINDOW_SECS / 2),
+                "the run fits in one budget window, so the bound below is the budget's");
+            requests
+        });
+        let sent = upstream.sent().len();
+        let refused: usize = steps
+            .iter()
+            .take(sent)
+            .filter(|s| matches!(s, Step::Fail(Outcome::ConnectFailed, _)))
+            .count();
+        let loaded = (sent - refused) as f64;
+        let bound = requests as f64 * (1.0 + BUDGET_RATIO)
+            + BUDGET_MIN_PER_SEC * BUDGET_WINDOW_SECS as f64;
+        prop_assert!(loaded <= bound, "{loaded} attempts reached a backend for {requests} requests (bound {bound})");
+    }
+
+    /// No attempt starts once the request's deadline has passed, however slow the backends.
+    #[test]
+    fn no_attempt_starts_past_the_deadline(
+        steps in prop::collection::vec(
+            (prop::sample::select(vec![502u16, 503, 504]), 0u64..90_000)
+                .prop_map(|(s, ms)| Step::Status(s, Duration::from_millis(ms))),
+            1..10,
+        ),
+    ) {
+        let (models, retries) = pool("");
+        let upstream = Scripted::new(steps);
+        let deadline = paused(async {
+            let call = call(&models, &retries);
+            let deadline = Instant::from_std(call.deadline);
+            let _ = run(&call, &retries, &upstream).await;
+            deadline
+        });
+        for s in upstream.sent() {
+            prop_assert!(s.at < deadline, "an attempt started {:?} past the deadline", s.at - deadline);
+        }
+    }
+
+    /// A capacity answer never sends the call back to the backend that gave it.
+    #[test]
+    fn a_capacity_failure_is_never_retried_on_the_same_backend(
+        steps in prop::collection::vec(
+            prop::sample::select(vec![429u16, 503, 502, 200])
+                .prop_map(|s| Step::Status(s, Duration::ZERO)),
+            1..6,
+        ),
+    ) {
+        let (models, retries) = pool("");
+        let upstream = Scripted::new(steps.clone());
+        paused(async {
+            let _ = run(&call(&models, &retries), &retries, &upstream).await;
+        });
+        let sent = upstream.sent();
+        for (i, (s, step)) in sent.iter().zip(&steps).enumerate() {
+            if matches!(step, Step::Status(429 | 503, _)) {
+                prop_assert!(
+                    sent[i + 1..].iter().all(|later| later.backend != s.backend),
+                    "attempt {i} got a capacity answer from {} and a later one went back to it",
+                    s.backend
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn a_client_error_is_never_retried() {
+    let (models, retries) = pool("");
+    // 429 is a capacity answer and 401/403 the backend refusing the gateway's own key: those
+    // are about the backend, not the request, and tried elsewhere.
+    for status in (400u16..500).filter(|s| ![401, 403, 429].contains(s)) {
+        let upstream = Scripted::new([Step::Status(status, Duration::ZERO)]);
+        let chosen = paused(run(&call(&models, &retries), &retries, &upstream))
+            .result
+            .unwrap_or_else(|e| panic!("{status}: {}", e.message));
+        assert_eq!(chosen.response.status(), status, "relayed as it came");
+        assert_eq!(upstream.sent().len(), 1, "{status} was retried");
+    }
+}
+
+#[test]
+fn nothing_is_retried_after_the_first_streamed_byte() {
+    let (models, retries) = pool("");
+    let upstream = BreaksMidStream;
+    paused(async {
+        let chosen = run(&call(&models, &retries), &retries, &upstream)
+            .await
+            .result
+            .unwrap_or_else(|e| panic!("{}", e.message));
+        let mut body = chosen.response.into_body();
+        let first = body.frame().await.unwrap().unwrap();
+        assert!(first.is_data());
+        assert!(body.frame().await.unwrap().is_err(), "the stream broke off");
+        // The call is over: its attempts ended when the head was chosen, and the break is the
+        // relay's to report (an error event, never a second attempt).
+        let pool = models.get("m").unwrap();
+        let (requests, retried) = pool.budget.lock().unwrap().totals(crate::clock::now());
+        assert_eq!((requests, retried), (1, 0));
+    });
+}
+
+#[test]
+fn refused_connections_move_on_without_drawing_on_the_budget() {
+    let (models, retries) = pool("");
+    let upstream = Scripted::new([
+        Step::Fail(Outcome::ConnectFailed, Duration::ZERO),
+        Step::Fail(Outcome::ConnectFailed, Duration::ZERO),
+        Step::Status(200, Duration::ZERO),
+    ]);
+    paused(async {
+        let chosen = run(&call(&models, &retries), &retries, &upstream)
+            .await
+            .result
+            .unwrap_or_else(|e| panic!("{}", e.message));
+        assert_eq!(chosen.response.status(), 200);
+        let pool = models.get("m").unwrap();
+        let (requests, retried) = pool.budget.lock().unwrap().totals(crate::clock::now());
+        assert_eq!((requests, retried), (1, 0), "the budget paid for nothing");
+    });
+    let backends: Vec<_> = upstream.sent().iter().map(|s| s.backend.clone()).collect();
+    assert_eq!(backends.len(), 3);
+    assert!(
+        backends[0] != backends[1] && backends[1] != backends[2] && backends[0] != backends[2],
+        "each attempt went to another backend: {backends:?}"
+    );
+}
+
+#[test]
+fn a_failure_after_sending_draws_one_retry_from_the_budget() {
+    let (models, retries) = pool("");
+    let upstream = Scripted::new([Step::Status(502, Duration::ZERO)]);
+    paused(async {
+        let chosen = run(&call(&models, &retries), &retries, &upstream)
+            .await
+            .result
+            .unwrap_or_else(|e| panic!("{}", e.message));
+        assert_eq!(chosen.response.status(), 200);
+        let pool = models.get("m").unwrap();
+        let totals = pool.budget.lock().unwrap().totals(crate::clock::now());
+        assert_eq!(totals, (1, 1));
+    });
+    assert_eq!(upstream.sent().len(), 2);
+}

@@ -1,0 +1,169 @@
+//! The read stage: from an HTTP request to a [`Call`], or the refusal to answer with.
+//!
+//! The order matters: the key is checked before the body is read; the call is counted in flight
+//! (globally and for its tenant) from its head, while its body arrives, because a body still
+//! arriving holds memory too (G4); the body is capped in size and time before it is parsed; and
+//! only then are the model, the region and the class resolved.
+
+use std::sync::Arc;
+
+use axum::extract::Request;
+use http::{HeaderMap, HeaderName};
+use spillway_policy::Priority;
+use tracing::warn;
+
+use super::Call;
+use crate::auth::{presented_key, Tenant};
+use crate::error::{ApiError, ErrorKind};
+use crate::gateway::Gateway;
+use crate::metrics::RequestLabels;
+use crate::pool::Endpoint;
+use crate::request::{read_body, summarize, BodyLimits};
+
+/// Reads `req` into a call; a refusal comes with the labels known by then.
+pub(super) async fn read(
+    gw: &Gateway,
+    endpoint: Endpoint,
+    req: Request,
+) -> Result<Call, (ApiError, RequestLabels)> {
+    let mut labels = RequestLabels::unrouted();
+    match build(gw, endpoint, req, &mut labels).await {
+        Ok(call) => Ok(call),
+        Err(e) => Err((e, labels)),
+    }
+}
+
+async fn build(
+    gw: &Gateway,
+    endpoint: Endpoint,
+    req: Request,
+    labels: &mut RequestLabels,
+) -> Result<Call, ApiError> {
+    let started = crate::clock::now();
+    let (parts, body) = req.into_parts();
+    let tenant = authenticate(gw, &parts.headers).await?;
+    labels.tenant = tenant.name.clone();
+    let entered = gw.admission.enter(&tenant)?;
+    let limits = BodyLimits {
+        cap: gw.server.max_body_bytes,
+        deadline: started + gw.server.body_read_timeout,
+        timeout: gw.server.body_read_timeout,
+    };
+    let (body, body_hold) = read_body(body, limits, &gw.body_budget, entered.body_held()).await?;
+    let summary = summarize(&body)?;
+    let pool = gw.models.get(&summary.model).cloned().ok_or_else(|| {
+        ApiError::new(
+            ErrorKind::ModelNotFound,
+            format!("the model {:?} does not exist", shown(&summary.model)),
+        )
+    })?;
+    labels.model = pool.name.clone();
+    if !tenant.may_use(&summary.model) {
+        return Err(ApiError::new(
+            ErrorKind::ModelNotAllowed,
+            format!(
+                "this API key may not use the model {:?}",
+                shown(&summary.model)
+            ),
+        ));
+    }
+    let headers = parts.headers;
+    let region = match headers
+        .get(&gw.server.region_header)
+        .and_then(|v| v.to_str().ok())
+    {
+        Some(asked) => Some(Arc::from(asked)),
+        None => gw.home_region.clone(),
+    };
+    let priority = requested_class(&headers, &gw.server.priority_header)?
+        .map_or(tenant.limits.priority, |asked| {
+            tenant.limits.priority.lowered_to(asked)
+        });
+    Ok(Call {
+        id: headers.get("x-request-id").cloned(),
+        endpoint,
+        started,
+        deadline: started + gw.retries.deadline,
+        affinity_key: crate::affinity::key(&pool.balance, &headers, &body),
+        client_retry: is_client_retry(&headers, &gw.client_retry_headers),
+        labels: labels.clone(),
+        tenant,
+        headers,
+        body,
+        summary,
+        pool,
+        region,
+        priority,
+        entered: Some(entered),
+        _body_hold: Some(body_hold),
+    })
+}
+
+/// The caller's tenant, from the key it presents.
+pub(crate) async fn authenticate(
+    gw: &Gateway,
+    headers: &HeaderMap,
+) -> Result<Arc<Tenant>, ApiError> {
+    let digest = presented_key(headers)?;
+    match gw.directory.lookup(&digest).await {
+        Ok(Some(tenant)) if tenant.enabled => Ok(tenant),
+        Ok(Some(_)) => Err(ApiError::new(
+            ErrorKind::TenantDisabled,
+            "the tenant of this API key is disabled",
+        )),
+        Ok(None) => Err(ApiError::new(ErrorKind::InvalidApiKey, "invalid API key")),
+        Err(e) => {
+            warn!("tenant lookup failed: {e}");
+            Err(ApiError::new(
+                ErrorKind::StoreUnavailable,
+                "cannot check the API key right now: the tenant store cannot be reached",
+            )
+            .retry_after(std::time::Duration::from_secs(1)))
+        }
+    }
+}
+
+/// Whether a request carries a caller's retry marker with a value other than 0.
+fn is_client_retry(headers: &HeaderMap, markers: &[HeaderName]) -> bool {
+    markers.iter().any(|name| {
+        headers
+            .get(name)
+            .is_some_and(|v| v.as_bytes() != b"0" && !v.is_empty())
+    })
+}
+
+/// The longest part of a caller's model name repeated in an answer or a log line.
+const SHOWN_MODEL_BYTES: usize = 64;
+
+/// A caller's model name as it is repeated back: cut (at a character boundary) to
+/// [`SHOWN_MODEL_BYTES`], so a made-up name the size of the body limit is not echoed whole into
+/// the answer and the log.
+fn shown(model: &str) -> std::borrow::Cow<'_, str> {
+    if model.len() <= SHOWN_MODEL_BYTES {
+        return model.into();
+    }
+    let mut cut = SHOWN_MODEL_BYTES;
+    while !model.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}...", &model[..cut]).into()
+}
+
+/// The class a request asks for in `header` (`critical`, `standard` or `batch`), if any. It can
+/// only lower the tenant's class (see `Priority::lowered_to`).
+fn requested_class(headers: &HeaderMap, header: &HeaderName) -> Result<Option<Priority>, ApiError> {
+    let Some(value) = headers.get(header) else {
+        return Ok(None);
+    };
+    value
+        .to_str()
+        .ok()
+        .and_then(|v| v.trim().parse::<Priority>().ok())
+        .map(Some)
+        .ok_or_else(|| {
+            ApiError::new(
+                ErrorKind::MalformedRequest,
+                format!("the {header} header must be critical, standard or batch"),
+            )
+        })
+}

@@ -1,0 +1,75 @@
+//! The respond stage: the chosen upstream response becomes the client's, relayed frame by frame
+//! (`crate::relay`), with its ticket and its backend's metrics told how it ended.
+//!
+//! A relayed 5xx tells the caller not to retry: spillway already did, within the budget.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::response::Response;
+use bytes::Bytes;
+use http::{header, HeaderMap, HeaderValue};
+
+use super::Call;
+use crate::admission::{insert_rate_headers, Ticket};
+use crate::attempt::Chosen;
+use crate::gateway::Gateway;
+use crate::pool::Backend;
+use crate::relay::{BodyEnd, EndObserver, RelayBody};
+use crate::upstream;
+
+/// The client's response for the `chosen` upstream one.
+pub(super) fn respond<B>(gw: &Gateway, call: &Call, ticket: Ticket, chosen: Chosen<B>) -> Response
+where
+    B: http_body::Body<Data = Bytes, Error: std::fmt::Display> + Send + Unpin + 'static,
+{
+    let Chosen { response, hold } = chosen;
+    let (mut head, body) = response.into_parts();
+    upstream::strip_response_headers(&mut head.headers);
+    if head.status.is_server_error() && gw.relay.discourage_caller_retries {
+        head.headers
+            .insert("x-should-retry", HeaderValue::from_static("false"));
+    }
+    let sse = is_sse(&head.headers);
+    insert_rate_headers(&mut head.headers, ticket.rate_headers());
+    let observer = Finish {
+        backend: hold.backend().clone(),
+        started: call.started,
+        ticket: ticket.relayed(sse),
+    };
+    let relay = RelayBody::new(body, sse, gw.relay.stream_idle_timeout, hold, observer);
+    Response::from_parts(head, Body::new(relay))
+}
+
+fn is_sse(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"))
+}
+
+/// The end of a relayed response: its backend's metrics, and the ticket it settles.
+struct Finish {
+    backend: Arc<Backend>,
+    started: Instant,
+    ticket: Ticket,
+}
+
+impl EndObserver for Finish {
+    fn frame(&mut self, data: &Bytes) {
+        self.ticket.frame(data);
+    }
+
+    fn ended(&mut self, end: BodyEnd) {
+        let m = &self.backend.metrics;
+        m.body_ended(crate::clock::now().saturating_duration_since(self.started));
+        match end {
+            BodyEnd::Complete => {}
+            BodyEnd::UpstreamBroke => m.stream_broke(false),
+            BodyEnd::UpstreamStalled => m.stream_broke(true),
+            BodyEnd::ClientGone => m.client_cancelled(),
+        }
+        self.ticket.ended(end == BodyEnd::Complete);
+    }
+}

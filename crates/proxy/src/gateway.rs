@@ -1,0 +1,234 @@
+//! The shared state of the request path, built once from the checked config.
+//!
+//! Everything a request reads lives here: the tenants and their cache, the model pools, the
+//! upstream seam, admission and the settings of each stage. The process around it (listeners,
+//! mock backends, background tasks, shutdown) is `server.rs`'s; this file knows nothing of it.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{HeaderName, Uri};
+use spillway_config::{BackendKind, Config, EngineMetricsConfig, HealthCheckConfig, ServerConfig};
+use tracing::{info, warn};
+
+use crate::admission::Admission;
+use crate::attempt::Retries;
+use crate::auth::TenantDirectory;
+use crate::connections::Connections;
+use crate::pool::Models;
+use crate::request::BodyBudget;
+use crate::tenants::StoreDirectory;
+use crate::upstream::{self, HttpClient, HyperUpstream};
+
+/// Why the gateway could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Setup(String),
+}
+
+/// Shared state of the request path.
+pub struct Gateway {
+    pub(crate) server: ServerConfig,
+    pub(crate) directory: Arc<dyn TenantDirectory>,
+    pub(crate) tenants: Arc<StoreDirectory>,
+    pub(crate) admin_token: Option<[u8; 32]>,
+    pub(crate) models: Models,
+    /// What the attempt loop sends through.
+    pub(crate) upstream: HyperUpstream,
+    /// The pooled client, for health checks and engine scrapes.
+    pub(crate) client: HttpClient,
+    pub(crate) retries: Retries,
+    /// The region tried first when the caller names none (`server.home_region`).
+    pub(crate) home_region: Option<Arc<str>>,
+    /// Request headers that mark a caller's own retry (`retry.client_retry_headers`).
+    pub(crate) client_retry_headers: Vec<HeaderName>,
+    pub(crate) relay: Relay,
+    pub(crate) health_check: HealthCheckConfig,
+    pub(crate) engine_metrics: EngineMetricsConfig,
+    pub(crate) ready: AtomicBool,
+    pub(crate) admission: Admission,
+    /// The API listener's client connections (`server.max_connections`).
+    pub(crate) connections: Arc<Connections>,
+    pub(crate) body_budget: Arc<BodyBudget>,
+}
+
+/// How chosen responses are relayed.
+pub(crate) struct Relay {
+    /// A stream that sends nothing for this long is broken off (`upstream.stream_idle_timeout`).
+    pub stream_idle_timeout: Duration,
+    /// Relayed 5xx answers tell callers not to retry (`x-should-retry: false`).
+    pub discourage_caller_retries: bool,
+}
+
+/// A mock backend's base URL, by (model, backend) name.
+pub(crate) type MockBases<'a> = HashMap<(&'a str, &'a str), String>;
+
+impl Gateway {
+    /// The request path's state for `config`; `mocks` are the base URLs of the mock backends
+    /// already started for it.
+    pub(crate) async fn build(config: &Config, mocks: &MockBases<'_>) -> Result<Self, StartError> {
+        let tenants = Arc::new(open_tenants(config).await?);
+        let models = Models::new(config, |m, b| match &b.kind {
+            BackendKind::OpenAi { url } | BackendKind::Azure { url, .. } => Ok(url.clone()),
+            BackendKind::Mock(_) => mocks
+                .get(&(m.name.as_str(), b.name.as_str()))
+                .ok_or("mock backend was not started")?
+                .parse::<Uri>()
+                .map_err(|e| e.to_string()),
+        })
+        .map_err(StartError::Setup)?;
+        let shared = match &config.admission.redis {
+            Some(url) => Some(
+                crate::shared_limits::SharedLimits::start(url, config.admission.redis_timeout)
+                    .await
+                    .map_err(|e| StartError::Setup(format!("admission.redis: {e}")))?,
+            ),
+            None => None,
+        };
+        let admission = Admission::new(
+            &config.admission,
+            config.retry.shed_client_retries,
+            models
+                .names
+                .iter()
+                .filter_map(|n| models.get(n))
+                .map(|p| &**p),
+            shared,
+        );
+        Ok(Gateway {
+            client: upstream::client(&config.upstream),
+            upstream: HyperUpstream::new(&config.upstream, &config.server),
+            retries: Retries::new(&config.retry, &config.upstream, admission.queue_wait()),
+            home_region: config.server.home_region.as_deref().map(Arc::from),
+            client_retry_headers: config.retry.client_retry_headers.clone(),
+            relay: Relay {
+                stream_idle_timeout: config.upstream.stream_idle_timeout,
+                discourage_caller_retries: config.retry.discourage_caller_retries,
+            },
+            server: config.server.clone(),
+            health_check: config.health_check.clone(),
+            engine_metrics: config.engine_metrics.clone(),
+            directory: tenants.clone(),
+            tenants,
+            admin_token: admin_token(&config.admin.token_env),
+            models,
+            ready: AtomicBool::new(false),
+            admission,
+            connections: Arc::new(Connections::new(
+                &config.server,
+                config.server.max_connections,
+                "api",
+            )),
+            body_budget: BodyBudget::new(
+                config.admission.max_buffered_body_bytes,
+                config.admission.max_buffered_body_bytes_per_tenant,
+            ),
+        })
+    }
+}
+
+/// Builds the cached directory (loaded from its snapshot, if any), then opens the store and
+/// applies the config's tenants to it. A store that cannot be reached now is waited out when
+/// the snapshot gave the cache keys to serve: the gateway starts without it and connects in the
+/// background (`store_connect.rs`); anything else about the store fails the start.
+async fn open_tenants(config: &Config) -> Result<StoreDirectory, StartError> {
+    let bootstrap =
+        crate::tenants::Bootstrap::resolve(&config.tenants).map_err(StartError::Setup)?;
+    let options = spillway_store::PoolOptions {
+        max_connections: config.store.max_connections,
+        acquire_timeout: config.store.acquire_timeout,
+        ..spillway_store::PoolOptions::default()
+    };
+    let handle = Arc::new(spillway_store::DeferredStore::new(options.max_connections));
+    let store: Arc<dyn spillway_store::Store> = handle.clone();
+    let c = &config.cache;
+    let cache = spillway_directory::Directory::new(
+        store.clone(),
+        spillway_directory::DirectoryConfig {
+            ttl: c.ttl,
+            ttl_jitter: c.ttl_jitter,
+            stale_for: c.stale_for,
+            negative_ttl: c.negative_ttl,
+            max_entries: c.max_entries,
+            max_negative_entries: c.max_negative_entries,
+            max_concurrent_loads: c.max_concurrent_loads,
+            load_wait: c.load_wait,
+            load_timeout: c.load_timeout,
+            redis: c.redis.clone(),
+            redis_timeout: c.redis_timeout,
+            snapshot: c.snapshot.clone(),
+            flush_spread: c.flush_spread,
+            naive: c.naive,
+        },
+    )
+    .await
+    .map_err(|e| StartError::Setup(format!("key cache: {e}")))?;
+    if c.naive {
+        warn!("cache.naive is set: the key cache has no single flight, no load cap and no stale answers; for demonstrations only");
+    }
+    let mut snapshot_keys = 0;
+    if c.snapshot.is_some() {
+        match cache.load_snapshot().await {
+            Ok(n) => {
+                snapshot_keys = n;
+                info!(entries = n, "key cache loaded from its snapshot");
+            }
+            Err(e) => warn!("key cache snapshot not loaded: {e}"),
+        }
+    }
+    let url = redact(&config.store.url);
+    let opening =
+        crate::store_connect::StoreOpening::new(config.store.url.clone(), options, bootstrap);
+    match opening.attempt().await {
+        Ok(opened) => {
+            handle.connect(opened);
+        }
+        Err(e) => match crate::store_connect::on_first_failure(&e, snapshot_keys) {
+            crate::store_connect::Start::Refuse(why) => {
+                return Err(StartError::Setup(format!("store {url}: {why}")));
+            }
+            crate::store_connect::Start::WithoutStore => {
+                warn!(
+                    snapshot_keys,
+                    "started without its store ({url}: {e}): serving the keys of the key-cache \
+                     snapshot, answering other keys 503 store_unavailable; will keep trying to \
+                     connect in the background"
+                );
+                tokio::spawn(opening.keep_trying(Arc::downgrade(&handle)));
+            }
+        },
+    }
+    Ok(StoreDirectory::new(store, cache))
+}
+
+/// The URL without its password, for messages.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let creds = &url[scheme + 3..at];
+            let user = creds.split(':').next().unwrap_or("");
+            format!("{}{user}:***{}", &url[..scheme + 3], &url[at..])
+        }
+        _ => url.to_owned(),
+    }
+}
+
+/// The admin token's digest, from the environment; `None` turns the admin API off.
+fn admin_token(var: &str) -> Option<[u8; 32]> {
+    match std::env::var(var) {
+        Ok(t) if !t.trim().is_empty() => Some(spillway_config::key_digest(t.trim())),
+        _ => {
+            info!("admin API off: {var} is not set");
+            None
+        }
+    }
+}

@@ -1,0 +1,52 @@
+//! The `/metrics` page of the admin listener: the recorder, every metric's description, and
+//! the gauges that are read from the gateway's state when the page is rendered rather than
+//! pushed on the request path.
+//!
+//! It sits above every module that reports metrics, so that none of them needs to know the
+//! others: each registers its own series, and only this page walks them all.
+
+use metrics::{counter, gauge};
+use metrics_exporter_prometheus::PrometheusHandle;
+use spillway_policy::outlier::Health;
+
+use crate::gateway::Gateway;
+use crate::metrics::{
+    STORE_POOL_CONNECTIONS, STORE_POOL_MAX, STORE_POOL_TIMEOUTS, STORE_POOL_WAITERS,
+};
+
+/// The process-wide recorder, with every metric of the gateway described.
+pub(crate) fn recorder() -> PrometheusHandle {
+    let handle = crate::metrics::recorder();
+    crate::admission::metrics::describe();
+    crate::engine::metrics::describe();
+    handle
+}
+
+/// Renders the page, refreshing the gauges that are read rather than pushed.
+pub(crate) fn render(handle: &PrometheusHandle, gw: &Gateway) -> String {
+    crate::admission::metrics::caps(gw.admission.in_flight(), gw.body_budget.usage());
+    let (open, max) = gw.connections.open();
+    crate::admission::metrics::connections(open, max);
+    crate::admission::metrics::queues(&gw.admission.queue_figures());
+    gw.tenants.cache().stats(); // sets the key cache's gauges
+    let pool = gw.tenants.store().pool_stats();
+    gauge!(STORE_POOL_CONNECTIONS, "state" => "idle").set(f64::from(pool.idle));
+    gauge!(STORE_POOL_CONNECTIONS, "state" => "in_use")
+        .set(f64::from(pool.size.saturating_sub(pool.idle)));
+    gauge!(STORE_POOL_MAX).set(f64::from(pool.max_size));
+    gauge!(STORE_POOL_WAITERS).set(pool.waiters as f64);
+    counter!(STORE_POOL_TIMEOUTS).absolute(pool.acquire_timeouts);
+    let now = crate::clock::now();
+    for pool in gw.models.pools() {
+        for b in &pool.backends {
+            let ejected = b.health.health(now) != Health::Healthy;
+            b.metrics
+                .read_gauges(b.outstanding(), b.health.limit(), ejected);
+            if let Some(engine) = &b.engine {
+                crate::engine::metrics::render(&pool.name, &b.name, engine, now);
+            }
+        }
+    }
+    handle.run_upkeep();
+    handle.render()
+}

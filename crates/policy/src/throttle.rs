@@ -97,11 +97,26 @@ impl Throttle {
         self.window.totals(now)
     }
 
-    /// Whether a new request may be sent to a backend now: while `sent < K x accepted + probes`
-    /// over the window, or, past that, as the one probe of each `window / probes` (so that a
-    /// probe goes out soon after the backends heal, not only when a window's probes expire).
-    pub fn admit(&mut self, now: Instant) -> bool {
+    /// Whether a new request may be sent to a backend now: while
+    /// `sent + pending < K x accepted + probes` over the window, or, past that, as the one probe
+    /// of each `window / probes` (so that a probe goes out soon after the backends heal, not only
+    /// when a window's probes expire).
+    ///
+    /// `pending` counts the requests let through whose first attempt has not been recorded yet.
+    /// While the window says the backends fail (more than `1 - 1/K` of what was sent), they
+    /// count as sent: they are on their way to a failing backend, and a window that counted only
+    /// attempts already answered would let any number of concurrent requests through before the
+    /// next answer is recorded (most of all on a loaded machine, where answers are slow to be
+    /// recorded). While it does not, they are not counted, so a cold start or a healthy burst is
+    /// never throttled for being concurrent.
+    pub fn admit(&mut self, now: Instant, pending: u64) -> bool {
         let (sent, accepted) = self.totals(now);
+        let failing = sent as f64 > self.config.k * accepted as f64;
+        let sent = if failing {
+            sent.saturating_add(pending)
+        } else {
+            sent
+        };
         if (sent as f64) < self.config.k * accepted as f64 + self.config.probes as f64 {
             return true;
         }

@@ -22,7 +22,7 @@ fn healthy_backends_are_never_throttled() {
     let mut t = Throttle::new(ThrottleConfig::default(), t0);
     for i in 0..10_000u64 {
         let now = t0 + ms(i);
-        assert!(t.admit(now), "refused at {i}");
+        assert!(t.admit(now, 0), "refused at {i}");
         t.sent(now);
         t.accepted(now);
         assert!(!t.is_throttling(now));
@@ -34,7 +34,7 @@ fn a_burst_on_an_idle_pool_is_not_refused_for_being_in_flight() {
     // Outcomes are recorded when they are known: a thousand requests admitted at once.
     let t0 = Instant::now();
     let mut t = Throttle::new(ThrottleConfig::default(), t0);
-    assert!((0..1000).all(|_| t.admit(t0)));
+    assert!((0..1000).all(|_| t.admit(t0, 0)));
 }
 
 #[test]
@@ -43,7 +43,7 @@ fn half_the_attempts_failing_is_not_throttled_with_k_2() {
     let mut t = Throttle::new(ThrottleConfig::default(), t0);
     for i in 0..1_000u64 {
         let now = t0 + ms(i);
-        assert!(t.admit(now));
+        assert!(t.admit(now, 0));
         t.sent(now);
         if i % 2 == 0 {
             t.accepted(now);
@@ -56,17 +56,17 @@ fn a_few_failures_of_a_quiet_pool_are_within_the_probes() {
     let t0 = Instant::now();
     let mut t = Throttle::new(ThrottleConfig::default(), t0);
     for _ in 0..5 {
-        assert!(t.admit(t0));
+        assert!(t.admit(t0, 0));
         t.sent(t0);
     }
     assert!(t.is_throttling(t0));
     // Past the window's allowance: one probe each 200 ms.
-    assert!(t.admit(t0));
+    assert!(t.admit(t0, 0));
     t.sent(t0);
-    assert!(!t.admit(t0 + ms(100)));
-    assert!(t.admit(t0 + ms(200)));
+    assert!(!t.admit(t0 + ms(100), 0));
+    assert!(t.admit(t0 + ms(200), 0));
     // A window later the allowance is back.
-    assert!(t.admit(t0 + ms(1100)));
+    assert!(t.admit(t0 + ms(1100), 0));
 }
 
 /// A storm as IL-0248's callers made it: `logical_per_sec` new requests, each resent at once
@@ -88,7 +88,7 @@ fn storm(
         logical += 1;
         for ask in 0..=48 {
             let now = t0 + at;
-            if !t.admit(now) {
+            if !t.admit(now, 0) {
                 continue;
             }
             t.sent(now);
@@ -178,7 +178,7 @@ proptest! {
         let mut t = Throttle::new(ThrottleConfig { window, ..ThrottleConfig::default() }, t0);
         let (mut sent, mut accepted) = (0u64, 0u64);
         for _ in 0..asked {
-            if t.admit(t0) {
+            if t.admit(t0, 0) {
                 t.sent(t0);
                 sent += 1;
                 if rng.random::<f64>() >= failure_share {
@@ -198,9 +198,37 @@ proptest! {
         let mut t = Throttle::new(ThrottleConfig::default(), t0);
         for i in 0..asked {
             let now = t0 + ms(i * step_ms);
-            prop_assert!(t.admit(now));
+            prop_assert!(t.admit(now, 0));
             t.sent(now);
             t.accepted(now);
         }
     }
+}
+
+#[test]
+fn requests_on_their_way_to_failing_backends_count_as_sent() {
+    // The backends failed the one request recorded; then concurrent requests are all let
+    // through before the next answer is recorded. Without counting them, any number would pass.
+    let t0 = Instant::now();
+    let mut t = Throttle::new(ThrottleConfig::default(), t0);
+    assert!(t.admit(t0, 0));
+    t.sent(t0);
+    let mut pending = 0;
+    while pending < 1000 && t.admit(t0, pending) {
+        pending += 1;
+    }
+    let probes = ThrottleConfig::default().probes;
+    assert_eq!(1 + pending, probes + 1, "the probes and one more");
+}
+
+#[test]
+fn a_concurrent_burst_on_a_cold_or_healthy_pool_is_never_throttled() {
+    let t0 = Instant::now();
+    let mut t = Throttle::new(ThrottleConfig::default(), t0);
+    assert!((0..1000).all(|pending| t.admit(t0, pending)), "cold");
+    for _ in 0..10 {
+        t.sent(t0);
+        t.accepted(t0);
+    }
+    assert!((0..1000).all(|pending| t.admit(t0, pending)), "healthy");
 }

@@ -320,7 +320,7 @@ impl Admission {
                 .retry_after(NO_CAPACITY_RETRY_AFTER));
             }
         }
-        if !pool.throttle_admits(now) {
+        let Some(pass) = pool.throttle_admits(now) else {
             // The backends have been failing: only a share of requests reaches them until they
             // accept again, however often callers resend.
             pool.metrics.throttled();
@@ -332,7 +332,8 @@ impl Admission {
                 ),
             )
             .retry_after(NO_CAPACITY_RETRY_AFTER));
-        }
+        };
+        call.throttle_pass = Some(pass);
         self.seat(pool, &call.tenant, call.priority, &mut ticket)
             .await?;
         Ok(ticket)

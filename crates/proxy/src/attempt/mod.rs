@@ -307,6 +307,9 @@ impl Loop<'_> {
         if outcome != Outcome::ConnectFailed {
             // A connection never made put no load on a backend.
             pool.throttle_record(now, !class.is_backend_failure());
+            if let Some(pass) = &self.call.throttle_pass {
+                pass.close();
+            }
         }
         if class == Class::UpstreamAuth {
             // The gateway's own key for this backend is wrong: the operator must hear of it,

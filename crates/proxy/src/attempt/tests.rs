@@ -171,6 +171,7 @@ fn call(models: &Models, retries: &Retries) -> Call {
         affinity_key: None,
         client_retry: false,
         labels: RequestLabels::unrouted(),
+        throttle_pass: None,
         entered: None,
         _body_hold: None,
     }

@@ -32,7 +32,7 @@ use crate::auth::Tenant;
 use crate::error::ApiError;
 use crate::gateway::Gateway;
 use crate::metrics::RequestLabels;
-use crate::pool::{Endpoint, ModelPool};
+use crate::pool::{Endpoint, ModelPool, ThrottlePass};
 use crate::request::{BodyHold, RequestSummary};
 
 pub(crate) use read::authenticate;
@@ -60,6 +60,8 @@ pub(crate) struct Call {
     pub client_retry: bool,
     /// Its labels in `spillway_requests_total`, filled in as it goes.
     pub labels: RequestLabels,
+    /// Its pass through the model's adaptive throttling, once admitted.
+    pub throttle_pass: Option<ThrottlePass>,
     /// Its places in the in-flight counts, taken at its head, until admission takes them over.
     pub entered: Option<Entered>,
     /// Its body's bytes in the body budget, held (not read) as long as the body is.

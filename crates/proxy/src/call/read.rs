@@ -94,6 +94,7 @@ async fn build(
         pool,
         region,
         priority,
+        throttle_pass: None,
         entered: Some(entered),
         _body_hold: Some(body_hold),
     })

@@ -2,6 +2,8 @@
 //! ejection logged and counted), adaptive throttling fed and consulted, and whether the pool is
 //! failing, for the shedding of callers' own retries.
 
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
 use spillway_policy::outlier::Health;
@@ -50,11 +52,22 @@ impl ModelPool {
         })
     }
 
-    /// Whether a new request may be sent to the backends now (adaptive throttling).
-    pub fn throttle_admits(&self, now: Instant) -> bool {
-        self.throttle
-            .as_ref()
-            .is_none_or(|t| t.lock().unwrap_or_else(|e| e.into_inner()).admit(now))
+    /// Whether a new request may be sent to the backends now (adaptive throttling): `None` when
+    /// not, else its pass, which counts it as on its way to a backend until its first attempt
+    /// is recorded.
+    pub fn throttle_admits(&self, now: Instant) -> Option<ThrottlePass> {
+        let Some(t) = &self.throttle else {
+            return Some(ThrottlePass::default());
+        };
+        let mut t = t.lock().unwrap_or_else(|e| e.into_inner());
+        if !t.admit(now, self.throttle_pending.load(Ordering::Acquire)) {
+            return None;
+        }
+        self.throttle_pending.fetch_add(1, Ordering::AcqRel);
+        Some(ThrottlePass {
+            pending: Some(self.throttle_pending.clone()),
+            open: AtomicBool::new(true),
+        })
     }
 
     /// Counts an attempt sent to a backend, and whether the backend accepted it (answered with
@@ -82,5 +95,30 @@ impl ModelPool {
     /// Panic mode given how many backends are healthy.
     pub fn panics_with(&self, healthy: usize) -> bool {
         spillway_policy::outlier::panic_mode(self.backends.len(), healthy, self.panic_threshold)
+    }
+}
+
+/// A call let through adaptive throttling. Until its first attempt is recorded it counts as sent,
+/// so that concurrent calls cannot all pass before the first of them is answered.
+#[derive(Debug, Default)]
+pub struct ThrottlePass {
+    pending: Option<Arc<AtomicU64>>,
+    open: AtomicBool,
+}
+
+impl ThrottlePass {
+    /// The call's first attempt was recorded, or the call ends without one.
+    pub fn close(&self) {
+        if self.open.swap(false, Ordering::AcqRel) {
+            if let Some(pending) = &self.pending {
+                pending.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+    }
+}
+
+impl Drop for ThrottlePass {
+    fn drop(&mut self) {
+        self.close();
     }
 }

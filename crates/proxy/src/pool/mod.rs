@@ -7,6 +7,8 @@
 
 mod learn;
 
+pub use learn::ThrottlePass;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -337,6 +339,8 @@ pub struct ModelPool {
     /// Adaptive throttling while the pool's backends fail (`retry.throttle_k`; none when off or
     /// naive).
     pub throttle: Option<Mutex<Throttle>>,
+    /// Calls let through throttling whose first attempt is not recorded yet.
+    pub throttle_pending: Arc<AtomicU64>,
     /// Client requests of this model in flight, and how many of them are on a retry.
     pub in_flight: AtomicU64,
     pub retrying: AtomicU64,
@@ -526,6 +530,7 @@ impl Models {
                     .retry
                     .throttle
                     .map(|t| Mutex::new(Throttle::new(t, epoch))),
+                throttle_pending: Arc::default(),
                 in_flight: AtomicU64::new(0),
                 retrying: AtomicU64::new(0),
                 max_ejected_share: config.outlier.max_ejected_share,

@@ -183,6 +183,29 @@ fn resilience_sections_take_documented_defaults() {
 }
 
 #[test]
+fn naive_retries_are_settings_of_a_gateway_without_protections() {
+    let c = Config::from_toml(&format!(
+        "{MINIMAL}
+[retry]
+naive = true
+max_attempts = 5
+"
+    ))
+    .unwrap();
+    assert_eq!(c.retry.policy, RetryPolicy::naive(5));
+    assert!(!c.retry.policy.honour_pushback);
+    assert_eq!(c.retry.budget, BudgetConfig::unlimited());
+    assert!(!c.retry.shed_client_retries && !c.retry.discourage_caller_retries);
+    assert!(c.retry.throttle.is_none());
+    assert!(!c.outlier.enabled && !c.health_check.enabled && !c.adaptive_concurrency.enabled);
+    assert!(c
+        .models
+        .iter()
+        .flat_map(|m| &m.backends)
+        .all(|b| b.rules == Rules::naive()));
+}
+
+#[test]
 fn resilience_problems_are_reported_with_their_location() {
     let toml = format!(
         "[retry]\nmax_attempts = 9\nbudget_ratio = 2.0\ntransient_backoff_base = \"1s\"\ntransient_backoff_cap = \"10ms\"\nclient_retry_headers = [\"bad header\"]\n\

@@ -184,3 +184,13 @@ proptest! {
         prop_assert!(retries as f64 <= bound + 1e-9, "retries {} requests {} bound {}", retries, requests, bound);
     }
 }
+
+#[test]
+fn an_unlimited_budget_never_refuses() {
+    let t0 = Instant::now();
+    let mut b = RetryBudget::new(BudgetConfig::unlimited(), t0);
+    assert!((0..10_000u64).all(|i| b.try_withdraw(t0, 1, i).is_ok()));
+    b.deposit(t0);
+    assert!(b.try_withdraw(t0, 0, u64::from(u32::MAX) - 1).is_ok());
+    assert!(!b.is_spent(t0));
+}

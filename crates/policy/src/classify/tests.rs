@@ -116,3 +116,18 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn naive_rules_retry_every_5xx_and_relay_every_4xx() {
+    let r = Rules::naive();
+    for s in 500..=599 {
+        assert_eq!(classify(Outcome::Response(s), &r), Class::Transient, "{s}");
+    }
+    for s in [400, 401, 403, 404, 429] {
+        assert_eq!(
+            classify(Outcome::Response(s), &r),
+            Class::ClientError,
+            "{s}"
+        );
+    }
+}

@@ -196,3 +196,19 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn the_naive_policy_retries_at_once_whatever_the_backend_says() {
+    let p = RetryPolicy::naive(5);
+    let told = Pushback::parse(Some("30"), None, Some("false"));
+    let d = p.decide(Class::Transient, told, 1, LONG, &mut rng());
+    assert_eq!(
+        d,
+        Decision::Retry {
+            after: Duration::ZERO,
+            same_backend_ok: true
+        }
+    );
+    let d = p.decide(Class::Transient, told, 5, LONG, &mut rng());
+    assert_eq!(d, Decision::Stop(Stop::AttemptsExhausted));
+}

@@ -16,6 +16,7 @@ mod connections;
 pub mod engine;
 pub mod error;
 mod gateway;
+mod handler;
 mod health;
 pub mod metrics;
 mod page;

@@ -25,9 +25,9 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use crate::call;
 use crate::error::{ApiError, ErrorKind};
 use crate::gateway::{Gateway, MockBases, StartError};
+use crate::handler;
 
 /// A gateway whose listeners are bound and whose mock backends run, ready to serve.
 pub struct BoundGateway {
@@ -205,9 +205,9 @@ async fn start_mock(
 
 fn api_router(gw: Arc<Gateway>) -> Router {
     Router::new()
-        .route("/v1/chat/completions", post(call::chat_completions))
-        .route("/v1/completions", post(call::completions))
-        .route("/v1/embeddings", post(call::embeddings))
+        .route("/v1/chat/completions", post(handler::chat_completions))
+        .route("/v1/completions", post(handler::completions))
+        .route("/v1/embeddings", post(handler::embeddings))
         .route("/v1/models", get(list_models))
         .route("/livez", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
@@ -240,7 +240,7 @@ async fn readyz(State(gw): State<Arc<Gateway>>) -> Response {
 }
 
 async fn list_models(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
-    let tenant = match call::authenticate(&gw, req.headers()).await {
+    let tenant = match handler::authenticate(&gw, req.headers()).await {
         Ok(t) => t,
         Err(e) => return counted(e),
     };

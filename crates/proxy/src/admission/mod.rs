@@ -24,6 +24,7 @@
 //! adaptive throttling and waits for a queue seat, and returns one [`Ticket`] that holds it all
 //! until the response ends.
 
+pub(crate) mod gate;
 mod headers;
 pub(crate) mod metrics;
 mod queue;
@@ -44,9 +45,10 @@ use crate::error::{ApiError, ErrorKind, NO_CAPACITY_RETRY_AFTER};
 use crate::pool::{Endpoint, ModelPool};
 use crate::request::RequestSummary;
 
+use gate::{Entered, Gate, Slot};
 pub(crate) use headers::insert_rate_headers;
 use queue::PoolQueue;
-pub(crate) use queue::{Seat, Shed};
+pub(crate) use queue::Shed;
 use rate::{Rates, Ruling};
 pub(crate) use ticket::Ticket;
 
@@ -93,19 +95,6 @@ pub(crate) struct QueueFigures {
     pub queued: [usize; 3],
     pub in_use: usize,
     pub seats: usize,
-}
-
-/// One tenant's admission state.
-struct Gate {
-    tenant: Arc<str>,
-    /// The tenant's per-request series, registered once (a lookup by labels costs a hash and
-    /// an allocation on every request otherwise).
-    series: metrics::TenantSeries,
-    in_flight: Arc<AtomicUsize>,
-    /// Bytes of request body its requests hold, under its share of the body budget.
-    body_held: Arc<std::sync::atomic::AtomicU64>,
-    /// The limits the limiter enforces, and the limiter.
-    rate: Mutex<(TenantLimits, TenantLimiter)>,
 }
 
 /// What an admission needs to know about the request.
@@ -495,40 +484,6 @@ impl Admission {
                 })
             })
             .clone()
-    }
-}
-
-/// A request counted in flight, globally and for its tenant, whose body is yet to be read.
-pub(crate) struct Entered {
-    gate: Arc<Gate>,
-    global: Slot,
-    own: Option<Slot>,
-}
-
-impl Entered {
-    /// Bytes of request body the tenant's requests hold now.
-    pub(crate) fn body_held(&self) -> &Arc<std::sync::atomic::AtomicU64> {
-        &self.gate.body_held
-    }
-}
-
-/// One place in a counter with a cap, given back on drop.
-struct Slot(Arc<AtomicUsize>);
-
-impl Slot {
-    fn take(counter: &Arc<AtomicUsize>, max: usize) -> Option<Slot> {
-        let before = counter.fetch_add(1, Ordering::AcqRel);
-        if before >= max {
-            counter.fetch_sub(1, Ordering::AcqRel);
-            return None;
-        }
-        Some(Slot(counter.clone()))
-    }
-}
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 

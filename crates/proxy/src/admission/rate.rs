@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 
 use spillway_policy::{Dimension, RateHeaders, RateLimit};
 
-use super::{metrics, Gate};
+use super::gate::Gate;
+use super::metrics;
 use crate::auth::TenantLimits;
 use crate::shared_limits::SharedLimits;
 

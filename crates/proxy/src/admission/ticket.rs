@@ -12,8 +12,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use spillway_policy::{Priority, RateHeaders};
 
+use super::gate::{Gate, Slot};
+use super::queue::Seat;
 use super::rate::Rates;
-use super::{Gate, Seat, Slot};
 use crate::auth::TenantLimits;
 use crate::usage::UsageScanner;
 

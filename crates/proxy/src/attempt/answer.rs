@@ -1,9 +1,10 @@
 //! What a caller is told when its attempts end without a response worth relaying: which error,
 //! which status and how long to wait, from the last failure and why no retry followed.
 
+use std::time::{Duration, Instant};
+
 use spillway_policy::{Class, Outcome, Pushback, Refusal, Stop};
 
-use super::Loop;
 use crate::error::{ApiError, ErrorKind, NO_CAPACITY_RETRY_AFTER};
 
 /// The last failed attempt, for the answer when no retry follows.
@@ -41,7 +42,19 @@ pub(super) fn budget_refused(model: &str, class: Class, refusal: Refusal) -> Api
     .retry_after(NO_CAPACITY_RETRY_AFTER)
 }
 
-impl Loop<'_> {
+/// What the answer says of the call's attempts.
+pub(super) struct Spent<'a> {
+    pub model: &'a str,
+    /// Attempts made.
+    pub made: u32,
+    pub started: Instant,
+    /// `upstream.response_timeout`.
+    pub response_timeout: Duration,
+    /// `retry.deadline`.
+    pub deadline: Duration,
+}
+
+impl Spent<'_> {
     /// The answer when no backend could be picked at all.
     pub(super) fn no_backend(&self, last: Option<Failure>) -> ApiError {
         match last {
@@ -50,7 +63,7 @@ impl Loop<'_> {
                 ErrorKind::NoCapacity,
                 format!(
                     "every backend of the model {:?} is at its concurrency limit, ejected or unreachable",
-                    &*self.call.pool.name
+                    self.model
                 ),
             )
             .retry_after(NO_CAPACITY_RETRY_AFTER),
@@ -59,7 +72,7 @@ impl Loop<'_> {
 
     /// The answer when the last attempt failed without a response worth relaying.
     pub(super) fn give_up(&self, failure: Failure, stop: Stop) -> ApiError {
-        let model = &*self.call.pool.name;
+        let model = self.model;
         match (failure.class, failure.outcome) {
             (Class::Capacity, _) => ApiError::new(
                 ErrorKind::NoCapacity,
@@ -96,19 +109,19 @@ impl Loop<'_> {
     /// What happened to a call whose last attempt timed out: how many attempts were made and
     /// how long they took in all, not just one attempt's timeout.
     fn timed_out(&self, model: &str, stop: Stop) -> String {
-        let spent = crate::clock::now().saturating_duration_since(self.call.started);
+        let spent = crate::clock::now().saturating_duration_since(self.started);
         let attempts = self.made;
         let plural = if attempts == 1 { "" } else { "s" };
         let mut message = format!(
             "no backend of the model {model:?} answered in time: {attempts} attempt{plural} \
              in {:.1}s, each allowed at most {:?} (upstream.response_timeout)",
             spent.as_secs_f64(),
-            self.retries.response_timeout,
+            self.response_timeout,
         );
         if stop == Stop::Deadline {
             message += &format!(
                 "; the request's deadline of {:?} (retry.deadline) left no time for another",
-                self.retries.deadline
+                self.deadline
             );
         }
         message

@@ -176,7 +176,7 @@ impl Loop<'_> {
                         .await;
                     continue;
                 }
-                return Err(self.no_backend(last));
+                return Err(self.spent().no_backend(last));
             };
             self.made += 1;
             self.tried.push(index);
@@ -250,7 +250,7 @@ impl Loop<'_> {
                             }
                             Ok(Chosen { response, hold })
                         }
-                        _ => Err(self.give_up(failure, stop)),
+                        _ => Err(self.spent().give_up(failure, stop)),
                     };
                 }
             };
@@ -267,6 +267,17 @@ impl Loop<'_> {
             if !after.is_zero() {
                 tokio::time::sleep(after).await;
             }
+        }
+    }
+
+    /// What the call's answer says of its attempts when they end without a response.
+    fn spent(&self) -> answer::Spent<'_> {
+        answer::Spent {
+            model: &self.call.pool.name,
+            made: self.made,
+            started: self.call.started,
+            response_timeout: self.retries.response_timeout,
+            deadline: self.retries.deadline,
         }
     }
 

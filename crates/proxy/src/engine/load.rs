@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use http::{HeaderName, HeaderValue, Uri};
 use spillway_config::{default_metrics_url, BackendConfig, Engine};
 
-use super::Sample;
+use super::parse::Sample;
 
 /// `kv_bits` when the engine exports no KV-cache usage (a NaN no reading can hold).
 const NO_KV: u64 = u64::MAX;

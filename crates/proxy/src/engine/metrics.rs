@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use metrics::{counter, gauge, Counter, Label};
 
-use super::EngineLoad;
+use super::load::EngineLoad;
 
 pub const RUNNING: &str = "spillway_engine_requests_running";
 pub const WAITING: &str = "spillway_engine_requests_waiting";

@@ -17,8 +17,9 @@ use spillway_config::{Engine, EngineMetricsConfig};
 use tokio::sync::watch;
 use tracing::debug;
 
+use super::load::EngineLoad;
 use super::metrics::{Reason, ScrapeErrors};
-use super::{parse, EngineLoad, ParseError, Sample};
+use super::parse::{parse, ParseError, Sample};
 use crate::pool::{Backend, ModelPool};
 use crate::upstream::HttpClient;
 

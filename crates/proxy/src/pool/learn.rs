@@ -2,13 +2,13 @@
 //! ejection logged and counted), adaptive throttling fed and consulted, and whether the pool is
 //! failing, for the shedding of callers' own retries.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use spillway_policy::outlier::Health;
 use spillway_policy::Class;
 
+use super::pass::ThrottlePass;
 use super::{Backend, ModelPool};
 
 /// What the pool learns from attempts: health, ejections and adaptive throttling.
@@ -95,30 +95,5 @@ impl ModelPool {
     /// Panic mode given how many backends are healthy.
     pub fn panics_with(&self, healthy: usize) -> bool {
         spillway_policy::outlier::panic_mode(self.backends.len(), healthy, self.panic_threshold)
-    }
-}
-
-/// A call let through adaptive throttling. Until its first attempt is recorded it counts as sent,
-/// so that concurrent calls cannot all pass before the first of them is answered.
-#[derive(Debug, Default)]
-pub struct ThrottlePass {
-    pending: Option<Arc<AtomicU64>>,
-    open: AtomicBool,
-}
-
-impl ThrottlePass {
-    /// The call's first attempt was recorded, or the call ends without one.
-    pub fn close(&self) {
-        if self.open.swap(false, Ordering::AcqRel) {
-            if let Some(pending) = &self.pending {
-                pending.fetch_sub(1, Ordering::AcqRel);
-            }
-        }
-    }
-}
-
-impl Drop for ThrottlePass {
-    fn drop(&mut self) {
-        self.close();
     }
 }

@@ -6,8 +6,9 @@
 //! backend's `max_concurrency`, so the cap holds under any number of concurrent pickers.
 
 mod learn;
+mod pass;
 
-pub use learn::ThrottlePass;
+pub use pass::ThrottlePass;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};

@@ -12,8 +12,8 @@ use http::{HeaderMap, HeaderName};
 use spillway_policy::Priority;
 use tracing::warn;
 
-use super::Call;
 use crate::auth::{presented_key, Tenant};
+use crate::call::Call;
 use crate::error::{ApiError, ErrorKind};
 use crate::gateway::Gateway;
 use crate::metrics::RequestLabels;

@@ -11,9 +11,9 @@ use axum::response::Response;
 use bytes::Bytes;
 use http::{header, HeaderMap, HeaderValue};
 
-use super::Call;
 use crate::admission::{insert_rate_headers, Ticket};
 use crate::attempt::Chosen;
+use crate::call::Call;
 use crate::gateway::Gateway;
 use crate::pool::Backend;
 use crate::relay::{BodyEnd, EndObserver, RelayBody};

@@ -1,72 +1,34 @@
 //! One inference call from arrival to relayed response, in four stages that each take the one
-//! [`Call`] value: read -> admit -> attempt -> respond.
+//! `Call` value: read -> admit -> attempt -> respond.
 //!
 //! - read (`read.rs`): the key is checked before the body is read, the call is counted in flight
 //!   from its head (G4), its body is capped in size and time before it is parsed, and its model,
 //!   region and class are resolved;
 //! - admit (`crate::admission`): the tenant's limits, the shedding of a caller's own retry while
 //!   the model's backends are failing, adaptive throttling and the queue seat, in one call that
-//!   returns one [`Ticket`];
+//!   returns one `Ticket`;
 //! - attempt (`crate::attempt`): the only stage that retries, within the model's budget;
 //! - respond (`respond.rs`): the chosen response is relayed as it arrives, and the ticket settles
 //!   itself when the body ends or the client leaves.
 //!
-//! Like pingora's one context handed to every phase, the `Call` holds everything a stage needs
-//! to know about the request, so no stage reaches back into another's locals.
+//! The `Call` (`call.rs`) holds everything a stage needs to know about the request.
 
 mod read;
 mod respond;
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
-use bytes::Bytes;
-use http::{HeaderMap, HeaderValue};
-use spillway_policy::Priority;
 use tracing::debug;
 
-use crate::admission::Entered;
-use crate::auth::Tenant;
+use crate::call::Call;
 use crate::error::ApiError;
 use crate::gateway::Gateway;
 use crate::metrics::RequestLabels;
-use crate::pool::{Endpoint, ModelPool, ThrottlePass};
-use crate::request::{BodyHold, RequestSummary};
+use crate::pool::Endpoint;
 
 pub(crate) use read::authenticate;
-
-/// One request, as every stage of its path sees it.
-pub(crate) struct Call {
-    /// `x-request-id`: the caller's, or one made for it.
-    pub id: Option<HeaderValue>,
-    pub endpoint: Endpoint,
-    pub started: Instant,
-    /// No attempt starts after this (`retry.deadline` from `started`).
-    pub deadline: Instant,
-    pub tenant: Arc<Tenant>,
-    pub headers: HeaderMap,
-    pub body: Bytes,
-    pub summary: RequestSummary,
-    pub pool: Arc<ModelPool>,
-    /// The region whose backends are tried first.
-    pub region: Option<Arc<str>>,
-    /// The class it is scheduled in: its tenant's, or lower if it asked.
-    pub priority: Priority,
-    /// Its affinity key, if its model balances by affinity.
-    pub affinity_key: Option<u64>,
-    /// The caller marked it as its own retry.
-    pub client_retry: bool,
-    /// Its labels in `spillway_requests_total`, filled in as it goes.
-    pub labels: RequestLabels,
-    /// Its pass through the model's adaptive throttling, once admitted.
-    pub throttle_pass: Option<ThrottlePass>,
-    /// Its places in the in-flight counts, taken at its head, until admission takes them over.
-    pub entered: Option<Entered>,
-    /// Its body's bytes in the body budget, held (not read) as long as the body is.
-    pub _body_hold: Option<BodyHold>,
-}
 
 pub(crate) async fn chat_completions(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
     handle(&gw, Endpoint::ChatCompletions, req).await

@@ -12,8 +12,8 @@ use sqlx::migrate::Migrator;
 use sqlx::postgres::PgConnectOptions;
 use sqlx::Postgres;
 
-use crate::connect::connect_and_migrate;
-use crate::{PoolOptions, Store, StoreError};
+use crate::pooled::{connect_and_migrate, PoolOptions};
+use crate::{Store, StoreError};
 
 static MIGRATOR: Migrator = sqlx::migrate!("migrations/postgres");
 

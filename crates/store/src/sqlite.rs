@@ -14,8 +14,8 @@ use sqlx::migrate::Migrator;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
 use sqlx::Sqlite;
 
-use crate::connect::connect_and_migrate;
-use crate::{PoolOptions, Store, StoreError};
+use crate::pooled::{connect_and_migrate, PoolOptions};
+use crate::{Store, StoreError};
 
 /// How long a statement waits for another connection's write lock before failing.
 pub const BUSY_TIMEOUT: Duration = Duration::from_secs(5);

@@ -120,8 +120,7 @@ pub struct TenantConfig {
     pub requests_per_min: Option<u32>,
     pub tokens_per_min: Option<u32>,
     pub max_concurrency: Option<u32>,
-    /// `critical`, `standard` or `batch`.
-    pub priority: String,
+    pub priority: spillway_policy::Priority,
     pub pool: Option<String>,
     pub enabled: bool,
 }

@@ -484,6 +484,15 @@ url = "http://127.0.0.1:1/v1"
 }
 
 #[test]
+fn an_absent_cache_table_is_the_one_default_and_the_spread_follows_the_ttl() {
+    let c = Config::from_toml(MINIMAL).unwrap();
+    assert_eq!(c.cache, CacheConfig::default());
+    let c = Config::from_toml(&format!("{MINIMAL}\n[cache]\nttl = \"2m\"\n")).unwrap();
+    assert_eq!(c.cache.ttl, Duration::from_secs(120));
+    assert_eq!(c.cache.flush_spread, Duration::from_secs(120));
+}
+
+#[test]
 fn a_tenants_priority_is_read_in_its_lowercase_spelling_or_refused_with_its_location() {
     let c = Config::from_toml(MINIMAL).unwrap();
     assert_eq!(c.tenants[0].priority, spillway_policy::Priority::Standard);

@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 use moka::notification::RemovalCause;
 use moka::ops::compute::Op;
 use moka::sync::Cache;
+use spillway_config::CacheConfig;
 use spillway_store::{KeyDigest, KeyMatch, Store};
 use tokio::sync::Semaphore;
 
@@ -27,11 +28,11 @@ use crate::flight::Flights;
 use crate::freshness::State as Freshness;
 use crate::log_gate::LogGate;
 use crate::shared::{self, SharedLayer};
-use crate::{metrics, unix_ms, DirectoryConfig, DirectoryStats};
+use crate::{metrics, unix_ms, DirectoryStats};
 
 pub(crate) struct State {
     pub store: Arc<dyn Store>,
-    pub config: DirectoryConfig,
+    pub config: CacheConfig,
     pub known: Cache<KeyDigest, Arc<Entry>>,
     pub unknown: Cache<KeyDigest, Unknown>,
     pub flights: Arc<Flights>,
@@ -65,7 +66,7 @@ pub(crate) struct Counts {
 impl State {
     pub fn new(
         store: Arc<dyn Store>,
-        config: DirectoryConfig,
+        config: CacheConfig,
         shared: Option<Arc<SharedLayer>>,
     ) -> Self {
         let counts = Counts::default();

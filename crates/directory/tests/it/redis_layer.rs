@@ -4,18 +4,19 @@
 use std::time::Duration;
 
 use redis::AsyncCommands;
+use spillway_config::CacheConfig;
 use spillway_directory::shared::key;
-use spillway_directory::{DirectoryConfig, Outcome};
+use spillway_directory::Outcome;
 use spillway_store::KeyDigest;
 
 use crate::support::{directory, eventually_async, key_match, random_digest, FakeStore};
 
 const REDIS: &str = "redis://127.0.0.1:6379";
 
-fn with_redis(url: &str) -> DirectoryConfig {
-    DirectoryConfig {
+fn with_redis(url: &str) -> CacheConfig {
+    CacheConfig {
         redis: Some(url.to_owned()),
-        ..DirectoryConfig::default()
+        ..CacheConfig::default()
     }
 }
 
@@ -99,7 +100,7 @@ async fn a_flush_does_not_take_answers_from_before_it_out_of_redis() {
     let d = random_digest();
     let store = FakeStore::new();
     store.add(d, key_match(3, "acme"));
-    let config = DirectoryConfig {
+    let config = CacheConfig {
         flush_spread: Duration::ZERO,
         ..with_redis(REDIS)
     };

@@ -4,17 +4,18 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use spillway_config::CacheConfig;
 use spillway_directory::snapshot::{SnapshotEntry, SnapshotFile, VERSION};
-use spillway_directory::{DirectoryConfig, Outcome};
+use spillway_directory::Outcome;
 
 use crate::support::{digest, directory, key_match, FakeStore, TempDir};
 
-fn with_snapshot(dir: &TempDir, ttl: Duration) -> DirectoryConfig {
-    DirectoryConfig {
+fn with_snapshot(dir: &TempDir, ttl: Duration) -> CacheConfig {
+    CacheConfig {
         ttl,
         stale_for: Duration::from_secs(600),
         snapshot: Some(dir.0.join("cache").join("keys.json")),
-        ..DirectoryConfig::default()
+        ..CacheConfig::default()
     }
 }
 
@@ -142,7 +143,7 @@ async fn a_snapshot_drops_answers_older_than_ttl_plus_stale_for() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_snapshot_path_or_file_is_not_an_error() {
     let store = FakeStore::new();
-    let dir = directory(&store, DirectoryConfig::default()).await;
+    let dir = directory(&store, CacheConfig::default()).await;
     assert_eq!(dir.save_snapshot().await.unwrap(), 0);
     assert_eq!(dir.load_snapshot().await.unwrap(), 0);
     let tmp = TempDir::new("absent");

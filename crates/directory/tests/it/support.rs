@@ -6,7 +6,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use spillway_directory::{Directory, DirectoryConfig};
+use spillway_config::CacheConfig;
+use spillway_directory::Directory;
 use spillway_store::{
     ApiKey, IssuedKey, KeyDigest, KeyMatch, PoolStats, Store, StoreError, StoreFuture, Tenant,
     TenantSpec, TenantUpdate,
@@ -203,7 +204,7 @@ pub fn key_match(i: u64, tenant: &str) -> KeyMatch {
     }
 }
 
-pub async fn directory(store: &Arc<FakeStore>, config: DirectoryConfig) -> Arc<Directory> {
+pub async fn directory(store: &Arc<FakeStore>, config: CacheConfig) -> Arc<Directory> {
     let store: Arc<dyn Store> = store.clone();
     Arc::new(Directory::new(store, config).await.unwrap())
 }

@@ -147,7 +147,7 @@ impl Directory {
     /// does not know it. `Err` only when there is no usable answer and the store failed, timed
     /// out or had no free load slot within `load_wait`.
     pub async fn lookup(&self, digest: &KeyDigest) -> Result<Lookup, DirectoryError> {
-        let started = std::time::Instant::now();
+        let started = tokio::time::Instant::now();
         let result = self.state.lookup(digest).await;
         let outcome = match &result {
             Ok(found) => found.outcome,
@@ -213,7 +213,8 @@ impl Directory {
 }
 
 /// Milliseconds since the Unix epoch: the one wall-clock read, for times that outlive the
-/// process (snapshot) or cross it (Redis). Everything else uses monotonic `Instant`s.
+/// process (snapshot) or cross it (Redis). Everything else reads tokio's monotonic clock
+/// (`tokio::time::Instant`), so tests can pause it and move it on.
 pub(crate) fn unix_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)

@@ -8,9 +8,9 @@
 //! lookup fails), and no Redis. Enabled by `CacheConfig::naive`; never for production.
 
 use std::sync::atomic::Ordering;
-use std::time::Instant;
 
 use spillway_store::KeyDigest;
+use tokio::time::Instant;
 
 use crate::flight::Answer;
 use crate::freshness::State as Freshness;

@@ -16,12 +16,13 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use serde::{Deserialize, Serialize};
 use spillway_policy::PauseAfterErrors;
 use spillway_store::{KeyDigest, KeyMatch};
+use tokio::time::Instant;
 use tracing::warn;
 
 use crate::log_gate::LogGate;
@@ -179,7 +180,7 @@ impl SharedLayer {
     fn usable_connection(self: &Arc<Self>, now: Instant) -> Option<ConnectionManager> {
         {
             let health = self.health.lock().unwrap_or_else(|e| e.into_inner());
-            if health.pause.is_paused(now) {
+            if health.pause.is_paused(now.into_std()) {
                 return None;
             }
         }
@@ -246,9 +247,9 @@ impl SharedLayer {
         let now = Instant::now();
         {
             let mut health = self.health.lock().unwrap_or_else(|e| e.into_inner());
-            health.pause.failed(now);
+            health.pause.failed(now.into_std());
         }
-        if let Some(held_back) = self.log.pass(now) {
+        if let Some(held_back) = self.log.pass(now.into_std()) {
             warn!(
                 op,
                 error,

@@ -14,7 +14,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use moka::notification::RemovalCause;
 use moka::ops::compute::Op;
@@ -22,6 +22,7 @@ use moka::sync::Cache;
 use spillway_config::CacheConfig;
 use spillway_store::{KeyDigest, KeyMatch, Store};
 use tokio::sync::Semaphore;
+use tokio::time::Instant;
 
 use crate::entry::{Entry, Unknown, UntilUnusable};
 use crate::flight::Flights;

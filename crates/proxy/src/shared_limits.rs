@@ -272,7 +272,7 @@ impl Inner {
         tokens: Option<RateLimit>,
         last: impl ToRedisArgs,
     ) -> Result<T, Unavailable> {
-        let connected = self.usable(Instant::now())?;
+        let connected = self.usable(crate::clock::now())?;
         let mut conn = connected.conn.clone();
         let limit = |l: Option<RateLimit>| l.map_or([0, 0], |l| [l.per_minute(), l.burst()]);
         let (req, tok) = (limit(requests), limit(tokens));
@@ -349,7 +349,7 @@ impl Inner {
 
     fn went_wrong(&self, op: &'static str, error: &str) {
         self.errors.fetch_add(1, Ordering::Relaxed);
-        let now = Instant::now();
+        let now = crate::clock::now();
         {
             let mut pause = self.pause.lock().unwrap_or_else(|e| e.into_inner());
             self.up.store(false, Ordering::Relaxed);

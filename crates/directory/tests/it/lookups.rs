@@ -1,10 +1,11 @@
 //! Single flight, stale-while-revalidate, stale-if-error, negative caching, timeouts and
 //! invalidation races.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use spillway_config::CacheConfig;
 use spillway_directory::{DirectoryError, Outcome};
+use tokio::time::Instant;
 
 use crate::support::{digest, directory, eventually, eventually_async, key_match, ms, FakeStore};
 
@@ -41,7 +42,7 @@ async fn a_hundred_concurrent_lookups_of_one_missing_key_make_one_store_query() 
     assert_eq!(store.lookups(), 1);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn a_stale_entry_is_served_at_once_and_refreshed_once_in_the_background() {
     let store = FakeStore::with_keys(1, "acme");
     // An answer's age counts from when it was asked for, so the TTL is longer than the
@@ -79,7 +80,7 @@ async fn a_stale_entry_is_served_at_once_and_refreshed_once_in_the_background() 
     assert_eq!(store.lookups(), 2, "one refresh, not one per stale lookup");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn a_stale_entry_is_served_while_the_store_fails() {
     let store = FakeStore::with_keys(1, "acme");
     let dir = directory(&store, short(ms(30), Duration::from_secs(60))).await;
@@ -103,7 +104,7 @@ async fn a_stale_entry_is_served_while_the_store_fails() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn an_entry_past_its_stale_window_with_the_store_down_is_an_error() {
     let store = FakeStore::with_keys(1, "acme");
     let dir = directory(&store, short(ms(20), ms(20))).await;
@@ -117,7 +118,7 @@ async fn an_entry_past_its_stale_window_with_the_store_down_is_an_error() {
     assert_eq!(dir.lookup(&digest(0)).await.unwrap().outcome, Outcome::Miss);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn a_store_slower_than_load_timeout_counts_as_an_error() {
     let store = FakeStore::with_keys(1, "acme");
     store.set_latency(ms(1_000));

@@ -2,11 +2,12 @@
 //! store, with its refreshes spread over the TTL and answers too old to serve dropped.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use spillway_config::CacheConfig;
 use spillway_directory::snapshot::{SnapshotEntry, SnapshotFile, VERSION};
 use spillway_directory::Outcome;
+use tokio::time::Instant;
 
 use crate::support::{digest, directory, key_match, FakeStore, TempDir};
 
@@ -57,7 +58,7 @@ fn dir_has_no_temp_files(tmp: &TempDir) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn restored_entries_fall_due_spread_over_the_ttl() {
     let tmp = TempDir::new("spread");
     let ttl = Duration::from_secs(1);

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use spillway_config::CacheConfig;
 use spillway_directory::Directory;
@@ -12,6 +12,7 @@ use spillway_store::{
     ApiKey, IssuedKey, KeyDigest, KeyMatch, PoolStats, Store, StoreError, StoreFuture, Tenant,
     TenantSpec, TenantUpdate,
 };
+use tokio::time::Instant;
 
 /// Keys and tenants in a map; `lookup` and `page_keys` are real, the rest refuse.
 #[derive(Default)]

@@ -522,13 +522,12 @@ fn check_tenants(
                 }
             }
             let allowed_models = t.models.filter(|list| !list.iter().any(|m| m == "*"));
-            let priority = t.priority.unwrap_or_else(|| "standard".to_owned());
-            if !["critical", "standard", "batch"].contains(&priority.as_str()) {
-                p.add(
-                    format!("{at}.priority"),
-                    format!("{priority:?}: expected critical, standard or batch"),
-                );
-            }
+            let priority = t.priority.map_or(Ok(Default::default()), |r| r.parse().map_err(|_| r));
+            let priority = priority.unwrap_or_else(|raw| {
+                let why = format!("{raw:?}: expected critical, standard or batch");
+                p.add(format!("{at}.priority"), why);
+                Default::default()
+            });
             for (field, limit) in [
                 ("requests_per_min", t.requests_per_min),
                 ("tokens_per_min", t.tokens_per_min),

@@ -5,6 +5,7 @@
 //! can print them all at once. The typed [`Config`] it produces holds only checked values:
 //! components receive the part they need and never re-validate.
 
+mod cache;
 mod check;
 mod mock;
 mod parse;
@@ -14,6 +15,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
+pub use cache::CacheConfig;
 pub use check::{Problem, DEFAULT_STORE_URL};
 pub use mock::{MockFault, MockProfile};
 pub use spillway_policy::{BudgetConfig, OutlierConfig, RetryPolicy, Rules, ThrottleConfig};
@@ -120,8 +122,7 @@ pub struct TenantConfig {
     pub requests_per_min: Option<u32>,
     pub tokens_per_min: Option<u32>,
     pub max_concurrency: Option<u32>,
-    /// `critical`, `standard` or `batch`.
-    pub priority: String,
+    pub priority: spillway_policy::Priority,
     pub pool: Option<String>,
     pub enabled: bool,
 }
@@ -133,29 +134,6 @@ pub struct StoreConfig {
     pub url: String,
     pub max_connections: u32,
     pub acquire_timeout: Duration,
-}
-
-/// `[cache]`: the key lookup cache in front of the store.
-#[derive(Debug, Clone)]
-pub struct CacheConfig {
-    pub ttl: Duration,
-    pub ttl_jitter: f64,
-    pub stale_for: Duration,
-    pub negative_ttl: Duration,
-    pub max_entries: u64,
-    pub max_negative_entries: u64,
-    pub max_concurrent_loads: usize,
-    pub load_wait: Duration,
-    pub load_timeout: Duration,
-    pub redis: Option<String>,
-    pub redis_timeout: Duration,
-    pub snapshot: Option<std::path::PathBuf>,
-    pub warm_batch: u32,
-    pub warm_max_keys: u64,
-    /// Re-reads after a flush are spread over this; default the TTL.
-    pub flush_spread: Duration,
-    /// Every protection of the cache off (for `spillway replay cache-flush --naive`).
-    pub naive: bool,
 }
 
 /// `[admission]`: the caps every request passes, whatever its tenant.

@@ -484,6 +484,30 @@ url = "http://127.0.0.1:1/v1"
 }
 
 #[test]
+fn an_absent_cache_table_is_the_one_default_and_the_spread_follows_the_ttl() {
+    let c = Config::from_toml(MINIMAL).unwrap();
+    assert_eq!(c.cache, CacheConfig::default());
+    let c = Config::from_toml(&format!("{MINIMAL}\n[cache]\nttl = \"2m\"\n")).unwrap();
+    assert_eq!(c.cache.ttl, Duration::from_secs(120));
+    assert_eq!(c.cache.flush_spread, Duration::from_secs(120));
+}
+
+#[test]
+fn a_tenants_priority_is_read_in_its_lowercase_spelling_or_refused_with_its_location() {
+    let c = Config::from_toml(MINIMAL).unwrap();
+    assert_eq!(c.tenants[0].priority, spillway_policy::Priority::Standard);
+    let batch = MINIMAL.replace("keys = [", "priority = \"batch\"\nkeys = [");
+    let c = Config::from_toml(&batch).unwrap();
+    assert_eq!(c.tenants[0].priority, spillway_policy::Priority::Batch);
+    let p = problems(&MINIMAL.replace("keys = [", "priority = \"Critical\"\nkeys = ["));
+    let text: Vec<String> = p.iter().map(|p| p.to_string()).collect();
+    assert_eq!(
+        text,
+        ["tenants[0] (\"t\").priority: \"Critical\": expected critical, standard or batch"]
+    );
+}
+
+#[test]
 fn type_errors_in_several_sections_are_reported_together_with_their_lines() {
     let text = format!(
         "[server]\nlisten = 1\n[upstream]\nconnect_timeout = 5\n[retry]\nmax_attempts = \"x\"\n\

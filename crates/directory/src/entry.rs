@@ -8,9 +8,10 @@
 //! window is over; until then the freshness rules decide what a lookup does with it.
 
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use spillway_store::{KeyDigest, KeyMatch};
+use tokio::time::Instant;
 
 use crate::freshness::{self, State, Window};
 
@@ -81,52 +82,53 @@ pub(crate) struct Unknown {
     pub until: Instant,
 }
 
-/// moka drops a known entry when its stale window ends, an unknown one when it ends.
+/// moka drops a known entry when its stale window ends, an unknown one when it ends. moka
+/// hands over the insert's time by its own clock; the time left is counted by the directory's
+/// clock instead (tokio's, which tests pause and advance), the one its windows are in.
 pub(crate) struct UntilUnusable;
+
+fn left_until(until: Instant) -> Option<Duration> {
+    Some(until.saturating_duration_since(Instant::now()))
+}
 
 impl moka::Expiry<KeyDigest, Arc<Entry>> for UntilUnusable {
     fn expire_after_create(
         &self,
         _: &KeyDigest,
         entry: &Arc<Entry>,
-        created_at: Instant,
+        _: std::time::Instant,
     ) -> Option<Duration> {
-        Some(
-            entry
-                .window
-                .stale_until
-                .saturating_duration_since(created_at),
-        )
+        left_until(entry.window.stale_until)
     }
 
     fn expire_after_update(
         &self,
         _: &KeyDigest,
         entry: &Arc<Entry>,
-        updated_at: Instant,
+        _: std::time::Instant,
         _: Option<Duration>,
     ) -> Option<Duration> {
-        Some(
-            entry
-                .window
-                .stale_until
-                .saturating_duration_since(updated_at),
-        )
+        left_until(entry.window.stale_until)
     }
 }
 
 impl moka::Expiry<KeyDigest, Unknown> for UntilUnusable {
-    fn expire_after_create(&self, _: &KeyDigest, u: &Unknown, at: Instant) -> Option<Duration> {
-        Some(u.until.saturating_duration_since(at))
+    fn expire_after_create(
+        &self,
+        _: &KeyDigest,
+        u: &Unknown,
+        _: std::time::Instant,
+    ) -> Option<Duration> {
+        left_until(u.until)
     }
 
     fn expire_after_update(
         &self,
         _: &KeyDigest,
         u: &Unknown,
-        at: Instant,
+        _: std::time::Instant,
         _: Option<Duration>,
     ) -> Option<Duration> {
-        Some(u.until.saturating_duration_since(at))
+        left_until(u.until)
     }
 }

@@ -13,7 +13,7 @@ pub enum DirectoryError {
     /// on it, and no cached entry was within its stale window. The text says which.
     #[error("key directory unavailable: {0}")]
     Unavailable(String),
-    /// The settings were rejected by `DirectoryConfig::check` (or the Redis URL did not parse).
+    /// The settings were rejected by `config::check` (or the Redis URL did not parse).
     #[error("invalid key cache settings: {0}")]
     InvalidConfig(String),
     /// The snapshot could not be read or written.

@@ -10,7 +10,9 @@
 //! Jitter spreads `fresh_until` so that entries loaded together (a warm-up, a flush at peak) do
 //! not fall due together and send their refreshes to the store in one wave.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 /// When an answer stops being fresh, and when it stops being usable at all.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

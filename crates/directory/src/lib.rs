@@ -21,7 +21,7 @@
 //!   with a full cache rather than a stampede, its entries falling due spread over one TTL;
 //! - **metrics** ([`metrics`]) for the hit ratio, every store query, and Redis errors.
 //!
-//! `DirectoryConfig::naive` turns all of this off, so a replay can show what it prevents.
+//! `CacheConfig::naive` (`[cache] naive`) turns all of this off, so a replay can show what it prevents.
 //!
 //! The cached value is the store's raw [`KeyMatch`]: revoked, expired and disabled are judged by
 //! the caller at each use, so a cached answer is judged again as time passes.
@@ -49,9 +49,9 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
+use spillway_config::CacheConfig;
 use spillway_store::{KeyDigest, KeyMatch, Store};
 
-pub use config::DirectoryConfig;
 pub use error::DirectoryError;
 
 use state::State;
@@ -130,11 +130,8 @@ pub struct Directory {
 impl Directory {
     /// Checks the config and builds the caches. With `redis` set, connects to it for at most
     /// a second; a Redis that is down is not an error (lookups go without it until it is back).
-    pub async fn new(
-        store: Arc<dyn Store>,
-        config: DirectoryConfig,
-    ) -> Result<Self, DirectoryError> {
-        config.check()?;
+    pub async fn new(store: Arc<dyn Store>, config: CacheConfig) -> Result<Self, DirectoryError> {
+        config::check(&config)?;
         let shared = match &config.redis {
             Some(url) if !config.naive => {
                 Some(shared::SharedLayer::start(url, config.redis_timeout).await?)
@@ -150,7 +147,7 @@ impl Directory {
     /// does not know it. `Err` only when there is no usable answer and the store failed, timed
     /// out or had no free load slot within `load_wait`.
     pub async fn lookup(&self, digest: &KeyDigest) -> Result<Lookup, DirectoryError> {
-        let started = std::time::Instant::now();
+        let started = tokio::time::Instant::now();
         let result = self.state.lookup(digest).await;
         let outcome = match &result {
             Ok(found) => found.outcome,
@@ -216,7 +213,8 @@ impl Directory {
 }
 
 /// Milliseconds since the Unix epoch: the one wall-clock read, for times that outlive the
-/// process (snapshot) or cross it (Redis). Everything else uses monotonic `Instant`s.
+/// process (snapshot) or cross it (Redis). Everything else reads tokio's monotonic clock
+/// (`tokio::time::Instant`), so tests can pause it and move it on.
 pub(crate) fn unix_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)

@@ -10,10 +10,11 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use spillway_store::{KeyDigest, KeyMatch};
 use tokio::sync::OwnedSemaphorePermit;
+use tokio::time::Instant;
 use tracing::warn;
 
 use crate::entry::{Entry, Unknown};
@@ -277,7 +278,7 @@ impl State {
 
     pub(crate) fn store_failed(&self, error: &str) {
         self.counts.store_errors.fetch_add(1, Ordering::Relaxed);
-        if let Some(held_back) = self.store_log.pass(Instant::now()) {
+        if let Some(held_back) = self.store_log.pass(Instant::now().into_std()) {
             warn!(
                 error,
                 similar_errors_not_logged = held_back,

@@ -5,12 +5,12 @@
 //! past its TTL, every answer after a flush) is a store query made by the lookup itself. There
 //! is no single flight (ten concurrent lookups of one key are ten queries), no cap on queries in
 //! flight (the connection pool is the only bound), no stale answer when the store fails (the
-//! lookup fails), and no Redis. Enabled by `DirectoryConfig::naive`; never for production.
+//! lookup fails), and no Redis. Enabled by `CacheConfig::naive`; never for production.
 
 use std::sync::atomic::Ordering;
-use std::time::Instant;
 
 use spillway_store::KeyDigest;
+use tokio::time::Instant;
 
 use crate::flight::Answer;
 use crate::freshness::State as Freshness;

@@ -5,8 +5,9 @@
 //! than one per key per instance. Redis is an optimisation and never a dependency: every call
 //! here is bounded by `redis_timeout` (or [`WRITE_TIMEOUT`] for background writes), an error or
 //! timeout only makes the lookup at hand go on to the store, it is counted and logged at most
-//! once per [`LOG_EVERY`], and after [`ERRORS_BEFORE_PAUSE`] errors in a row Redis is left alone
-//! for [`PAUSE`] so that a Redis that hangs does not add its timeout to every lookup. A Redis
+//! once per [`LOG_EVERY`], and after a few errors in a row Redis is left alone for a while
+//! ([`PauseAfterErrors`], the same rule as the shared rate limits') so that a Redis that hangs
+//! does not add its timeout to every lookup. A Redis
 //! that is down at start is not an error either: the connection is made in the background and
 //! kept by redis's `ConnectionManager`, which reconnects.
 //!
@@ -15,11 +16,13 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use serde::{Deserialize, Serialize};
+use spillway_policy::PauseAfterErrors;
 use spillway_store::{KeyDigest, KeyMatch};
+use tokio::time::Instant;
 use tracing::warn;
 
 use crate::log_gate::LogGate;
@@ -31,9 +34,6 @@ pub const KEY_PREFIX: &str = "spillway:key:";
 pub const WRITE_TIMEOUT: Duration = Duration::from_secs(1);
 /// A connection attempt gives up after this; `Directory::new` waits at most this long for it.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
-/// After this many errors in a row, Redis is skipped for [`PAUSE`].
-pub const ERRORS_BEFORE_PAUSE: u32 = 3;
-pub const PAUSE: Duration = Duration::from_secs(1);
 /// Connection attempts are at least this far apart.
 pub const RECONNECT_EVERY: Duration = Duration::from_secs(1);
 pub const LOG_EVERY: Duration = Duration::from_secs(10);
@@ -41,11 +41,6 @@ pub const LOG_EVERY: Duration = Duration::from_secs(10);
 /// The Redis key of a digest.
 pub fn key(digest: &KeyDigest) -> String {
     format!("{KEY_PREFIX}{}", hex::encode(digest))
-}
-
-/// How long to leave Redis alone after `errors_in_a_row` errors; `None`: keep using it.
-pub fn pause_after(errors_in_a_row: u32) -> Option<Duration> {
-    (errors_in_a_row >= ERRORS_BEFORE_PAUSE).then_some(PAUSE)
 }
 
 /// A stored answer, as JSON.
@@ -69,8 +64,7 @@ pub(crate) struct SharedLayer {
 
 #[derive(Default)]
 struct Health {
-    errors_in_a_row: u32,
-    skip_until: Option<Instant>,
+    pause: PauseAfterErrors,
     next_connect: Option<Instant>,
 }
 
@@ -186,7 +180,7 @@ impl SharedLayer {
     fn usable_connection(self: &Arc<Self>, now: Instant) -> Option<ConnectionManager> {
         {
             let health = self.health.lock().unwrap_or_else(|e| e.into_inner());
-            if health.skip_until.is_some_and(|until| now < until) {
+            if health.pause.is_paused(now.into_std()) {
                 return None;
             }
         }
@@ -244,8 +238,7 @@ impl SharedLayer {
 
     fn went_well(&self) {
         let mut health = self.health.lock().unwrap_or_else(|e| e.into_inner());
-        health.errors_in_a_row = 0;
-        health.skip_until = None;
+        health.pause.succeeded();
     }
 
     fn went_wrong(&self, op: &'static str, error: &str) {
@@ -254,12 +247,9 @@ impl SharedLayer {
         let now = Instant::now();
         {
             let mut health = self.health.lock().unwrap_or_else(|e| e.into_inner());
-            health.errors_in_a_row = health.errors_in_a_row.saturating_add(1);
-            if let Some(pause) = pause_after(health.errors_in_a_row) {
-                health.skip_until = Some(now + pause);
-            }
+            health.pause.failed(now.into_std());
         }
-        if let Some(held_back) = self.log.pass(now) {
+        if let Some(held_back) = self.log.pass(now.into_std()) {
             warn!(
                 op,
                 error,
@@ -283,14 +273,6 @@ mod tests {
         assert!(k.starts_with("spillway:key:ab00"));
         assert!(k.ends_with("01"));
         assert_eq!(k.len(), KEY_PREFIX.len() + 64);
-    }
-
-    #[test]
-    fn redis_is_left_alone_only_after_errors_in_a_row() {
-        assert_eq!(pause_after(0), None);
-        assert_eq!(pause_after(ERRORS_BEFORE_PAUSE - 1), None);
-        assert_eq!(pause_after(ERRORS_BEFORE_PAUSE), Some(PAUSE));
-        assert_eq!(pause_after(u32::MAX), Some(PAUSE));
     }
 
     #[tokio::test]

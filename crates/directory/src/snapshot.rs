@@ -17,10 +17,10 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 use spillway_store::{KeyDigest, KeyMatch};
+use tokio::time::Instant;
 use tracing::{info, warn};
 
 use crate::entry::Entry;

@@ -14,24 +14,26 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use moka::notification::RemovalCause;
 use moka::ops::compute::Op;
 use moka::sync::Cache;
+use spillway_config::CacheConfig;
 use spillway_store::{KeyDigest, KeyMatch, Store};
 use tokio::sync::Semaphore;
+use tokio::time::Instant;
 
 use crate::entry::{Entry, Unknown, UntilUnusable};
 use crate::flight::Flights;
 use crate::freshness::State as Freshness;
 use crate::log_gate::LogGate;
 use crate::shared::{self, SharedLayer};
-use crate::{metrics, unix_ms, DirectoryConfig, DirectoryStats};
+use crate::{metrics, unix_ms, DirectoryStats};
 
 pub(crate) struct State {
     pub store: Arc<dyn Store>,
-    pub config: DirectoryConfig,
+    pub config: CacheConfig,
     pub known: Cache<KeyDigest, Arc<Entry>>,
     pub unknown: Cache<KeyDigest, Unknown>,
     pub flights: Arc<Flights>,
@@ -65,7 +67,7 @@ pub(crate) struct Counts {
 impl State {
     pub fn new(
         store: Arc<dyn Store>,
-        config: DirectoryConfig,
+        config: CacheConfig,
         shared: Option<Arc<SharedLayer>>,
     ) -> Self {
         let counts = Counts::default();

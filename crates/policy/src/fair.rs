@@ -32,9 +32,15 @@ use std::hash::Hash;
 use std::str::FromStr;
 use std::time::Instant;
 
-/// A tenant's scheduling class; lower classes are shed first. Spelt as in the config and the
-/// store.
+/// A tenant's scheduling class; lower classes are shed first. The one definition for the
+/// config, the store, the admin API and the queue, spelt `critical`, `standard` and `batch`
+/// everywhere (with serde behind this crate's `serde` feature).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize, serde::Deserialize),
+    serde(rename_all = "lowercase")
+)]
 pub enum Priority {
     Critical,
     #[default]

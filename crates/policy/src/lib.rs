@@ -15,6 +15,7 @@ pub mod classify;
 pub mod concurrency;
 pub mod fair;
 pub mod outlier;
+pub mod pause;
 pub mod rate;
 pub mod retry;
 pub mod throttle;
@@ -27,6 +28,7 @@ pub use classify::{classify, Class, Outcome, Pushback, Rules};
 pub use concurrency::{Aimd, AimdConfig};
 pub use fair::{FairQueue, Offer, Priority, QueueBounds, Rejection, Released, Ticket, Waiter};
 pub use outlier::{may_eject, panic_mode, Health, Outlier, OutlierConfig};
+pub use pause::{PauseAfterErrors, PauseError};
 pub use rate::{
     Dimension, Gcra, Quota, RateDecision, RateHeaders, RateLimit, RateLimitError, RateRefusal,
     Reservation, TenantLimiter,

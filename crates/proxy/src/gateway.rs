@@ -151,27 +151,9 @@ async fn open_tenants(config: &Config) -> Result<StoreDirectory, StartError> {
     let handle = Arc::new(spillway_store::DeferredStore::new(options.max_connections));
     let store: Arc<dyn spillway_store::Store> = handle.clone();
     let c = &config.cache;
-    let cache = spillway_directory::Directory::new(
-        store.clone(),
-        spillway_directory::DirectoryConfig {
-            ttl: c.ttl,
-            ttl_jitter: c.ttl_jitter,
-            stale_for: c.stale_for,
-            negative_ttl: c.negative_ttl,
-            max_entries: c.max_entries,
-            max_negative_entries: c.max_negative_entries,
-            max_concurrent_loads: c.max_concurrent_loads,
-            load_wait: c.load_wait,
-            load_timeout: c.load_timeout,
-            redis: c.redis.clone(),
-            redis_timeout: c.redis_timeout,
-            snapshot: c.snapshot.clone(),
-            flush_spread: c.flush_spread,
-            naive: c.naive,
-        },
-    )
-    .await
-    .map_err(|e| StartError::Setup(format!("key cache: {e}")))?;
+    let cache = spillway_directory::Directory::new(store.clone(), c.clone())
+        .await
+        .map_err(|e| StartError::Setup(format!("key cache: {e}")))?;
     if c.naive {
         warn!("cache.naive is set: the key cache has no single flight, no load cap and no stale answers; for demonstrations only");
     }

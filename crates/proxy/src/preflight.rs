@@ -27,10 +27,10 @@ pub fn preflight(config: &Config, env: Option<Env<'_>>) -> Vec<Problem> {
     let mut declared: HashMap<[u8; 32], (usize, String)> = HashMap::new();
     for (i, t) in config.tenants.iter().enumerate() {
         let at = format!("tenants[{i}] ({:?})", t.name);
-        match crate::tenants::spec(t).map(|spec| spec.check()) {
-            Err(why) | Ok(Err(StoreError::Invalid(why))) => add(at.clone(), why),
-            Ok(Err(other)) => add(at.clone(), other.to_string()),
-            Ok(Ok(())) => {}
+        match crate::tenants::spec(t).check() {
+            Err(StoreError::Invalid(why)) => add(at.clone(), why),
+            Err(other) => add(at.clone(), other.to_string()),
+            Ok(()) => {}
         }
         for (j, key) in t.keys.iter().enumerate() {
             let key_at = format!("{at}.keys[{j}]");

@@ -30,8 +30,9 @@
 //! [`Unavailable`]; the caller then falls back to each instance enforcing its share of the limit
 //! (`RateLimit::share`) and reports [`SharedLimits::is_up`] and [`SharedLimits::errors`] in its
 //! metrics. Errors are logged at most once per [`LOG_EVERY`], and after [`ERRORS_BEFORE_PAUSE`]
-//! in a row Redis is left alone for [`PAUSE`], so that a hung Redis does not add its timeout to
-//! every request. A Redis that is down at start is not an error: a background task tries to
+//! in a row Redis is left alone for [`PAUSE`] (`spillway_policy::PauseAfterErrors`, the same rule
+//! as the key cache's Redis layer), so that a hung Redis does not add its timeout to every
+//! request. A Redis that is down at start is not an error: a background task tries to
 //! connect every [`RECONNECT_EVERY`] until it can, and redis's `ConnectionManager` then
 //! reconnects by itself.
 
@@ -44,7 +45,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{ErrorKind, FromRedisValue, RedisError, ToRedisArgs};
 use spillway_directory::log_gate::LogGate;
 use spillway_policy::rate::MAX_PER_MINUTE;
-use spillway_policy::{Dimension, Quota, RateHeaders, RateLimit};
+use spillway_policy::{Dimension, PauseAfterErrors, Quota, RateHeaders, RateLimit};
 use tracing::warn;
 
 /// Keys are `spillway:rl:{<tenant>}:req` and `spillway:rl:{<tenant>}:tok`.
@@ -52,9 +53,7 @@ pub const KEY_PREFIX: &str = "spillway:rl:";
 /// A connection attempt (with loading the script) gives up after this; `start` waits at most
 /// this long for the first one.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
-/// After this many errors in a row, Redis is left alone for [`PAUSE`].
-pub const ERRORS_BEFORE_PAUSE: u32 = 3;
-pub const PAUSE: Duration = Duration::from_secs(1);
+pub use spillway_policy::pause::{ERRORS_BEFORE_PAUSE, PAUSE};
 /// Connection attempts are at least this far apart.
 pub const RECONNECT_EVERY: Duration = Duration::from_secs(1);
 pub const LOG_EVERY: Duration = Duration::from_secs(10);
@@ -131,7 +130,7 @@ impl SharedLimits {
             timeout,
             up: AtomicBool::new(false),
             errors: AtomicU64::new(0),
-            health: Mutex::new(Health::default()),
+            pause: Mutex::new(PauseAfterErrors::default()),
             log_gate: LogGate::new(LOG_EVERY),
         });
         if !inner.connect().await {
@@ -251,7 +250,8 @@ struct Inner {
     timeout: Duration,
     up: AtomicBool,
     errors: AtomicU64,
-    health: Mutex<Health>,
+    /// Whether Redis is left alone after errors in a row.
+    pause: Mutex<PauseAfterErrors>,
     /// Errors are logged at most once per [`LOG_EVERY`].
     log_gate: LogGate,
 }
@@ -260,12 +260,6 @@ struct Connected {
     conn: ConnectionManager,
     /// The script's SHA1, as `SCRIPT LOAD` answered.
     sha: String,
-}
-
-#[derive(Default)]
-struct Health {
-    errors_in_a_row: u32,
-    skip_until: Option<Instant>,
 }
 
 impl Inner {
@@ -278,7 +272,7 @@ impl Inner {
         tokens: Option<RateLimit>,
         last: impl ToRedisArgs,
     ) -> Result<T, Unavailable> {
-        let connected = self.usable(Instant::now())?;
+        let connected = self.usable(crate::clock::now())?;
         let mut conn = connected.conn.clone();
         let limit = |l: Option<RateLimit>| l.map_or([0, 0], |l| [l.per_minute(), l.burst()]);
         let (req, tok) = (limit(requests), limit(tokens));
@@ -316,8 +310,8 @@ impl Inner {
 
     /// The connection, unless Redis is left alone after errors or not connected yet.
     fn usable(&self, now: Instant) -> Result<&Connected, Unavailable> {
-        let health = self.health.lock().unwrap_or_else(|e| e.into_inner());
-        if health.skip_until.is_some_and(|until| now < until) {
+        let pause = self.pause.lock().unwrap_or_else(|e| e.into_inner());
+        if pause.is_paused(now) {
             return Err(Unavailable::Paused);
         }
         self.connected.get().ok_or(Unavailable::NotConnected)
@@ -348,22 +342,18 @@ impl Inner {
     }
 
     fn went_well(&self) {
-        let mut health = self.health.lock().unwrap_or_else(|e| e.into_inner());
-        health.errors_in_a_row = 0;
-        health.skip_until = None;
+        let mut pause = self.pause.lock().unwrap_or_else(|e| e.into_inner());
+        pause.succeeded();
         self.up.store(true, Ordering::Relaxed);
     }
 
     fn went_wrong(&self, op: &'static str, error: &str) {
         self.errors.fetch_add(1, Ordering::Relaxed);
-        let now = Instant::now();
+        let now = crate::clock::now();
         {
-            let mut health = self.health.lock().unwrap_or_else(|e| e.into_inner());
+            let mut pause = self.pause.lock().unwrap_or_else(|e| e.into_inner());
             self.up.store(false, Ordering::Relaxed);
-            health.errors_in_a_row = health.errors_in_a_row.saturating_add(1);
-            if health.errors_in_a_row >= ERRORS_BEFORE_PAUSE {
-                health.skip_until = Some(now + PAUSE);
-            }
+            pause.failed(now);
         }
         if let Some(held_back) = self.log_gate.pass(now) {
             warn!(

@@ -13,23 +13,23 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use http::StatusCode;
 use spillway_config::{KeySource, TenantConfig};
 use spillway_directory::Directory;
-use spillway_store::{KeyMatch, Priority, Store, StoreError, TenantSpec};
+use spillway_store::{KeyMatch, Store, StoreError, TenantSpec};
 use tracing::{info, warn};
 
 use crate::auth::{KeyDigest, LookupError, LookupFuture, Tenant, TenantDirectory, TenantLimits};
 
 /// A config file's tenant as the store holds it.
-pub fn spec(t: &TenantConfig) -> Result<TenantSpec, String> {
-    Ok(TenantSpec {
+pub fn spec(t: &TenantConfig) -> TenantSpec {
+    TenantSpec {
         name: t.name.clone(),
         requests_per_min: t.requests_per_min,
         tokens_per_min: t.tokens_per_min,
         max_concurrency: t.max_concurrency,
-        priority: t.priority.parse::<Priority>()?,
+        priority: t.priority,
         allowed_models: t.allowed_models.clone(),
         pool: t.pool.clone(),
         enabled: t.enabled,
-    })
+    }
 }
 
 /// The config file's tenants as they are written to the store: each spec with the digests of
@@ -45,7 +45,7 @@ impl Bootstrap {
     pub fn resolve(tenants: &[TenantConfig]) -> Result<Bootstrap, String> {
         let mut resolved = Vec::with_capacity(tenants.len());
         for t in tenants {
-            let spec = spec(t)?;
+            let spec = spec(t);
             let mut digests = Vec::with_capacity(t.keys.len());
             for key in &t.keys {
                 digests.push(match key {
@@ -155,11 +155,7 @@ impl StoreDirectory {
                 requests_per_min: spec.requests_per_min,
                 tokens_per_min: spec.tokens_per_min,
                 max_concurrency: spec.max_concurrency,
-                priority: match spec.priority {
-                    Priority::Critical => spillway_policy::Priority::Critical,
-                    Priority::Standard => spillway_policy::Priority::Standard,
-                    Priority::Batch => spillway_policy::Priority::Batch,
-                },
+                priority: spec.priority,
             },
         });
         self.interned

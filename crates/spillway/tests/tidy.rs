@@ -86,3 +86,74 @@ fn source_files_stay_short() {
         "split these files (over 600 lines): {long:#?}"
     );
 }
+
+/// What marks a file as an SQLite database or one of its companions: its name, or the first
+/// bytes of a database ("SQLite format 3\0") or of its write-ahead log (two magic numbers).
+fn is_database(path: &str, head: &[u8]) -> bool {
+    let by_name = [
+        ".db",
+        ".db-wal",
+        ".db-shm",
+        ".db-journal",
+        ".sqlite",
+        ".sqlite3",
+    ]
+    .iter()
+    .any(|ext| path.ends_with(ext));
+    let wal_magic = [[0x37, 0x7f, 0x06, 0x82], [0x37, 0x7f, 0x06, 0x83]];
+    by_name
+        || head.starts_with(b"SQLite format 3\0")
+        || wal_magic.iter().any(|m| head.starts_with(m))
+}
+
+/// A database left by a run (the default store is `spillway-data/spillway.db` in the working
+/// directory, and tests run the binary in their crate's) must never be committed: it is state,
+/// not source, and may hold tenants and key digests.
+#[test]
+fn no_database_file_is_tracked() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let listed = std::process::Command::new("git")
+        .arg("-C")
+        .arg(&root)
+        .args(["ls-files", "-z"])
+        .output()
+        .expect("git runs");
+    assert!(listed.status.success(), "git ls-files failed: {listed:?}");
+    let files: Vec<&str> = std::str::from_utf8(&listed.stdout)
+        .unwrap()
+        .split('\0')
+        .filter(|f| !f.is_empty())
+        .collect();
+    assert!(files.len() > 10, "found only {files:?}");
+    let tracked: Vec<&str> = files
+        .into_iter()
+        .filter(|f| {
+            let mut head = [0u8; 16];
+            let read = std::fs::File::open(root.join(f))
+                .and_then(|mut file| std::io::Read::read(&mut file, &mut head))
+                .unwrap_or(0);
+            is_database(f, &head[..read])
+        })
+        .collect();
+    assert!(
+        tracked.is_empty(),
+        "database files are tracked (git rm --cached them): {tracked:#?}"
+    );
+}
+
+#[test]
+fn databases_are_told_by_name_and_by_header() {
+    assert!(is_database(
+        "crates/spillway/spillway-data/spillway.db",
+        b""
+    ));
+    assert!(is_database("x/spillway.db-wal", b""));
+    assert!(is_database("x/spillway.db-shm", b""));
+    assert!(is_database("data/keys.bin", b"SQLite format 3\0\x10\x00"));
+    assert!(is_database("data/log", &[0x37, 0x7f, 0x06, 0x82, 0, 0]));
+    assert!(!is_database(
+        "crates/store/migrations/sqlite/0001_init.sql",
+        b"CREATE TABLE"
+    ));
+    assert!(!is_database("docs/database.md", b"# Databases"));
+}

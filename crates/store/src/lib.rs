@@ -41,42 +41,11 @@ pub use sqlite::BUSY_TIMEOUT as SQLITE_BUSY_TIMEOUT;
 pub use validate::ANY_MODEL;
 pub use validate::{MAX_DESCRIPTION_CHARS, MAX_TENANT_NAME_CHARS};
 
+/// Scheduling class of a tenant's requests, as the policy crate defines it.
+pub use spillway_policy::Priority;
+
 /// The SHA-256 of an API key.
 pub type KeyDigest = [u8; 32];
-
-/// Scheduling class of a tenant's requests; lower classes are shed first.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
-#[serde(rename_all = "lowercase")]
-pub enum Priority {
-    Critical,
-    #[default]
-    Standard,
-    Batch,
-}
-
-impl Priority {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Priority::Critical => "critical",
-            Priority::Standard => "standard",
-            Priority::Batch => "batch",
-        }
-    }
-}
-
-impl std::str::FromStr for Priority {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "critical" => Ok(Priority::Critical),
-            "standard" => Ok(Priority::Standard),
-            "batch" => Ok(Priority::Batch),
-            other => Err(format!(
-                "unknown priority {other:?}: expected critical, standard or batch"
-            )),
-        }
-    }
-}
 
 /// What defines a tenant (everything but its timestamps). "Internal" callers are tenants like
 /// any other: there is no flag that skips lookup or limits.
@@ -230,4 +199,24 @@ pub trait Store: Send + Sync + 'static {
     /// One cheap query, for `/healthz/deps` (never for liveness or readiness).
     fn ping(&self) -> StoreFuture<'_, ()>;
     fn pool_stats(&self) -> PoolStats;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Priority;
+
+    #[test]
+    fn priorities_are_written_and_read_in_their_lowercase_spelling() {
+        for p in Priority::ALL {
+            let json = serde_json::to_string(&p).unwrap();
+            assert_eq!(json, format!("\"{}\"", p.as_str()));
+            assert_eq!(serde_json::from_str::<Priority>(&json).unwrap(), p);
+            assert_eq!(p.as_str().parse::<Priority>(), Ok(p));
+        }
+        assert!(serde_json::from_str::<Priority>("\"Batch\"").is_err());
+        assert_eq!(
+            "urgent".parse::<Priority>(),
+            Err("unknown priority \"urgent\": expected critical, standard or batch".to_owned())
+        );
+    }
 }

@@ -49,8 +49,8 @@ pub(super) fn check_store(raw: RawStore, p: &mut Problems) -> StoreConfig {
 }
 
 pub(super) fn check_cache(raw: RawCache, p: &mut Problems) -> CacheConfig {
-    let s = Duration::from_secs;
-    let jitter = raw.ttl_jitter.unwrap_or(0.2);
+    let d = CacheConfig::default();
+    let jitter = raw.ttl_jitter.unwrap_or(d.ttl_jitter);
     if !(0.0..=0.9).contains(&jitter) {
         p.add(
             "cache.ttl_jitter",
@@ -70,46 +70,42 @@ pub(super) fn check_cache(raw: RawCache, p: &mut Problems) -> CacheConfig {
             p.add("cache.redis", "must start with redis:// or rediss://");
         }
     }
-    let ttl = nonzero(raw.ttl, s(30), "cache.ttl", p);
+    let ttl = nonzero(raw.ttl, d.ttl, "cache.ttl", p);
     CacheConfig {
         ttl,
         ttl_jitter: jitter.clamp(0.0, 0.9),
-        stale_for: raw.stale_for.unwrap_or(s(600)),
-        negative_ttl: nonzero(raw.negative_ttl, s(30), "cache.negative_ttl", p),
-        max_entries: count(raw.max_entries, 100_000, "cache.max_entries", p),
+        stale_for: raw.stale_for.unwrap_or(d.stale_for),
+        negative_ttl: nonzero(raw.negative_ttl, d.negative_ttl, "cache.negative_ttl", p),
+        max_entries: count(raw.max_entries, d.max_entries, "cache.max_entries", p),
         max_negative_entries: count(
             raw.max_negative_entries,
-            10_000,
+            d.max_negative_entries,
             "cache.max_negative_entries",
             p,
         ),
         max_concurrent_loads: count(
             raw.max_concurrent_loads.map(|v| v as u64),
-            8,
+            d.max_concurrent_loads as u64,
             "cache.max_concurrent_loads",
             p,
         )
         .min(1024) as usize,
-        load_wait: nonzero(
-            raw.load_wait,
-            Duration::from_millis(100),
-            "cache.load_wait",
-            p,
-        ),
-        load_timeout: nonzero(raw.load_timeout, s(2), "cache.load_timeout", p),
+        load_wait: nonzero(raw.load_wait, d.load_wait, "cache.load_wait", p),
+        load_timeout: nonzero(raw.load_timeout, d.load_timeout, "cache.load_timeout", p),
         redis: raw.redis,
-        redis_timeout: nonzero(
-            raw.redis_timeout,
-            Duration::from_millis(50),
-            "cache.redis_timeout",
-            p,
-        ),
+        redis_timeout: nonzero(raw.redis_timeout, d.redis_timeout, "cache.redis_timeout", p),
         snapshot: raw.snapshot.map(PathBuf::from),
-        warm_batch: count(raw.warm_batch.map(u64::from), 1000, "cache.warm_batch", p).min(10_000)
-            as u32,
-        warm_max_keys: raw.warm_max_keys.unwrap_or(100_000),
+        warm_batch: count(
+            raw.warm_batch.map(u64::from),
+            u64::from(d.warm_batch),
+            "cache.warm_batch",
+            p,
+        )
+        .min(10_000) as u32,
+        warm_max_keys: raw.warm_max_keys.unwrap_or(d.warm_max_keys),
+        // The spread follows the TTL the file chose, not the default one.
         flush_spread: raw.flush_spread.unwrap_or(ttl),
-        naive: raw.naive.unwrap_or(false),
+        naive: raw.naive.unwrap_or(d.naive),
     }
 }
 

@@ -3,13 +3,14 @@
 
 use std::time::Duration;
 
-use spillway_directory::{DirectoryConfig, DirectoryError, DirectoryStats, Outcome};
+use spillway_config::CacheConfig;
+use spillway_directory::{DirectoryError, DirectoryStats, Outcome};
 
 use crate::support::{digest, directory, key_match, FakeStore};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_interface_the_proxy_uses_holds() {
-    let config = DirectoryConfig {
+    let config = CacheConfig {
         ttl: Duration::from_secs(30),
         ttl_jitter: 0.2,
         stale_for: Duration::from_secs(600),
@@ -22,10 +23,12 @@ async fn the_interface_the_proxy_uses_holds() {
         redis: None,
         redis_timeout: Duration::from_millis(50),
         snapshot: None,
+        warm_batch: 1000,
+        warm_max_keys: 100_000,
         flush_spread: Duration::from_secs(30),
         naive: false,
     };
-    assert_eq!(config, DirectoryConfig::default());
+    assert_eq!(config, CacheConfig::default());
     let store = FakeStore::with_keys(2, "acme");
     let dir = directory(&store, config).await;
     dir.lookup(&digest(0)).await.unwrap();
@@ -75,9 +78,9 @@ fn outcome_labels_are_the_metric_values() {
 async fn a_bad_config_is_refused_at_construction() {
     let store = FakeStore::new();
     let store: std::sync::Arc<dyn spillway_store::Store> = store;
-    let config = DirectoryConfig {
+    let config = CacheConfig {
         max_concurrent_loads: 0,
-        ..DirectoryConfig::default()
+        ..CacheConfig::default()
     };
     let err = spillway_directory::Directory::new(store, config)
         .await

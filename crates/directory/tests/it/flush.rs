@@ -4,17 +4,18 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use spillway_directory::{Directory, DirectoryConfig, DirectoryError, Outcome};
+use spillway_config::CacheConfig;
+use spillway_directory::{Directory, DirectoryError, Outcome};
 
 use crate::support::{digest, directory, eventually_async, ms, FakeStore};
 
 /// A flush that re-reads every answer at its next lookup: the hardest case for the store.
-fn capped() -> DirectoryConfig {
-    DirectoryConfig {
+fn capped() -> CacheConfig {
+    CacheConfig {
         max_concurrent_loads: 8,
         load_wait: ms(100),
         flush_spread: Duration::ZERO,
-        ..DirectoryConfig::default()
+        ..CacheConfig::default()
     }
 }
 
@@ -131,13 +132,13 @@ async fn a_flush_forgets_unknown_keys() {
     assert_eq!(store.lookups(), 2);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn a_spread_flush_re_reads_each_key_once_over_the_spread_not_at_once() {
     let store = FakeStore::with_keys(100, "acme");
     let spread = ms(1_500);
     let dir = directory(
         &store,
-        DirectoryConfig {
+        CacheConfig {
             flush_spread: spread,
             ..capped()
         },
@@ -147,7 +148,7 @@ async fn a_spread_flush_re_reads_each_key_once_over_the_spread_not_at_once() {
         dir.lookup(&digest(i)).await.unwrap();
     }
     dir.invalidate_all();
-    let flushed = std::time::Instant::now();
+    let flushed = tokio::time::Instant::now();
     for i in 0..100 {
         dir.lookup(&digest(i)).await.unwrap();
     }
@@ -179,7 +180,7 @@ async fn a_spread_flush_re_reads_each_key_once_over_the_spread_not_at_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn naive_mode_has_no_single_flight_and_no_stale_answers() {
     let store = FakeStore::with_keys(10, "acme");
-    let naive = DirectoryConfig {
+    let naive = CacheConfig {
         naive: true,
         ..capped()
     };

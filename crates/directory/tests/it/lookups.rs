@@ -1,18 +1,20 @@
 //! Single flight, stale-while-revalidate, stale-if-error, negative caching, timeouts and
 //! invalidation races.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use spillway_directory::{DirectoryConfig, DirectoryError, Outcome};
+use spillway_config::CacheConfig;
+use spillway_directory::{DirectoryError, Outcome};
+use tokio::time::Instant;
 
 use crate::support::{digest, directory, eventually, eventually_async, key_match, ms, FakeStore};
 
-fn short(ttl: Duration, stale_for: Duration) -> DirectoryConfig {
-    DirectoryConfig {
+fn short(ttl: Duration, stale_for: Duration) -> CacheConfig {
+    CacheConfig {
         ttl,
         ttl_jitter: 0.0,
         stale_for,
-        ..DirectoryConfig::default()
+        ..CacheConfig::default()
     }
 }
 
@@ -20,7 +22,7 @@ fn short(ttl: Duration, stale_for: Duration) -> DirectoryConfig {
 async fn a_hundred_concurrent_lookups_of_one_missing_key_make_one_store_query() {
     let store = FakeStore::with_keys(1, "acme");
     store.set_latency(ms(50));
-    let dir = directory(&store, DirectoryConfig::default()).await;
+    let dir = directory(&store, CacheConfig::default()).await;
     let lookups: Vec<_> = (0..100)
         .map(|_| {
             let dir = dir.clone();
@@ -40,7 +42,7 @@ async fn a_hundred_concurrent_lookups_of_one_missing_key_make_one_store_query() 
     assert_eq!(store.lookups(), 1);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn a_stale_entry_is_served_at_once_and_refreshed_once_in_the_background() {
     let store = FakeStore::with_keys(1, "acme");
     // An answer's age counts from when it was asked for, so the TTL is longer than the
@@ -78,7 +80,7 @@ async fn a_stale_entry_is_served_at_once_and_refreshed_once_in_the_background() 
     assert_eq!(store.lookups(), 2, "one refresh, not one per stale lookup");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn a_stale_entry_is_served_while_the_store_fails() {
     let store = FakeStore::with_keys(1, "acme");
     let dir = directory(&store, short(ms(30), Duration::from_secs(60))).await;
@@ -102,7 +104,7 @@ async fn a_stale_entry_is_served_while_the_store_fails() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn an_entry_past_its_stale_window_with_the_store_down_is_an_error() {
     let store = FakeStore::with_keys(1, "acme");
     let dir = directory(&store, short(ms(20), ms(20))).await;
@@ -116,13 +118,13 @@ async fn an_entry_past_its_stale_window_with_the_store_down_is_an_error() {
     assert_eq!(dir.lookup(&digest(0)).await.unwrap().outcome, Outcome::Miss);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn a_store_slower_than_load_timeout_counts_as_an_error() {
     let store = FakeStore::with_keys(1, "acme");
     store.set_latency(ms(1_000));
-    let config = DirectoryConfig {
+    let config = CacheConfig {
         load_timeout: ms(50),
-        ..DirectoryConfig::default()
+        ..CacheConfig::default()
     };
     let dir = directory(&store, config).await;
     let started = Instant::now();
@@ -134,7 +136,7 @@ async fn a_store_slower_than_load_timeout_counts_as_an_error() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unknown_key_is_remembered_and_asked_for_once() {
     let store = FakeStore::new();
-    let dir = directory(&store, DirectoryConfig::default()).await;
+    let dir = directory(&store, CacheConfig::default()).await;
     assert!(!dir.is_warm());
     let first = dir.lookup(&digest(7)).await.unwrap();
     assert_eq!(
@@ -160,10 +162,10 @@ async fn an_unknown_key_is_remembered_and_asked_for_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn random_keys_cannot_evict_known_ones_and_the_negative_cache_stays_bounded() {
     let store = FakeStore::with_keys(20, "acme");
-    let config = DirectoryConfig {
+    let config = CacheConfig {
         max_entries: 1_000,
         max_negative_entries: 50,
-        ..DirectoryConfig::default()
+        ..CacheConfig::default()
     };
     let dir = directory(&store, config).await;
     for i in 0..20 {
@@ -190,7 +192,7 @@ async fn random_keys_cannot_evict_known_ones_and_the_negative_cache_stays_bounde
 async fn a_revoke_during_a_load_does_not_put_the_old_answer_back() {
     let store = FakeStore::with_keys(1, "acme");
     store.set_latency(ms(200));
-    let dir = directory(&store, DirectoryConfig::default()).await;
+    let dir = directory(&store, CacheConfig::default()).await;
     let loading = {
         let dir = dir.clone();
         tokio::spawn(async move { dir.lookup(&digest(0)).await })
@@ -216,7 +218,7 @@ async fn invalidate_if_forgets_one_tenants_keys_only() {
     for i in 0..10 {
         store.add(digest(i), key_match(i, if i < 5 { "a" } else { "b" }));
     }
-    let dir = directory(&store, DirectoryConfig::default()).await;
+    let dir = directory(&store, CacheConfig::default()).await;
     for i in 0..10 {
         dir.lookup(&digest(i)).await.unwrap();
     }

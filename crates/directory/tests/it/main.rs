@@ -1,8 +1,11 @@
 //! Black-box tests of the key directory: its public API against a fake store that counts its
 //! queries (and can be slow or down), and against the real Redis on 127.0.0.1:6379.
 //!
-//! The async cache runs on real time with short durations; conditions are awaited by polling
-//! with deadlines, and sleeps are used only to let a TTL pass.
+//! Tests that wait out a TTL, a stale window, a flush's spread or a slow store run on paused
+//! time (`start_paused`): the directory reads tokio's clock, so a sleep through a TTL takes no
+//! time at all and what a test measures is that clock, not the machine's speed. Tests of
+//! concurrency and of the real Redis run on real time. Either way, conditions are awaited by
+//! polling with deadlines.
 
 mod api;
 mod flush;

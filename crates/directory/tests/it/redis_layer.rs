@@ -1,21 +1,24 @@
 //! The shared Redis layer against the real Redis on 127.0.0.1:6379. Every test uses random
 //! digests and deletes its own keys; nothing else in Redis is touched.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use redis::AsyncCommands;
+use spillway_config::CacheConfig;
 use spillway_directory::shared::key;
-use spillway_directory::{DirectoryConfig, Outcome};
+use spillway_directory::Outcome;
 use spillway_store::KeyDigest;
 
-use crate::support::{directory, eventually_async, key_match, random_digest, FakeStore};
+use crate::support::{
+    directory, eventually, eventually_async, key_match, random_digest, FakeStore,
+};
 
 const REDIS: &str = "redis://127.0.0.1:6379";
 
-fn with_redis(url: &str) -> DirectoryConfig {
-    DirectoryConfig {
+fn with_redis(url: &str) -> CacheConfig {
+    CacheConfig {
         redis: Some(url.to_owned()),
-        ..DirectoryConfig::default()
+        ..CacheConfig::default()
     }
 }
 
@@ -29,6 +32,18 @@ async fn redis() -> redis::aio::MultiplexedConnection {
 
 async fn exists(digest: &KeyDigest) -> bool {
     redis().await.exists(key(digest)).await.unwrap()
+}
+
+/// When the answer stored for `digest` was fetched from the store, in Unix milliseconds.
+async fn fetched_at_ms(digest: &KeyDigest) -> u64 {
+    let value: Vec<u8> = redis().await.get(key(digest)).await.unwrap();
+    let answer: serde_json::Value = serde_json::from_slice(&value).unwrap();
+    answer["fetched_at_ms"].as_u64().unwrap()
+}
+
+fn unix_ms() -> u64 {
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
+    now.as_millis() as u64
 }
 
 async fn forget(digests: &[KeyDigest]) {
@@ -99,14 +114,20 @@ async fn a_flush_does_not_take_answers_from_before_it_out_of_redis() {
     let d = random_digest();
     let store = FakeStore::new();
     store.add(d, key_match(3, "acme"));
-    let config = DirectoryConfig {
+    let config = CacheConfig {
         flush_spread: Duration::ZERO,
         ..with_redis(REDIS)
     };
     let dir = directory(&store, config).await;
     dir.lookup(&d).await.unwrap();
     eventually_async(Duration::from_secs(2), "the answer in Redis", || exists(&d)).await;
-    tokio::time::sleep(Duration::from_millis(5)).await;
+    // Redis answers carry wall-clock times, to the millisecond: a flush in the millisecond of
+    // the fetch would not be after it.
+    let fetched = fetched_at_ms(&d).await;
+    eventually(Duration::from_secs(1), "a later millisecond", || {
+        unix_ms() > fetched
+    })
+    .await;
     dir.invalidate_all();
     // The copy in Redis predates the flush: the store is asked again.
     assert_eq!(dir.lookup(&d).await.unwrap().outcome, Outcome::Miss);
@@ -142,7 +163,9 @@ fn hung_redis() -> String {
     url
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+/// On paused time: a Redis that never answers leaves only timers to wait for, which tokio
+/// then runs at once, so what is measured is the directory's clock and not the machine's load.
+#[tokio::test(start_paused = true)]
 async fn a_redis_that_never_answers_delays_no_lookup_beyond_its_timeout() {
     let store = FakeStore::new();
     let digests: Vec<_> = (0..20).map(|_| random_digest()).collect();
@@ -151,7 +174,7 @@ async fn a_redis_that_never_answers_delays_no_lookup_beyond_its_timeout() {
     }
     let dir = directory(&store, with_redis(&hung_redis())).await;
     for d in &digests {
-        let started = std::time::Instant::now();
+        let started = tokio::time::Instant::now();
         let found = dir.lookup(d).await.unwrap();
         assert_eq!(found.outcome, Outcome::Miss);
         assert!(

@@ -2,19 +2,21 @@
 //! store, with its refreshes spread over the TTL and answers too old to serve dropped.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use spillway_config::CacheConfig;
 use spillway_directory::snapshot::{SnapshotEntry, SnapshotFile, VERSION};
-use spillway_directory::{DirectoryConfig, Outcome};
+use spillway_directory::Outcome;
+use tokio::time::Instant;
 
 use crate::support::{digest, directory, key_match, FakeStore, TempDir};
 
-fn with_snapshot(dir: &TempDir, ttl: Duration) -> DirectoryConfig {
-    DirectoryConfig {
+fn with_snapshot(dir: &TempDir, ttl: Duration) -> CacheConfig {
+    CacheConfig {
         ttl,
         stale_for: Duration::from_secs(600),
         snapshot: Some(dir.0.join("cache").join("keys.json")),
-        ..DirectoryConfig::default()
+        ..CacheConfig::default()
     }
 }
 
@@ -56,7 +58,7 @@ fn dir_has_no_temp_files(tmp: &TempDir) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn restored_entries_fall_due_spread_over_the_ttl() {
     let tmp = TempDir::new("spread");
     let ttl = Duration::from_secs(1);
@@ -142,7 +144,7 @@ async fn a_snapshot_drops_answers_older_than_ttl_plus_stale_for() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_snapshot_path_or_file_is_not_an_error() {
     let store = FakeStore::new();
-    let dir = directory(&store, DirectoryConfig::default()).await;
+    let dir = directory(&store, CacheConfig::default()).await;
     assert_eq!(dir.save_snapshot().await.unwrap(), 0);
     assert_eq!(dir.load_snapshot().await.unwrap(), 0);
     let tmp = TempDir::new("absent");

@@ -4,13 +4,15 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use spillway_directory::{Directory, DirectoryConfig};
+use spillway_config::CacheConfig;
+use spillway_directory::Directory;
 use spillway_store::{
     ApiKey, IssuedKey, KeyDigest, KeyMatch, PoolStats, Store, StoreError, StoreFuture, Tenant,
     TenantSpec, TenantUpdate,
 };
+use tokio::time::Instant;
 
 /// Keys and tenants in a map; `lookup` and `page_keys` are real, the rest refuse.
 #[derive(Default)]
@@ -203,7 +205,7 @@ pub fn key_match(i: u64, tenant: &str) -> KeyMatch {
     }
 }
 
-pub async fn directory(store: &Arc<FakeStore>, config: DirectoryConfig) -> Arc<Directory> {
+pub async fn directory(store: &Arc<FakeStore>, config: CacheConfig) -> Arc<Directory> {
     let store: Arc<dyn Store> = store.clone();
     Arc::new(Directory::new(store, config).await.unwrap())
 }

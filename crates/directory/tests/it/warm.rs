@@ -1,13 +1,14 @@
 //! Warm-up from the store in bounded pages.
 
-use spillway_directory::{DirectoryConfig, Outcome};
+use spillway_config::CacheConfig;
+use spillway_directory::Outcome;
 
 use crate::support::{digest, directory, FakeStore};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn warm_from_store_loads_every_key_in_batches() {
     let store = FakeStore::with_keys(250, "acme");
-    let dir = directory(&store, DirectoryConfig::default()).await;
+    let dir = directory(&store, CacheConfig::default()).await;
     assert_eq!(dir.warm_from_store(100, 10_000).await.unwrap(), 250);
     assert_eq!(store.pages(), 3);
     assert!(store.high_water() <= 1, "one page at a time");
@@ -31,7 +32,7 @@ async fn warm_from_store_loads_every_key_in_batches() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn warm_from_store_stops_at_max_keys() {
     let store = FakeStore::with_keys(250, "acme");
-    let dir = directory(&store, DirectoryConfig::default()).await;
+    let dir = directory(&store, CacheConfig::default()).await;
     assert_eq!(dir.warm_from_store(100, 150).await.unwrap(), 150);
     assert_eq!(store.pages(), 2);
     assert_eq!(dir.stats().entries, 150);
@@ -41,7 +42,7 @@ async fn warm_from_store_stops_at_max_keys() {
 async fn a_failing_store_stops_the_warm_up_with_an_error() {
     let store = FakeStore::with_keys(10, "acme");
     store.set_failing(true);
-    let dir = directory(&store, DirectoryConfig::default()).await;
+    let dir = directory(&store, CacheConfig::default()).await;
     assert!(dir.warm_from_store(100, 1_000).await.is_err());
     assert!(!dir.is_warm());
     assert_eq!(dir.stats().store_errors, 1);

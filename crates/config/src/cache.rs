@@ -52,8 +52,10 @@ pub struct CacheConfig {
     /// than every key at once. Zero re-reads every answer at its next lookup. Default the TTL.
     pub flush_spread: Duration,
     /// Turns every protection off, to show what they prevent (`spillway replay cache-flush
-    /// --naive`): no single flight, no cap on store queries, no stale answers, no Redis, and a
-    /// flush that re-reads every answer at its next lookup. Never for production. Default off.
+    /// --naive`): no single flight, no cap on store queries, no stale answers (the directory's
+    /// naive lookup), and, set by the config check, no Redis and a flush that re-reads every
+    /// answer at its next lookup (`redis` none, `flush_spread` zero). Never for production.
+    /// Default off.
     pub naive: bool,
 }
 

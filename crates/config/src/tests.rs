@@ -533,3 +533,14 @@ fn type_errors_in_several_sections_are_reported_together_with_their_lines() {
     };
     assert_eq!(errors.len(), 1, "{errors:#?}");
 }
+
+#[test]
+fn a_naive_cache_is_settings_and_a_lookup() {
+    let c = Config::from_toml(&format!(
+        "{MINIMAL}\n[cache]\nnaive = true\nredis = \"redis://127.0.0.1:6379\"\nflush_spread = \"30s\"\n"
+    ))
+    .unwrap();
+    assert!(c.cache.naive);
+    assert_eq!(c.cache.flush_spread, Duration::ZERO);
+    assert!(c.cache.redis.is_none());
+}

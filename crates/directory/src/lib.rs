@@ -125,6 +125,17 @@ pub struct DirectoryStats {
 /// The cached key directory. Cheap to share behind an `Arc`; every method takes `&self`.
 pub struct Directory {
     state: Arc<State>,
+    /// Chosen once, from `cache.naive`.
+    lookup: Lookups,
+}
+
+/// Which lookup a directory serves with.
+#[derive(Debug, Clone, Copy)]
+enum Lookups {
+    /// Single flight, the load cap, stale answers: every protection of this crate.
+    Protected,
+    /// None of them (`naive.rs`), for the replay only.
+    Naive,
 }
 
 impl Directory {
@@ -133,13 +144,17 @@ impl Directory {
     pub async fn new(store: Arc<dyn Store>, config: CacheConfig) -> Result<Self, DirectoryError> {
         config::check(&config)?;
         let shared = match &config.redis {
-            Some(url) if !config.naive => {
-                Some(shared::SharedLayer::start(url, config.redis_timeout).await?)
-            }
+            Some(url) => Some(shared::SharedLayer::start(url, config.redis_timeout).await?),
             _ => None,
+        };
+        let lookup = if config.naive {
+            Lookups::Naive
+        } else {
+            Lookups::Protected
         };
         Ok(Self {
             state: Arc::new(State::new(store, config, shared)),
+            lookup,
         })
     }
 
@@ -148,7 +163,10 @@ impl Directory {
     /// out or had no free load slot within `load_wait`.
     pub async fn lookup(&self, digest: &KeyDigest) -> Result<Lookup, DirectoryError> {
         let started = tokio::time::Instant::now();
-        let result = self.state.lookup(digest).await;
+        let result = match self.lookup {
+            Lookups::Protected => self.state.lookup(digest).await,
+            Lookups::Naive => self.state.lookup_naive(digest).await,
+        };
         let outcome = match &result {
             Ok(found) => found.outcome,
             Err(_) => Outcome::StoreError,

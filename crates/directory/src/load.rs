@@ -45,9 +45,6 @@ enum FromShared {
 
 impl State {
     pub async fn lookup(self: &Arc<Self>, digest: &KeyDigest) -> Result<Lookup, DirectoryError> {
-        if self.config.naive {
-            return self.lookup_naive(digest).await;
-        }
         let now = Instant::now();
         let epoch = self.epoch.load(Ordering::SeqCst);
         let mut fallback = None;

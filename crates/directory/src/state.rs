@@ -188,11 +188,7 @@ impl State {
         if entry.epoch == epoch {
             return entry.state(now, epoch, None);
         }
-        let spread = if self.config.naive {
-            Duration::ZERO
-        } else {
-            self.config.flush_spread
-        };
+        let spread = self.config.flush_spread;
         let since = self.flushed_after_ns.load(Ordering::SeqCst);
         let flushed_at = (since > 0).then(|| self.created + Duration::from_nanos(since));
         entry.state(now, epoch, flushed_at.map(|at| (at, spread)))

@@ -71,7 +71,8 @@ pub(super) fn check_cache(raw: RawCache, p: &mut Problems) -> CacheConfig {
         }
     }
     let ttl = nonzero(raw.ttl, d.ttl, "cache.ttl", p);
-    CacheConfig {
+    let naive = raw.naive.unwrap_or(d.naive);
+    let c = CacheConfig {
         ttl,
         ttl_jitter: jitter.clamp(0.0, 0.9),
         stale_for: raw.stale_for.unwrap_or(d.stale_for),
@@ -105,7 +106,23 @@ pub(super) fn check_cache(raw: RawCache, p: &mut Problems) -> CacheConfig {
         warm_max_keys: raw.warm_max_keys.unwrap_or(d.warm_max_keys),
         // The spread follows the TTL the file chose, not the default one.
         flush_spread: raw.flush_spread.unwrap_or(ttl),
-        naive: raw.naive.unwrap_or(d.naive),
+        naive,
+    };
+    if naive {
+        without_protections(c)
+    } else {
+        c
+    }
+}
+
+/// `cache.naive`: the cache of IL-0136, as settings: a flush re-reads every answer at its next
+/// lookup and there is no Redis layer. What no setting can say (no single flight, no load cap,
+/// no stale answer) is the lookup the directory picks once, when it is built.
+fn without_protections(c: CacheConfig) -> CacheConfig {
+    CacheConfig {
+        flush_spread: Duration::ZERO,
+        redis: None,
+        ..c
     }
 }
 

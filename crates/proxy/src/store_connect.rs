@@ -18,7 +18,7 @@
 //! reasons are in docs/tenants.md).
 
 use std::sync::{Arc, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use spillway_directory::log_gate::LogGate;
 use spillway_policy::Backoff;
@@ -107,7 +107,7 @@ impl StoreOpening {
                 }
                 Err(e) => {
                     failures = failures.saturating_add(1);
-                    if let Some(held_back) = gate.pass(Instant::now()) {
+                    if let Some(held_back) = gate.pass(crate::clock::now()) {
                         match e {
                             StoreError::Unavailable(_) => warn!(
                                 failed_attempts = failures,

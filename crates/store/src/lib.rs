@@ -13,6 +13,9 @@
 //!
 //! Times are Unix seconds (UTC), the same in both databases.
 
+// Tests may time real processes and sockets on the system clock (see clippy.toml).
+#![cfg_attr(test, allow(clippy::disallowed_methods))]
+
 use std::future::Future;
 use std::pin::Pin;
 

@@ -34,7 +34,7 @@ mod ticket;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use spillway_config::AdmissionConfig;
 use spillway_policy::{Dimension, TenantLimiter};
@@ -177,7 +177,7 @@ impl Admission {
                 format!("the model {:?} has no backend {whose}", &*pool.name),
             ));
         };
-        let seats = pool.seats(tenant.pool.as_deref(), Instant::now());
+        let seats = pool.seats(tenant.pool.as_deref(), crate::clock::now());
         if seats == 0 {
             // Nothing to wait for that a queue could hand out: say so at once.
             return Err(ApiError::new(
@@ -479,7 +479,7 @@ impl Admission {
                     body_held: Arc::default(),
                     rate: Mutex::new((
                         tenant.limits,
-                        TenantLimiter::new(Instant::now(), requests, tokens),
+                        TenantLimiter::new(crate::clock::now(), requests, tokens),
                     )),
                 })
             })

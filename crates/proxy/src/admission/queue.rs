@@ -11,7 +11,7 @@
 //! to it in the meantime is passed on.
 
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use spillway_policy::fair::{FairQueue, Offer, QueueBounds, Rejection, Released, Ticket};
 use spillway_policy::Priority;
@@ -57,7 +57,7 @@ pub(crate) struct Seat {
 impl Drop for Seat {
     fn drop(&mut self) {
         let mut queue = self.queue.lock();
-        let released = queue.release(Instant::now());
+        let released = queue.release(crate::clock::now());
         hand_out(&mut queue, released);
     }
 }
@@ -85,7 +85,7 @@ impl PoolQueue {
         priority: Priority,
         tenant: Arc<str>,
     ) -> Result<(Seat, Duration), Shed> {
-        let now = Instant::now();
+        let now = crate::clock::now();
         let (tx, rx) = oneshot::channel();
         let offer = {
             let mut queue = self.lock();
@@ -153,7 +153,7 @@ fn hand_out(queue: &mut Queue, mut released: Released<Arc<str>, oneshot::Sender<
         if gone == 0 {
             return;
         }
-        let now = Instant::now();
+        let now = crate::clock::now();
         released = Released {
             dispatched: Vec::new(),
             expired: Vec::new(),
@@ -183,7 +183,7 @@ impl Drop for Waiting {
             return;
         }
         if rx.try_recv().is_ok() {
-            let released = queue.release(Instant::now());
+            let released = queue.release(crate::clock::now());
             hand_out(&mut queue, released);
         }
     }

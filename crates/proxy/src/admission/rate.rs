@@ -8,7 +8,7 @@
 //! together still stay within it; `spillway_shared_limits_fallbacks_total` counts those
 //! decisions and `spillway_shared_limits_up` says whether Redis answers.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use spillway_policy::{Dimension, RateHeaders, RateLimit};
 
@@ -84,7 +84,7 @@ impl Rates {
                 }
             }
         }
-        let now = Instant::now();
+        let now = crate::clock::now();
         let mut rate = gate.rate.lock().unwrap_or_else(|e| e.into_inner());
         if rate.0 != *limits {
             let (requests, tokens) = self.local(limits);

@@ -171,7 +171,7 @@ pub(crate) struct Busy(Arc<Activity>);
 
 impl Drop for Busy {
     fn drop(&mut self) {
-        self.0.end(Instant::now());
+        self.0.end(crate::clock::now());
     }
 }
 

@@ -12,7 +12,6 @@ use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
-use std::time::Instant;
 
 use bytes::{Buf, Bytes};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -96,7 +95,7 @@ impl AsyncRead for GuardedIo {
                 }
             }
             if this.activity.awaits_head() {
-                this.activity.bytes_read(Instant::now());
+                this.activity.bytes_read(crate::clock::now());
             }
         }
         Poll::Ready(Ok(()))

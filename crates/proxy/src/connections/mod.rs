@@ -25,7 +25,7 @@ use std::future::Future;
 use std::pin::{pin, Pin};
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::Router;
@@ -139,7 +139,7 @@ impl Connections {
             let _ = tcp.set_nodelay(true);
             match self.permits.clone().try_acquire_owned() {
                 Ok(permit) => {
-                    let activity = Activity::new(Instant::now(), self.deadlines);
+                    let activity = Activity::new(crate::clock::now(), self.deadlines);
                     let io = GuardedIo::new(tcp, activity.clone(), permit);
                     let this = self.clone();
                     let router = router.clone();
@@ -237,7 +237,7 @@ fn closed(listener: &'static str, reason: &'static str) {
 /// Resolves with the verdict once the connection has outstayed a deadline.
 async fn outstayed(activity: &Activity) -> Verdict {
     loop {
-        match activity.verdict(Instant::now()) {
+        match activity.verdict(crate::clock::now()) {
             Verdict::Until(due) => tokio::time::sleep_until(due.into()).await,
             verdict => return verdict,
         }

@@ -68,7 +68,7 @@ impl EngineLoad {
             engine,
             auth_header,
             stale_after,
-            epoch: Instant::now(),
+            epoch: crate::clock::now(),
             seq: AtomicU64::new(0),
             running: AtomicU32::new(0),
             waiting: AtomicU32::new(0),

@@ -7,7 +7,7 @@
 //! saturated.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request};
@@ -87,7 +87,7 @@ async fn run(
         let started = tokio::time::Instant::now();
         match scrape(&client, &load, &config).await {
             Ok((engine, sample)) => {
-                let now = Instant::now();
+                let now = crate::clock::now();
                 load.store(engine, &sample, now);
                 // What the engine runs sets each backend's limit floor; its queue growing past
                 // the saturation bound is an overload signal.

@@ -37,6 +37,7 @@ pub use args::{ReplayArgs, RetryStormArgs, Scenario};
 pub use error::ReplayError;
 pub use flush::CacheFlushArgs;
 pub use neighbor::NoisyNeighborArgs;
+pub use rss::resident_bytes;
 
 /// Runs the chosen scenario: progress lines on stderr, the results table on stdout, and the raw
 /// figures as JSON when asked. When `interrupted` resolves (the binary passes its SIGINT/SIGTERM

@@ -7,6 +7,7 @@ mod support;
 
 use std::time::Duration;
 
+use spillway_testkit::http::client;
 use support::*;
 
 const FAST: [&str; 6] = ["--model", "m", "--ttft", "0ms", "--tokens-per-sec", "0"];

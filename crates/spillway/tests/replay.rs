@@ -8,7 +8,7 @@
 use std::io::Read;
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::Value;
 
@@ -35,17 +35,10 @@ fn run(args: &[&str], deadline: Duration) -> Output {
     };
     let stdout = pipe(Box::new(child.stdout.take().unwrap()));
     let stderr = pipe(Box::new(child.stderr.take().unwrap()));
-    let end = Instant::now() + deadline;
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if Instant::now() >= end {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("spillway {args:?} still running after {deadline:?}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
+    let Some(status) = spillway_testkit::wait_exit(&mut child, deadline) else {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("spillway {args:?} still running after {deadline:?}");
     };
     Output {
         status,

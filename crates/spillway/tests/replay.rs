@@ -1,6 +1,6 @@
 //! Black-box tests of `spillway replay`: the real binary replays IL-0248 (`retry-storm`) and
-//! IL-0136 (`cache-flush`, against the PostgreSQL on 127.0.0.1:5432) with its own child
-//! processes on 127.0.0.1, and the figures are read back from its `--json` file.
+//! IL-0136 (`cache-flush`, against the tests' PostgreSQL: `spillway_testkit::postgres_url`) with
+//! its own child processes on 127.0.0.1, and the figures are read back from its `--json` file.
 //!
 //! The replay bounds its own run time; the tests bound it again from outside (the process is
 //! killed past a deadline) so a hang fails the test instead of stalling the suite.
@@ -202,9 +202,12 @@ const FLUSH_RUN_DEADLINE: Duration = Duration::from_secs(420);
 /// the supervisor never restarts it; the naive gateway's store probe fails and it is restarted.
 #[test]
 fn cache_flush_at_peak_and_a_store_outage_leave_the_protected_gateway_serving() {
+    let store = spillway_testkit::postgres_url();
     let args = [
         "replay",
         "cache-flush",
+        "--store",
+        &store,
         "--keys",
         "10000",
         "--rate",

@@ -66,35 +66,28 @@ const MOCK_FLAGS: [&str; 14] = [
 pub(crate) fn replay(
     args: &NoisyNeighborArgs,
 ) -> Result<impl Future<Output = Result<(), ReplayError>>, ReplayError> {
-    let neighbor = NoisyNeighbor {
-        plan: args.check()?,
-    };
-    Ok(async move { incident::replay(&neighbor).await })
+    let plan = args.check()?;
+    Ok(async move { incident::replay(&plan).await })
 }
 
-/// The noisy-neighbor incident with its checked plan.
-struct NoisyNeighbor {
-    plan: NeighborPlan,
-}
-
-impl Incident for NoisyNeighbor {
+impl Incident for NeighborPlan {
     type Run = RunReport;
     type Report = NeighborReport;
 
     fn modes(&self) -> &[Mode] {
-        &self.plan.modes
+        &self.modes
     }
 
     fn json(&self) -> Option<&PathBuf> {
-        self.plan.json.as_ref()
+        self.json.as_ref()
     }
 
     async fn run_mode(&self, mode: Mode) -> Result<RunReport, ReplayError> {
-        run_mode(&self.plan, mode).await
+        run_mode(self, mode).await
     }
 
     fn report(&self, runs: Vec<RunReport>) -> NeighborReport {
-        NeighborReport::new(&self.plan, runs)
+        NeighborReport::new(self, runs)
     }
 
     fn table(report: &NeighborReport) -> String {

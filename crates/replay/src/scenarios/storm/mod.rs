@@ -33,35 +33,28 @@ use report::{Report, RunInputs, RunReport};
 pub(crate) fn replay(
     args: &RetryStormArgs,
 ) -> Result<impl Future<Output = Result<(), ReplayError>>, ReplayError> {
-    let storm = RetryStorm {
-        plan: args.check()?,
-    };
-    Ok(async move { incident::replay(&storm).await })
+    let plan = args.check()?;
+    Ok(async move { incident::replay(&plan).await })
 }
 
-/// The retry-storm incident with its checked plan.
-struct RetryStorm {
-    plan: StormPlan,
-}
-
-impl Incident for RetryStorm {
+impl Incident for StormPlan {
     type Run = RunReport;
     type Report = Report;
 
     fn modes(&self) -> &[Mode] {
-        &self.plan.modes
+        &self.modes
     }
 
     fn json(&self) -> Option<&PathBuf> {
-        self.plan.json.as_ref()
+        self.json.as_ref()
     }
 
     async fn run_mode(&self, mode: Mode) -> Result<RunReport, ReplayError> {
-        run_mode(&self.plan, mode).await
+        run_mode(self, mode).await
     }
 
     fn report(&self, runs: Vec<RunReport>) -> Report {
-        Report::new(&self.plan, runs)
+        Report::new(self, runs)
     }
 
     fn table(report: &Report) -> String {

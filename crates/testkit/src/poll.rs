@@ -5,10 +5,14 @@
 //! long as the condition takes to become true; the deadline is there only to turn a condition
 //! that never holds into a failure that names it. The condition is checked once more when the
 //! deadline is reached, so a condition that became true during the last sleep still counts.
+//!
+//! Deadlines are wall-clock time (`std::time::Instant`), even in async tests: the conditions
+//! are other processes and sockets, which take real time, and a test on tokio's paused clock
+//! would otherwise see its deadline pass in an instant while they had no time at all.
 
 use std::future::Future;
 use std::process::{Child, ExitStatus};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// How often a condition is checked again.
 pub const POLL_EVERY: Duration = Duration::from_millis(10);
@@ -22,12 +26,12 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = bool>,
 {
-    let deadline = tokio::time::Instant::now() + within;
+    let deadline = Instant::now() + within;
     loop {
         if check().await {
             return;
         }
-        let now = tokio::time::Instant::now();
+        let now = Instant::now();
         if now >= deadline {
             panic!("timed out after {within:?} waiting for: {what}");
         }
@@ -57,12 +61,12 @@ pub fn wait_exit(child: &mut Child, within: Duration) -> Option<ExitStatus> {
 
 /// Calls `attempt` every [`POLL_EVERY`] until it returns a value or `within` passes.
 fn poll_blocking<T>(within: Duration, mut attempt: impl FnMut() -> Option<T>) -> Option<T> {
-    let deadline = std::time::Instant::now() + within;
+    let deadline = Instant::now() + within;
     loop {
         if let Some(found) = attempt() {
             return Some(found);
         }
-        let now = std::time::Instant::now();
+        let now = Instant::now();
         if now >= deadline {
             return None;
         }

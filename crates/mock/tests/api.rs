@@ -3,6 +3,7 @@
 mod support;
 
 use serde_json::{json, Value};
+use spillway_testkit::http::{client, expect_openai_error, get_json, sse_data};
 use support::*;
 
 #[tokio::test]
@@ -79,7 +80,7 @@ async fn text_completions_plain_and_streamed() {
         .text()
         .await
         .unwrap();
-    let events = events(&text);
+    let events = sse_data(&text);
     assert_eq!(events.len(), 3 + 1 + 1 + 1, "{text}");
     let first: Value = serde_json::from_str(events[0]).unwrap();
     assert_eq!(first["object"], "text_completion");
@@ -152,19 +153,6 @@ async fn models_lists_the_profile_models() {
     assert_eq!(get_json(&mock.url("/health")).await["status"], "ok");
 }
 
-async fn expect_error(r: reqwest::Response, status: u16, code: &str) {
-    assert_eq!(r.status().as_u16(), status);
-    let v: Value = r.json().await.expect("error body is JSON");
-    assert_eq!(v["error"]["code"], code, "{v}");
-    assert!(
-        v["error"]["message"]
-            .as_str()
-            .is_some_and(|m| !m.is_empty()),
-        "{v}"
-    );
-    assert!(v["error"]["type"].is_string(), "{v}");
-}
-
 #[tokio::test]
 async fn refusals_are_openai_style_errors() {
     let mock = start(profile(|_| {})).await;
@@ -172,26 +160,26 @@ async fn refusals_are_openai_style_errors() {
     let chat = mock.url("/v1/chat/completions");
     let mut unknown = chat_body(false, 1);
     unknown["model"] = "nope".into();
-    expect_error(
+    expect_openai_error(
         c.post(&chat).json(&unknown).send().await.unwrap(),
         404,
         "model_not_found",
     )
     .await;
-    expect_error(
+    expect_openai_error(
         c.post(&chat).body("{not json").send().await.unwrap(),
         400,
         "invalid_json",
     )
     .await;
-    expect_error(
+    expect_openai_error(
         c.post(&chat).body("[1]").send().await.unwrap(),
         400,
         "invalid_json",
     )
     .await;
     let no_model = json!({"messages": [{"role": "user", "content": "x"}]});
-    expect_error(
+    expect_openai_error(
         c.post(&chat).json(&no_model).send().await.unwrap(),
         400,
         "invalid_value",
@@ -199,7 +187,7 @@ async fn refusals_are_openai_style_errors() {
     .await;
     let bad_stream =
         json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": 1});
-    expect_error(
+    expect_openai_error(
         c.post(&chat).json(&bad_stream).send().await.unwrap(),
         400,
         "invalid_value",
@@ -211,19 +199,19 @@ async fn refusals_are_openai_style_errors() {
         .map(move |_| Ok::<_, std::io::Error>(chunk.clone()))
         .chain([Ok(bytes::Bytes::from_static(b" "))]);
     let big = reqwest::Body::wrap_stream(futures_util::stream::iter(parts));
-    expect_error(
+    expect_openai_error(
         c.post(&chat).body(big).send().await.unwrap(),
         413,
         "body_too_large",
     )
     .await;
-    expect_error(
+    expect_openai_error(
         c.get(&chat).send().await.unwrap(),
         405,
         "method_not_allowed",
     )
     .await;
-    expect_error(
+    expect_openai_error(
         c.get(mock.url("/v1/nothing")).send().await.unwrap(),
         404,
         "unknown_url",
@@ -248,7 +236,7 @@ async fn azure_paths_need_api_version_and_take_the_model_from_the_deployment() {
         .send()
         .await
         .unwrap();
-    expect_error(r, 400, "missing_api_version").await;
+    expect_openai_error(r, 400, "missing_api_version").await;
     let r = c
         .post(mock.url("/openai/deployments/m/chat/completions?api-version=2024-10-21"))
         .header("api-key", "k")
@@ -270,7 +258,7 @@ async fn azure_paths_need_api_version_and_take_the_model_from_the_deployment() {
         .send()
         .await
         .unwrap();
-    expect_error(r, 404, "model_not_found").await;
+    expect_openai_error(r, 404, "model_not_found").await;
     let r = c
         .post(mock.url("/openai/deployments/m/embeddings?api-version=1"))
         .json(&json!({"input": "x"}))
@@ -353,7 +341,7 @@ async fn required_key_is_checked_in_either_header() {
     let url = |p: &str| format!("http://{addr}{p}");
     let c = client();
     let chat = url("/v1/chat/completions");
-    expect_error(
+    expect_openai_error(
         c.post(&chat)
             .json(&chat_body(false, 1))
             .send()
@@ -363,7 +351,7 @@ async fn required_key_is_checked_in_either_header() {
         "missing_api_key",
     )
     .await;
-    expect_error(
+    expect_openai_error(
         c.post(&chat)
             .bearer_auth("sk-no")
             .json(&chat_body(false, 1))
@@ -374,7 +362,7 @@ async fn required_key_is_checked_in_either_header() {
         "invalid_api_key",
     )
     .await;
-    expect_error(
+    expect_openai_error(
         c.get(url("/v1/models")).send().await.unwrap(),
         401,
         "missing_api_key",

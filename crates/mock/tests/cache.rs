@@ -6,6 +6,7 @@ mod support;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
+use spillway_testkit::http::client;
 use support::*;
 
 /// A chat request with this system prompt and question, one output token.

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use serde_json::{json, Value};
+use spillway_testkit::http::{client, get_json, sse_data};
 use support::*;
 
 #[tokio::test]
@@ -180,7 +181,7 @@ async fn broken_stream_ends_in_a_body_error_without_done() {
     let text = String::from_utf8(text).unwrap();
     assert!(failed, "the body must end in an error: {text}");
     assert!(!text.contains("[DONE]"), "{text}");
-    assert_eq!(events(&text).len(), 3, "{text}");
+    assert_eq!(sse_data(&text).len(), 3, "{text}");
     let s = mock.stats().await;
     assert_eq!(s["streams_broken"], 1);
     assert_eq!(s["served"], 0);

@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 use serde_json::Value;
 use spillway_mock::MockProfile;
+use spillway_testkit::eventually;
+use spillway_testkit::http::{client, sse_data};
 use support::*;
 
 const DEADLINE: Duration = Duration::from_secs(10);
@@ -30,7 +32,7 @@ async fn stream_arrives_in_pieces_over_time_and_ends_with_done() {
     let first = stream.next().await.unwrap().unwrap();
     let first_at = Instant::now();
     let first_text = String::from_utf8(first.to_vec()).unwrap();
-    let role: Value = serde_json::from_str(events(&first_text)[0]).unwrap();
+    let role: Value = serde_json::from_str(sse_data(&first_text)[0]).unwrap();
     assert_eq!(role["object"], "chat.completion.chunk");
     assert_eq!(role["choices"][0]["delta"]["role"], "assistant");
     // The first event is here while the server is still generating this very request.
@@ -53,7 +55,7 @@ async fn stream_arrives_in_pieces_over_time_and_ends_with_done() {
         first_at.elapsed()
     );
     assert!(pieces >= 10, "events were buffered into {pieces} reads");
-    let events = events(&text);
+    let events = sse_data(&text);
     assert_eq!(events.len(), 1 + 20 + 1 + 1, "{text}");
     assert_eq!(events.last(), Some(&"[DONE]"));
     let finish: Value = serde_json::from_str(events[21]).unwrap();

@@ -6,6 +6,8 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
+use spillway_testkit::eventually;
+use spillway_testkit::http::client;
 use support::*;
 
 const DEADLINE: Duration = Duration::from_secs(10);

@@ -1,4 +1,4 @@
-//! The shared rate limits against the real Redis on 127.0.0.1:6379, and against Redis servers
+//! The shared rate limits against the tests' Redis (`spillway_testkit::redis_url`), and against Redis servers
 //! that are down or hang. Every test uses its own tenants and deletes their keys.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -8,10 +8,10 @@ use std::time::{Duration, Instant};
 use redis::AsyncCommands;
 use spillway_policy::{Dimension, RateLimit, TenantLimiter};
 use spillway_proxy::shared_limits::{key, SharedLimits, Unavailable, ERRORS_BEFORE_PAUSE, PAUSE};
+use spillway_testkit::{eventually, redis_authority, redis_url, REDIS_URL_VAR};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-const REDIS: &str = "redis://127.0.0.1:6379";
 const TIMEOUT: Duration = Duration::from_millis(250);
 /// What a busy 2-core test machine may add to a bounded call. The variant of each answer
 /// (`TimedOut`, `Paused`) says which bound ended it; this only catches a call that hangs.
@@ -38,7 +38,7 @@ impl std::ops::Deref for Tenant {
 impl Drop for Tenant {
     fn drop(&mut self) {
         let keys = [Dimension::Requests, Dimension::Tokens].map(|d| key(&self.0, d));
-        if let Ok(mut conn) = redis::Client::open(REDIS).and_then(|c| c.get_connection()) {
+        if let Ok(mut conn) = redis::Client::open(redis_url()).and_then(|c| c.get_connection()) {
             let _: Result<(), _> = redis::cmd("DEL").arg(&keys).query(&mut conn);
         }
     }
@@ -49,15 +49,18 @@ fn limit(per_minute: u64, burst: Option<u64>) -> Option<RateLimit> {
 }
 
 async fn shared() -> SharedLimits {
-    let limits = SharedLimits::start(REDIS, Duration::from_secs(2))
+    let limits = SharedLimits::start(&redis_url(), Duration::from_secs(2))
         .await
         .unwrap();
-    assert!(limits.is_up(), "these tests need Redis on 127.0.0.1:6379");
+    assert!(
+        limits.is_up(),
+        "these tests need the Redis of {REDIS_URL_VAR}"
+    );
     limits
 }
 
 async fn redis() -> redis::aio::MultiplexedConnection {
-    let client = redis::Client::open(REDIS).unwrap();
+    let client = redis::Client::open(redis_url()).unwrap();
     client.get_multiplexed_async_connection().await.unwrap()
 }
 
@@ -345,11 +348,13 @@ async fn a_redis_that_is_down_at_start_is_used_once_it_is_up() {
     let url = format!("redis://{}", listener.local_addr().unwrap());
     let up = Arc::new(AtomicBool::new(false));
     let forwarding = up.clone();
+    let real = redis_authority();
     tokio::spawn(async move {
         while let Ok((mut socket, _)) = listener.accept().await {
             if forwarding.load(Ordering::SeqCst) {
+                let real = real.clone();
                 tokio::spawn(async move {
-                    let mut redis = TcpStream::connect("127.0.0.1:6379").await.unwrap();
+                    let mut redis = TcpStream::connect(real).await.unwrap();
                     let _ = tokio::io::copy_bidirectional(&mut socket, &mut redis).await;
                 });
             }
@@ -363,11 +368,10 @@ async fn a_redis_that_is_down_at_start_is_used_once_it_is_up() {
     assert_eq!(answer, Err(Unavailable::NotConnected));
 
     up.store(true, Ordering::SeqCst);
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !limits.is_up() {
-        assert!(Instant::now() < deadline, "not reconnected");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually(Duration::from_secs(5), "reconnected", || async {
+        limits.is_up()
+    })
+    .await;
     assert!(limits.admit(&t, requests, None, 0).await.unwrap().admitted);
 }
 

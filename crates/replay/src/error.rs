@@ -9,7 +9,7 @@
 use std::io;
 use std::path::PathBuf;
 
-use crate::args::Mode;
+use crate::plan::Mode;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReplayError {

@@ -8,9 +8,13 @@
 //! per phase what the callers and the backends saw, side by side for the gateway's protections
 //! and for a naive configuration.
 //!
-//! Scenarios: `retry-storm` (IL-0248, capacity failures surfacing as 500 under callers that
-//! retry immediately, up to 48 times) and `cache-flush` (IL-0136, a key cache flushed at peak,
-//! a restart, and the metadata store going away, with PostgreSQL behind a counting link).
+//! Scenarios, one folder each under `scenarios/`: `retry-storm` (IL-0248, capacity failures
+//! surfacing as 500 under callers that retry immediately, up to 48 times), `cache-flush`
+//! (IL-0136, a key cache flushed at peak, a restart, and the metadata store going away, with
+//! PostgreSQL behind a counting link) and `noisy-neighbor` (IL-0248 and IL-0110, one tenant
+//! flooding beside a quiet one). Each goes through the same skeleton (`incident.rs`: its
+//! modes run in turn, one report, the table and the JSON published); the modules beside
+//! `scenarios/` are what they share, and never import a scenario.
 //!
 //! Every child is killed by its own PID when a replay ends, fails or is interrupted, and every
 //! wait has a deadline, so a replay's run time is bounded by its phases plus start-up deadlines.
@@ -22,24 +26,22 @@
 // Tests may time real processes and sockets on the system clock (see clippy.toml).
 #![cfg_attr(test, allow(clippy::disallowed_methods))]
 
-mod args;
 mod error;
-mod fleet;
-mod flush;
 mod http;
+mod incident;
 mod load;
-mod neighbor;
+mod plan;
 mod process;
+mod ready;
 mod report;
 mod rss;
-mod store_link;
-mod storm;
+mod scenarios;
+mod scratch;
 mod tally;
 
-pub use args::{ReplayArgs, RetryStormArgs, Scenario};
 pub use error::ReplayError;
-pub use flush::CacheFlushArgs;
-pub use neighbor::NoisyNeighborArgs;
+pub use rss::resident_bytes;
+pub use scenarios::{CacheFlushArgs, NoisyNeighborArgs, ReplayArgs, RetryStormArgs, Scenario};
 
 /// Runs the chosen scenario: progress lines on stderr, the results table on stdout, and the raw
 /// figures as JSON when asked. When `interrupted` resolves (the binary passes its SIGINT/SIGTERM
@@ -49,27 +51,9 @@ pub async fn run(
     args: ReplayArgs,
     interrupted: impl std::future::Future<Output = ()>,
 ) -> Result<(), ReplayError> {
-    match args.scenario {
-        Scenario::RetryStorm(storm) => {
-            let plan = storm.check()?;
-            tokio::select! {
-                result = storm::run(plan) => result,
-                () = interrupted => Err(ReplayError::Interrupted),
-            }
-        }
-        Scenario::NoisyNeighbor(neighbor) => {
-            let plan = neighbor.check()?;
-            tokio::select! {
-                result = neighbor::run(plan) => result,
-                () = interrupted => Err(ReplayError::Interrupted),
-            }
-        }
-        Scenario::CacheFlush(flush) => {
-            let plan = flush.check()?;
-            tokio::select! {
-                result = flush::run(plan) => result,
-                () = interrupted => Err(ReplayError::Interrupted),
-            }
-        }
+    let replay = args.scenario.check()?;
+    tokio::select! {
+        result = replay => result,
+        () = interrupted => Err(ReplayError::Interrupted),
     }
 }

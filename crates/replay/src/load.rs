@@ -18,8 +18,8 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use crate::args::LoadPlan;
 use crate::http::{request, HttpClient};
+use crate::plan::LoadPlan;
 use crate::tally::{Attempt, ChainEnd, Schedule, Tally};
 
 /// How long chains still in flight after the last phase may run before they are abandoned

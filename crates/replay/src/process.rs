@@ -19,7 +19,7 @@ use tokio::process::{Child, Command};
 use tokio::task::JoinHandle;
 
 use crate::error::one_line;
-use crate::ReplayError;
+use crate::error::ReplayError;
 
 /// Lines of a child's stderr kept for error messages.
 const STDERR_TAIL_LINES: usize = 8;

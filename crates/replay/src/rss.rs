@@ -70,7 +70,11 @@ impl RssSampler {
 }
 
 /// `VmRSS` of process `pid` in bytes, if it can be read.
-fn resident_bytes(pid: u32) -> Option<u64> {
+///
+/// The one reader of a process's RSS in the workspace: the replay's reports need it, so it is
+/// product code, and the black-box tests that bound the gateway's memory call this one too
+/// rather than keeping a copy in the dev-only testkit (which the replay cannot depend on).
+pub fn resident_bytes(pid: u32) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     vm_rss(&status)
 }

@@ -17,8 +17,6 @@ use tokio::time::Instant;
 
 use crate::http::Failure;
 
-/// The phases of a retry-storm run, in order.
-pub(crate) const PHASES: [&str; 4] = ["steady", "fault", "outage", "recovery"];
 /// The most phases a schedule has.
 pub(crate) const MAX_PHASES: usize = 8;
 /// Latencies are kept in microseconds up to an hour, to three significant figures.

@@ -7,6 +7,8 @@ mod support;
 
 use std::time::Duration;
 
+use spillway_testkit::eventually;
+use spillway_testkit::http::client;
 use support::*;
 
 const FAST: [&str; 6] = ["--model", "m", "--ttft", "0ms", "--tokens-per-sec", "0"];
@@ -30,6 +32,16 @@ async fn chat_as(gw: &Proc, key: &str, body: &serde_json::Value) -> reqwest::Res
         .send()
         .await
         .unwrap()
+}
+
+/// Waits until the gateway's count of requests in flight (the gauge on its admin listener's
+/// `/metrics`, the count its global cap is taken from) satisfies `holds`.
+async fn until_in_flight(gw: &Proc, what: &str, holds: impl Fn(f64) -> bool) {
+    eventually(Duration::from_secs(10), what, || async {
+        let page = metrics(gw).await;
+        holds(sample(&page, "spillway_requests_in_flight ").unwrap_or(0.0))
+    })
+    .await;
 }
 
 #[tokio::test]
@@ -114,7 +126,7 @@ async fn concurrency_and_the_global_cap_refuse_at_once() {
     );
     let body = chat_body("m", false);
     let (first, second) = tokio::join!(chat_as(&gw, "limited-key", &body), async {
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        until_in_flight(&gw, "the first request in flight", |n| n >= 1.0).await;
         chat_as(&gw, "limited-key", &body).await
     });
     assert_eq!(first.status(), 200);
@@ -123,8 +135,9 @@ async fn concurrency_and_the_global_cap_refuse_at_once() {
     assert_eq!(err["error"]["code"], "concurrency_limit_exceeded", "{err}");
 
     // Two requests of another tenant fill the gateway's cap of 2; a third waits for nothing.
+    until_in_flight(&gw, "the requests above finished", |n| n == 0.0).await;
     let (a, b, c) = tokio::join!(chat(&gw, &body), chat(&gw, &body), async {
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        until_in_flight(&gw, "two requests in flight", |n| n >= 2.0).await;
         chat(&gw, &body).await
     });
     let mut statuses = [a.status(), b.status(), c.status()].map(|s| s.as_u16());

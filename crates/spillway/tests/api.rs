@@ -3,6 +3,8 @@
 mod support;
 
 use futures_util::StreamExt;
+use spillway_testkit::eventually;
+use spillway_testkit::http::{client, get_json, sse_data};
 use support::*;
 
 fn one_backend(mock: &Proc) -> String {
@@ -41,10 +43,7 @@ async fn chat_completion_streaming_ends_with_done() {
         .unwrap()
         .starts_with("text/event-stream"));
     let text = r.text().await.unwrap();
-    let events: Vec<&str> = text
-        .lines()
-        .filter_map(|l| l.strip_prefix("data: "))
-        .collect();
+    let events = sse_data(&text);
     assert_eq!(events.last(), Some(&"[DONE]"), "{text}");
     let chunk: serde_json::Value = serde_json::from_str(events[0]).unwrap();
     assert_eq!(chunk["object"], "chat.completion.chunk");

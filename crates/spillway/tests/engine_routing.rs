@@ -5,6 +5,8 @@ mod support;
 
 use std::time::Duration;
 
+use spillway_testkit::eventually;
+use spillway_testkit::http::{client, get_json};
 use support::*;
 
 /// Engine metrics read every 50 ms (stale after 500 ms), no active health checks.

@@ -4,22 +4,9 @@ mod support;
 
 use std::time::Duration;
 
+use spillway_testkit::eventually;
+use spillway_testkit::http::{client, expect_openai_error, get_json, sse_data};
 use support::*;
-
-async fn expect_error(r: reqwest::Response, status: u16, code: &str) -> reqwest::header::HeaderMap {
-    let headers = r.headers().clone();
-    assert_eq!(r.status().as_u16(), status);
-    let v: serde_json::Value = r.json().await.expect("error body is JSON");
-    assert_eq!(v["error"]["code"], code, "{v}");
-    assert!(
-        v["error"]["message"]
-            .as_str()
-            .is_some_and(|m| !m.is_empty()),
-        "{v}"
-    );
-    assert!(v["error"]["type"].is_string(), "{v}");
-    headers
-}
 
 #[tokio::test]
 async fn client_errors_have_their_status_and_code() {
@@ -39,7 +26,7 @@ async fn client_errors_have_their_status_and_code() {
         .send()
         .await
         .unwrap();
-    expect_error(r, 400, "invalid_request").await;
+    expect_openai_error(r, 400, "invalid_request").await;
     let r = c
         .post(&chat)
         .bearer_auth(KEY)
@@ -47,7 +34,7 @@ async fn client_errors_have_their_status_and_code() {
         .send()
         .await
         .unwrap();
-    expect_error(r, 400, "invalid_request").await;
+    expect_openai_error(r, 400, "invalid_request").await;
     let big = serde_json::json!({"model": "m", "messages": [{"role": "user", "content": "x".repeat(4096)}]});
     let r = c
         .post(&chat)
@@ -56,7 +43,7 @@ async fn client_errors_have_their_status_and_code() {
         .send()
         .await
         .unwrap();
-    expect_error(r, 413, "body_too_large").await;
+    expect_openai_error(r, 413, "body_too_large").await;
     let r = c
         .post(&chat)
         .bearer_auth(KEY)
@@ -64,14 +51,14 @@ async fn client_errors_have_their_status_and_code() {
         .send()
         .await
         .unwrap();
-    expect_error(r, 404, "model_not_found").await;
+    expect_openai_error(r, 404, "model_not_found").await;
     let r = c
         .post(&chat)
         .json(&chat_body("m", false))
         .send()
         .await
         .unwrap();
-    let h = expect_error(r, 401, "missing_api_key").await;
+    let h = expect_openai_error(r, 401, "missing_api_key").await;
     assert_eq!(h["x-should-retry"], "false");
     let r = c
         .post(&chat)
@@ -80,7 +67,7 @@ async fn client_errors_have_their_status_and_code() {
         .send()
         .await
         .unwrap();
-    expect_error(r, 401, "invalid_api_key").await;
+    expect_openai_error(r, 401, "invalid_api_key").await;
     let r = c
         .post(&chat)
         .bearer_auth(OTHER_KEY)
@@ -88,16 +75,16 @@ async fn client_errors_have_their_status_and_code() {
         .send()
         .await
         .unwrap();
-    expect_error(r, 403, "model_not_allowed").await;
+    expect_openai_error(r, 403, "model_not_allowed").await;
     let r = c
         .get(gw.url("/v1/nothing"))
         .bearer_auth(KEY)
         .send()
         .await
         .unwrap();
-    expect_error(r, 404, "unknown_url").await;
+    expect_openai_error(r, 404, "unknown_url").await;
     let r = c.get(&chat).bearer_auth(KEY).send().await.unwrap();
-    expect_error(r, 405, "method_not_allowed").await;
+    expect_openai_error(r, 405, "method_not_allowed").await;
     // None of that reached the backend.
     assert_eq!(get_json(&mock.url("/stats")).await["received"], 0);
     // Arbitrary bytes are refused, never crash the gateway.
@@ -129,7 +116,7 @@ async fn no_reachable_backend_is_503_with_retry_after() {
         ],
     ));
     let r = chat(&gw, &chat_body("m", false)).await;
-    let h = expect_error(r, 503, "capacity_exhausted").await;
+    let h = expect_openai_error(r, 503, "capacity_exhausted").await;
     assert!(h["retry-after"].to_str().unwrap().parse::<u64>().unwrap() >= 1);
     assert!(h.contains_key("retry-after-ms"));
 }
@@ -156,7 +143,7 @@ async fn backends_at_their_concurrency_limit_give_503() {
     let held = chat(&gw, &body).await;
     assert_eq!(held.status(), 200);
     let r = chat(&gw, &chat_body("m", false)).await;
-    expect_error(r, 503, "capacity_exhausted").await;
+    expect_openai_error(r, 503, "capacity_exhausted").await;
     drop(held);
     // Once the held stream is gone, its slot is free again.
     let c = client();
@@ -181,7 +168,7 @@ async fn upstream_that_does_not_answer_in_time_is_504() {
         model("m", &[("b", "r", mock.url("/v1"))])
     ));
     let r = chat(&gw, &chat_body("m", false)).await;
-    expect_error(r, 504, "upstream_timeout").await;
+    expect_openai_error(r, 504, "upstream_timeout").await;
 }
 
 #[tokio::test]
@@ -232,11 +219,7 @@ async fn broken_stream_ends_with_an_error_event_and_no_done() {
     let text = r.text().await.unwrap();
     assert!(!text.contains("[DONE]"), "{text}");
     assert!(text.contains("event: error"), "{text}");
-    let error_line = text
-        .lines()
-        .filter_map(|l| l.strip_prefix("data: "))
-        .next_back()
-        .unwrap();
+    let error_line = *sse_data(&text).last().unwrap();
     let v: serde_json::Value = serde_json::from_str(error_line).unwrap();
     assert_eq!(v["error"]["code"], "upstream_unavailable");
     let metrics = metrics(&gw).await;

@@ -8,6 +8,8 @@ use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use spillway_testkit::eventually;
+use spillway_testkit::http::{client, get_json};
 use support::*;
 
 /// A backend that behaves like llama.cpp's server with a pooled connection: it answers

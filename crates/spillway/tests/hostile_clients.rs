@@ -6,6 +6,8 @@ mod support;
 
 use std::time::Duration;
 
+use spillway_testkit::eventually;
+use spillway_testkit::http::client;
 use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;

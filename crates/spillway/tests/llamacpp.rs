@@ -12,6 +12,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
+use spillway_testkit::eventually;
+use spillway_testkit::http::client;
 use support::*;
 
 /// A llama.cpp server, killed on drop.

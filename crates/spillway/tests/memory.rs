@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use spillway_testkit::http::client;
 use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -30,16 +31,9 @@ fn bound_http2(max_buffered: u64, max_connections: u64, streams: u64, max_in_fli
         + max_connections * (256 * KIB + streams * 8 * KIB)
 }
 
-/// Resident memory of process `pid`, in bytes.
+/// Resident memory of process `pid`, in bytes, as the replay reads it.
 fn rss_bytes(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
-    line.split_whitespace()
-        .nth(1)
-        .unwrap()
-        .parse::<u64>()
-        .unwrap()
-        * KIB
+    spillway_replay::resident_bytes(pid).expect("the gateway's VmRSS in /proc")
 }
 
 /// Runs `flood` for `run` while sampling the gateway's RSS; returns (baseline, peak growth).

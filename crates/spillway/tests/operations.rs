@@ -6,6 +6,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use futures_util::StreamExt;
+use spillway_testkit::eventually;
+use spillway_testkit::http::client;
 use support::*;
 
 #[tokio::test]
@@ -281,17 +283,10 @@ fn check_config_refuses_what_serve_refuses_and_reports_every_problem_at_once() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    let status = loop {
-        if let Some(status) = serve.try_wait().unwrap() {
-            break Some(status);
-        }
-        if std::time::Instant::now() > deadline {
-            let _ = serve.kill();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = spillway_testkit::wait_exit(&mut serve, Duration::from_secs(30));
+    if status.is_none() {
+        let _ = serve.kill();
+    }
     let mut stderr = String::new();
     std::io::Read::read_to_string(&mut serve.stderr.take().unwrap(), &mut stderr).unwrap();
     let _ = serve.wait();

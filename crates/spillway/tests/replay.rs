@@ -1,6 +1,6 @@
 //! Black-box tests of `spillway replay`: the real binary replays IL-0248 (`retry-storm`) and
-//! IL-0136 (`cache-flush`, against the PostgreSQL on 127.0.0.1:5432) with its own child
-//! processes on 127.0.0.1, and the figures are read back from its `--json` file.
+//! IL-0136 (`cache-flush`, against the tests' PostgreSQL: `spillway_testkit::postgres_url`) with
+//! its own child processes on 127.0.0.1, and the figures are read back from its `--json` file.
 //!
 //! The replay bounds its own run time; the tests bound it again from outside (the process is
 //! killed past a deadline) so a hang fails the test instead of stalling the suite.
@@ -8,7 +8,7 @@
 use std::io::Read;
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::Value;
 
@@ -35,17 +35,10 @@ fn run(args: &[&str], deadline: Duration) -> Output {
     };
     let stdout = pipe(Box::new(child.stdout.take().unwrap()));
     let stderr = pipe(Box::new(child.stderr.take().unwrap()));
-    let end = Instant::now() + deadline;
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if Instant::now() >= end {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("spillway {args:?} still running after {deadline:?}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
+    let Some(status) = spillway_testkit::wait_exit(&mut child, deadline) else {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("spillway {args:?} still running after {deadline:?}");
     };
     Output {
         status,
@@ -209,9 +202,12 @@ const FLUSH_RUN_DEADLINE: Duration = Duration::from_secs(420);
 /// the supervisor never restarts it; the naive gateway's store probe fails and it is restarted.
 #[test]
 fn cache_flush_at_peak_and_a_store_outage_leave_the_protected_gateway_serving() {
+    let store = spillway_testkit::postgres_url();
     let args = [
         "replay",
         "cache-flush",
+        "--store",
+        &store,
         "--keys",
         "10000",
         "--rate",

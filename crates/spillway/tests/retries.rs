@@ -4,6 +4,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
+use spillway_testkit::eventually;
 use support::*;
 
 const FAST: [&str; 6] = ["--model", "m", "--ttft", "0ms", "--tokens-per-sec", "0"];

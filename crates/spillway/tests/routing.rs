@@ -2,6 +2,7 @@
 
 mod support;
 
+use spillway_testkit::http::{client, get_json};
 use support::*;
 
 async fn served(m: &Proc) -> u64 {

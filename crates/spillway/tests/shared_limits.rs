@@ -10,6 +10,7 @@ use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use spillway_testkit::http::client;
 use support::*;
 
 /// A `redis-server` of this test's own, killed on drop.
@@ -39,11 +40,11 @@ impl OwnRedis {
             .stderr(Stdio::null())
             .spawn()
             .expect("redis-server (apt-get install redis-server)");
-        let end = Instant::now() + Duration::from_secs(10);
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < end, "redis-server did not listen");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        spillway_testkit::eventually_blocking(
+            Duration::from_secs(10),
+            "redis-server to listen",
+            || TcpStream::connect(("127.0.0.1", port)).is_ok(),
+        );
         OwnRedis { child, port }
     }
 

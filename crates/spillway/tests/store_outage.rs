@@ -4,8 +4,9 @@
 //! against a store that refuses its configuration, it refuses to start in one line.
 //!
 //! "Down" is a port on 127.0.0.1 where nothing listens; "back" is a TCP forwarder started on
-//! that port to the test PostgreSQL (`SPILLWAY_TEST_POSTGRES_URL`, default the local `test`
-//! database; `off` skips the tests that need it). Each test has its own schemas.
+//! that port to the test PostgreSQL (`spillway_testkit::postgres_url`: the local `test` database
+//! unless `SPILLWAY_TEST_POSTGRES_URL` names another; absent, the tests that need it fail).
+//! Each test has its own schemas.
 
 mod support;
 
@@ -15,15 +16,16 @@ use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use spillway_testkit::http::client;
+use spillway_testkit::{closed_port, eventually, postgres_url, wait_exit};
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{Connection, PgConnection};
 use support::*;
 
 const ADMIN_TOKEN: &str = "test-admin-token-0123456789";
 const FAST: [&str; 6] = ["--model", "m", "--ttft", "0ms", "--tokens-per-sec", "0"];
-const DEFAULT_POSTGRES_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
 /// Long enough for a background reconnect (backoff capped at 30 s) plus one attempt.
 const RECONNECT_DEADLINE: Duration = Duration::from_secs(90);
 
@@ -36,12 +38,6 @@ fn unique(prefix: &str) -> String {
         .subsec_nanos();
     let n = NAMES.fetch_add(1, Ordering::Relaxed);
     format!("{prefix}_{}_{nanos}_{n}", std::process::id())
-}
-
-fn postgres_base() -> Option<String> {
-    let url =
-        std::env::var("SPILLWAY_TEST_POSTGRES_URL").unwrap_or_else(|_| DEFAULT_POSTGRES_URL.into());
-    (url != "off").then_some(url)
 }
 
 /// `url` with its host and port replaced by 127.0.0.1:`port`.
@@ -113,12 +109,6 @@ async fn postgres_addr(base: &str) -> SocketAddr {
         .next()
         .unwrap();
     found
-}
-
-/// A port on 127.0.0.1 where nothing listens (bound, then released).
-fn closed_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().port()
 }
 
 /// Forwards connections on 127.0.0.1:`port` to `to` until dropped: the store coming back.
@@ -228,14 +218,8 @@ fn serve(body: &str) -> Result<Served, Refused> {
     });
     let Ok(line) = rx.recv_timeout(Duration::from_secs(60)) else {
         // Exited (stdout closed) or hung: either way it did not start.
-        let end = Instant::now() + Duration::from_secs(30);
-        let status = loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                break status;
-            }
-            assert!(Instant::now() < end, "spillway neither listened nor exited");
-            std::thread::sleep(Duration::from_millis(20));
-        };
+        let status = wait_exit(&mut child, Duration::from_secs(30))
+            .expect("spillway neither listened nor exited");
         let _ = log_reader.join();
         let _ = std::fs::remove_file(&config);
         let stderr = log.lock().unwrap().clone();
@@ -347,10 +331,7 @@ fn gateway_body(mock: &Proc, snapshot: &std::path::Path, store_url: &str) -> Str
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateway_restarted_while_postgres_is_down_serves_known_keys_from_its_snapshot() {
-    let Some(base) = postgres_base() else {
-        eprintln!("skipped: SPILLWAY_TEST_POSTGRES_URL=off");
-        return;
-    };
+    let base = postgres_url();
     let mock = mock(&FAST);
     let schema = Schema::create(&base).await;
     let snapshot = snapshot_path();
@@ -407,10 +388,7 @@ async fn a_gateway_restarted_while_postgres_is_down_serves_known_keys_from_its_s
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateway_started_while_postgres_is_down_connects_migrates_and_bootstraps_when_it_returns()
 {
-    let Some(base) = postgres_base() else {
-        eprintln!("skipped: SPILLWAY_TEST_POSTGRES_URL=off");
-        return;
-    };
+    let base = postgres_url();
     let mock = mock(&FAST);
     let before = Schema::create(&base).await;
     let snapshot = snapshot_path();
@@ -507,10 +485,7 @@ async fn a_gateway_with_no_snapshot_to_serve_from_refuses_to_start_while_its_sto
 
 #[tokio::test]
 async fn a_store_that_refuses_the_configuration_fails_the_start_even_with_a_snapshot() {
-    let Some(base) = postgres_base() else {
-        eprintln!("skipped: SPILLWAY_TEST_POSTGRES_URL=off");
-        return;
-    };
+    let base = postgres_url();
     let mock = mock(&FAST);
     let snapshot = snapshot_path();
     let sqlite = Scratch::new("db");

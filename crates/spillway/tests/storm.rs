@@ -9,6 +9,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use spillway_testkit::eventually;
+use spillway_testkit::http::client;
 use support::*;
 
 const MOCK: [&str; 10] = [
@@ -28,16 +30,9 @@ async fn set_fault(m: &Proc, rate: f64) {
     set_fault_status(m, rate, 500).await;
 }
 
+/// Resident memory of process `pid` in KiB as the replay reads it, 0 when unreadable.
 fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse().ok())
-        })
-        .unwrap_or(0)
+    spillway_replay::resident_bytes(pid).map_or(0, |bytes| bytes / 1024)
 }
 
 #[derive(Default)]

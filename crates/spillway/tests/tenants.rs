@@ -6,6 +6,8 @@ mod support;
 use std::process::Command;
 use std::time::Duration;
 
+use spillway_testkit::eventually;
+use spillway_testkit::http::{client, get_json};
 use support::*;
 
 const ADMIN_TOKEN: &str = "test-admin-token-0123456789";

@@ -157,3 +157,34 @@ fn databases_are_told_by_name_and_by_header() {
     ));
     assert!(!is_database("docs/database.md", b"# Databases"));
 }
+
+/// In spillway-replay, `scenarios/mod.rs` lists the scenarios and the modules beside
+/// `scenarios/` are what they share: a shared module that imported the list, or a scenario that
+/// reached into another (or back into the list), would make the import loop this layout removed.
+#[test]
+fn replay_shared_modules_never_import_a_scenario_nor_scenarios_each_other() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../replay/src");
+    let scenarios = src.join("scenarios");
+    let mut files = Vec::new();
+    rust_sources(&src, &mut files);
+    assert!(
+        files.iter().any(|p| p.starts_with(&scenarios)),
+        "{files:#?}"
+    );
+    let offending: Vec<_> = files
+        .into_iter()
+        .filter(|p| {
+            let text = std::fs::read_to_string(p).unwrap();
+            let names_the_list = text.contains("crate::scenarios");
+            if p.starts_with(&scenarios) {
+                names_the_list || text.contains("super::super")
+            } else {
+                names_the_list
+            }
+        })
+        .collect();
+    assert!(
+        offending.is_empty(),
+        "these replay modules import a scenario or the list of them: {offending:#?}"
+    );
+}

@@ -491,27 +491,20 @@ async fn zero_sized_pool_is_invalid() {
 }
 
 /// The test PostgreSQL's URL with another database or role in it.
-fn postgres_url_with(user: &str, database: &str) -> Option<String> {
-    let url = std::env::var("SPILLWAY_TEST_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
-    if url == "off" {
-        return None;
-    }
+fn postgres_url_with(user: &str, database: &str) -> String {
+    let url = spillway_testkit::postgres_url();
     let options: sqlx::postgres::PgConnectOptions = url.parse().expect("a PostgreSQL URL");
     let host = options.get_host();
     let port = options.get_port();
-    Some(format!("postgres://{user}@{host}:{port}/{database}"))
+    format!("postgres://{user}@{host}:{port}/{database}")
 }
 
 /// A gateway waits out a store it cannot reach now, but must not wait for a role or database
 /// that the server refuses: no wait fixes a configuration.
 #[tokio::test]
 async fn a_postgres_that_refuses_the_role_or_database_is_invalid_not_unavailable() {
-    let Some(no_database) = postgres_url_with("postgres", "spillway_no_such_database") else {
-        eprintln!("skipped: SPILLWAY_TEST_POSTGRES_URL=off");
-        return;
-    };
-    let no_role = postgres_url_with("spillway_no_such_role", "test").unwrap();
+    let no_database = postgres_url_with("postgres", "spillway_no_such_database");
+    let no_role = postgres_url_with("spillway_no_such_role", "test");
     for url in [no_database, no_role] {
         match spillway_store::open(&url, &PoolOptions::default()).await {
             Err(StoreError::Invalid(_)) => {}

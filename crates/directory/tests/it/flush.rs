@@ -7,7 +7,9 @@ use std::time::Duration;
 use spillway_config::CacheConfig;
 use spillway_directory::{Directory, DirectoryError, Outcome};
 
-use crate::support::{digest, directory, eventually_async, ms, FakeStore};
+use spillway_testkit::eventually;
+
+use crate::support::{digest, directory, ms, FakeStore};
 
 /// A flush that re-reads every answer at its next lookup: the hardest case for the store.
 fn capped() -> CacheConfig {
@@ -57,7 +59,7 @@ async fn a_flush_at_peak_costs_at_most_one_query_per_key_and_eight_at_once() {
         );
     }
     // Every key gets re-read: at once, or by a background refresh of its stale answer.
-    eventually_async(Duration::from_secs(10), "every key fresh again", || async {
+    eventually(Duration::from_secs(10), "every key fresh again", || async {
         let mut fresh = 0;
         for i in 0..100 {
             if dir.lookup(&digest(i)).await.unwrap().outcome == Outcome::Fresh {
@@ -161,7 +163,7 @@ async fn a_spread_flush_re_reads_each_key_once_over_the_spread_not_at_once() {
         share * 100.0
     );
     // Once the spread has passed, every key has been re-read exactly once.
-    eventually_async(Duration::from_secs(10), "all keys re-read", || async {
+    eventually(Duration::from_secs(10), "all keys re-read", || async {
         for i in 0..100 {
             dir.lookup(&digest(i)).await.unwrap();
         }

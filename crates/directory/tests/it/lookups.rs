@@ -7,7 +7,9 @@ use spillway_config::CacheConfig;
 use spillway_directory::{DirectoryError, Outcome};
 use tokio::time::Instant;
 
-use crate::support::{digest, directory, eventually, eventually_async, key_match, ms, FakeStore};
+use spillway_testkit::eventually;
+
+use crate::support::{digest, directory, key_match, ms, FakeStore};
 
 fn short(ttl: Duration, stale_for: Duration) -> CacheConfig {
     CacheConfig {
@@ -69,11 +71,11 @@ async fn a_stale_entry_is_served_at_once_and_refreshed_once_in_the_background() 
         "stale answers waited for the store: {:?}",
         started.elapsed()
     );
-    eventually(Duration::from_secs(5), "the refresh to land", || {
+    eventually(Duration::from_secs(5), "the refresh to land", || async {
         store.lookups() == 2 && store.in_flight() == 0
     })
     .await;
-    eventually_async(Duration::from_secs(1), "a fresh answer", || async {
+    eventually(Duration::from_secs(1), "a fresh answer", || async {
         dir.lookup(&digest(0)).await.unwrap().outcome == Outcome::Fresh
     })
     .await;
@@ -92,7 +94,7 @@ async fn a_stale_entry_is_served_while_the_store_fails() {
         assert_eq!(found.outcome, Outcome::Stale);
         assert_eq!(found.found.unwrap().key.id, key_match(0, "acme").key.id);
     }
-    eventually(Duration::from_secs(2), "the failed refresh", || {
+    eventually(Duration::from_secs(2), "the failed refresh", || async {
         dir.stats().store_errors >= 1
     })
     .await;
@@ -200,7 +202,7 @@ async fn a_revoke_during_a_load_does_not_put_the_old_answer_back() {
     eventually(
         Duration::from_secs(1),
         "the load to reach the store",
-        || store.in_flight() == 1,
+        || async { store.in_flight() == 1 },
     )
     .await;
     dir.invalidate(&digest(0));

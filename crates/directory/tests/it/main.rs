@@ -1,5 +1,5 @@
 //! Black-box tests of the key directory: its public API against a fake store that counts its
-//! queries (and can be slow or down), and against the real Redis on 127.0.0.1:6379.
+//! queries (and can be slow or down), and against the tests' Redis (`spillway_testkit::redis_url`).
 //!
 //! Tests that wait out a TTL, a stale window, a flush's spread or a slow store run on paused
 //! time (`start_paused`): the directory reads tokio's clock, so a sleep through a TTL takes no

@@ -1,5 +1,6 @@
-//! The shared Redis layer against the real Redis on 127.0.0.1:6379. Every test uses random
-//! digests and deletes its own keys; nothing else in Redis is touched.
+//! The shared Redis layer against the tests' Redis (`spillway_testkit::redis_url`: 127.0.0.1:6379
+//! unless `SPILLWAY_TEST_REDIS_URL` names another). Every test uses random digests and deletes
+//! its own keys; nothing else in Redis is touched.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -9,11 +10,9 @@ use spillway_directory::shared::key;
 use spillway_directory::Outcome;
 use spillway_store::KeyDigest;
 
-use crate::support::{
-    directory, eventually, eventually_async, key_match, random_digest, FakeStore,
-};
+use spillway_testkit::{eventually, redis_url};
 
-const REDIS: &str = "redis://127.0.0.1:6379";
+use crate::support::{directory, key_match, random_digest, FakeStore};
 
 fn with_redis(url: &str) -> CacheConfig {
     CacheConfig {
@@ -23,11 +22,11 @@ fn with_redis(url: &str) -> CacheConfig {
 }
 
 async fn redis() -> redis::aio::MultiplexedConnection {
-    redis::Client::open(REDIS)
+    redis::Client::open(redis_url())
         .unwrap()
         .get_multiplexed_async_connection()
         .await
-        .expect("these tests need Redis on 127.0.0.1:6379")
+        .expect("a connection to the tests' Redis")
 }
 
 async fn exists(digest: &KeyDigest) -> bool {
@@ -56,14 +55,14 @@ async fn a_second_instance_finds_in_redis_what_the_first_loaded() {
     let d = random_digest();
     let first_store = FakeStore::new();
     first_store.add(d, key_match(1, "acme"));
-    let first = directory(&first_store, with_redis(REDIS)).await;
+    let first = directory(&first_store, with_redis(&redis_url())).await;
     assert_eq!(first.lookup(&d).await.unwrap().outcome, Outcome::Miss);
-    eventually_async(Duration::from_secs(2), "the answer in Redis", || exists(&d)).await;
+    eventually(Duration::from_secs(2), "the answer in Redis", || exists(&d)).await;
 
     // The second instance's store does not even know the key: the answer can only come from
     // Redis.
     let second_store = FakeStore::new();
-    let second = directory(&second_store, with_redis(REDIS)).await;
+    let second = directory(&second_store, with_redis(&redis_url())).await;
     let found = second.lookup(&d).await.unwrap();
     assert_eq!(found.outcome, Outcome::RedisHit);
     assert_eq!(*found.found.unwrap(), key_match(1, "acme"));
@@ -77,11 +76,11 @@ async fn a_second_instance_finds_in_redis_what_the_first_loaded() {
 async fn an_unknown_key_is_shared_through_redis_too() {
     let d = random_digest();
     let first_store = FakeStore::new();
-    let first = directory(&first_store, with_redis(REDIS)).await;
+    let first = directory(&first_store, with_redis(&redis_url())).await;
     assert!(first.lookup(&d).await.unwrap().found.is_none());
-    eventually_async(Duration::from_secs(2), "the marker in Redis", || exists(&d)).await;
+    eventually(Duration::from_secs(2), "the marker in Redis", || exists(&d)).await;
     let second_store = FakeStore::new();
-    let second = directory(&second_store, with_redis(REDIS)).await;
+    let second = directory(&second_store, with_redis(&redis_url())).await;
     let found = second.lookup(&d).await.unwrap();
     assert_eq!(
         (found.found.is_none(), found.outcome),
@@ -96,11 +95,11 @@ async fn invalidate_deletes_the_answer_from_redis() {
     let d = random_digest();
     let store = FakeStore::new();
     store.add(d, key_match(2, "acme"));
-    let dir = directory(&store, with_redis(REDIS)).await;
+    let dir = directory(&store, with_redis(&redis_url())).await;
     dir.lookup(&d).await.unwrap();
-    eventually_async(Duration::from_secs(2), "the answer in Redis", || exists(&d)).await;
+    eventually(Duration::from_secs(2), "the answer in Redis", || exists(&d)).await;
     dir.invalidate(&d);
-    eventually_async(
+    eventually(
         Duration::from_secs(2),
         "the answer gone from Redis",
         || async { !exists(&d).await },
@@ -116,15 +115,15 @@ async fn a_flush_does_not_take_answers_from_before_it_out_of_redis() {
     store.add(d, key_match(3, "acme"));
     let config = CacheConfig {
         flush_spread: Duration::ZERO,
-        ..with_redis(REDIS)
+        ..with_redis(&redis_url())
     };
     let dir = directory(&store, config).await;
     dir.lookup(&d).await.unwrap();
-    eventually_async(Duration::from_secs(2), "the answer in Redis", || exists(&d)).await;
+    eventually(Duration::from_secs(2), "the answer in Redis", || exists(&d)).await;
     // Redis answers carry wall-clock times, to the millisecond: a flush in the millisecond of
     // the fetch would not be after it.
     let fetched = fetched_at_ms(&d).await;
-    eventually(Duration::from_secs(1), "a later millisecond", || {
+    eventually(Duration::from_secs(1), "a later millisecond", || async {
         unix_ms() > fetched
     })
     .await;

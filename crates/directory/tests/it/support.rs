@@ -1,5 +1,6 @@
 //! A fake in-memory `Store` that counts its queries and can be made slow or failing, and small
-//! helpers shared by the directory's black-box tests.
+//! helpers shared by the directory's black-box tests (polling with a deadline is
+//! `spillway_testkit::eventually`).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -12,7 +13,6 @@ use spillway_store::{
     ApiKey, IssuedKey, KeyDigest, KeyMatch, PoolStats, Store, StoreError, StoreFuture, Tenant,
     TenantSpec, TenantUpdate,
 };
-use tokio::time::Instant;
 
 /// Keys and tenants in a map; `lookup` and `page_keys` are real, the rest refuse.
 #[derive(Default)]
@@ -210,30 +210,8 @@ pub async fn directory(store: &Arc<FakeStore>, config: CacheConfig) -> Arc<Direc
     Arc::new(Directory::new(store, config).await.unwrap())
 }
 
-/// Polls `cond` until it holds, failing the test after `within`.
-pub async fn eventually(within: Duration, what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + within;
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
 pub fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
-}
-
-/// Like [`eventually`], for a condition that has to be awaited.
-pub async fn eventually_async<F, Fut>(within: Duration, what: &str, mut cond: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + within;
-    while !cond().await {
-        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
 }
 
 /// A fresh directory under the system's temporary directory, removed on drop.

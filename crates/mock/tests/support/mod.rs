@@ -1,11 +1,13 @@
-//! A mock server on 127.0.0.1:0 per test, real HTTP clients, and polling with a deadline.
+//! A mock server on 127.0.0.1:0 per test, and the requests the tests send it; real HTTP
+//! clients and polling with a deadline come from `spillway-testkit`.
 #![allow(dead_code)]
 
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{json, Value};
 use spillway_mock::{MockProfile, MockServer};
+use spillway_testkit::http::{client, get_json};
 
 /// A running mock server and its address.
 pub struct Mock {
@@ -43,25 +45,6 @@ pub async fn start(profile: MockProfile) -> Mock {
     Mock { addr, server }
 }
 
-/// A new client (and so new connections) per call, with a generous overall timeout.
-pub fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(30))
-        .build()
-        .unwrap()
-}
-
-pub async fn get_json(url: &str) -> Value {
-    client()
-        .get(url)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
-}
-
 /// Posts `body` to the mock's chat completions endpoint.
 pub async fn chat(mock: &Mock, body: &Value) -> reqwest::Response {
     client()
@@ -79,29 +62,6 @@ pub fn chat_body(stream: bool, max_tokens: u32) -> Value {
         "stream": stream,
         "max_tokens": max_tokens,
     })
-}
-
-/// Polls `check` every 10 ms until it holds or `deadline` passes.
-pub async fn eventually<F, Fut>(deadline: Duration, what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let end = Instant::now() + deadline;
-    while Instant::now() < end {
-        if check().await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("timed out waiting for: {what}");
-}
-
-/// The `data:` payloads of a server-sent event stream.
-pub fn events(text: &str) -> Vec<&str> {
-    text.lines()
-        .filter_map(|l| l.strip_prefix("data: "))
-        .collect()
 }
 
 /// Standard base64 with padding, as the OpenAI SDKs decode embeddings.

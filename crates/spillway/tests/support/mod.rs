@@ -2,7 +2,7 @@
 //!
 //! Every process binds port 0 and reports its address on its first stdout line, so tests never
 //! race for ports. Processes are killed when their handle drops. Waiting is always polling with
-//! a deadline, never a fixed sleep.
+//! a deadline (`spillway_testkit::eventually`), never a fixed sleep.
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader};
@@ -11,7 +11,9 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use spillway_testkit::http::{client, get_json};
 
 pub const KEY: &str = "sk-test-tenant-a";
 pub const OTHER_KEY: &str = "sk-test-tenant-b";
@@ -54,14 +56,7 @@ impl Proc {
 
     /// Waits up to `deadline` for the process to exit and returns its status.
     pub fn wait_exit(&mut self, deadline: Duration) -> Option<std::process::ExitStatus> {
-        let end = Instant::now() + deadline;
-        while Instant::now() < end {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return Some(status);
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        None
+        spillway_testkit::wait_exit(&mut self.child, deadline)
     }
 }
 
@@ -228,13 +223,6 @@ pub fn model(name: &str, backends: &[(&str, &str, String)]) -> String {
     s
 }
 
-pub fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(30))
-        .build()
-        .unwrap()
-}
-
 /// Sends `body` to the gateway's chat completions endpoint as tenant-a.
 pub async fn chat(gw: &Proc, body: &serde_json::Value) -> reqwest::Response {
     chat_with_header(gw, body, None).await
@@ -323,33 +311,6 @@ pub async fn chats_received(m: &Proc) -> u64 {
         .unwrap_or(0)
 }
 
-pub async fn get_json(url: &str) -> serde_json::Value {
-    client()
-        .get(url)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
-}
-
-/// Polls `check` every 20 ms until it returns true or `deadline` passes.
-pub async fn eventually<F, Fut>(deadline: Duration, what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let end = Instant::now() + deadline;
-    while Instant::now() < end {
-        if check().await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("timed out waiting for: {what}");
-}
-
 pub fn chat_body(model: &str, stream: bool) -> serde_json::Value {
     serde_json::json!({
         "model": model,
@@ -359,10 +320,7 @@ pub fn chat_body(model: &str, stream: bool) -> serde_json::Value {
     })
 }
 
-/// A port on 127.0.0.1 with nothing listening (bound then released).
+/// A backend URL on a port of 127.0.0.1 where nothing listens.
 pub fn closed_port_url() -> String {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = l.local_addr().unwrap();
-    drop(l);
-    format!("http://{addr}/v1")
+    format!("http://127.0.0.1:{}/v1", spillway_testkit::closed_port())
 }

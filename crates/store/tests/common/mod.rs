@@ -2,9 +2,9 @@
 //! under the [`Store`] trait: the raw `api_keys` rows and a way to hold the write lock.
 //!
 //! SQLite tests get a file under the temp directory; PostgreSQL tests get a schema of their own
-//! in the database named by `SPILLWAY_TEST_POSTGRES_URL` (default
-//! `postgres://postgres@127.0.0.1:5432/test`; `off` skips them), selected per connection with
-//! the `search_path` option. Both are removed when the test ends, passed or failed, so tests run
+//! in the tests' database (`spillway_testkit::postgres_url`: `SPILLWAY_TEST_POSTGRES_URL`, by
+//! default the local `test` database; absent, the tests fail naming the variable), selected per
+//! connection with the `search_path` option. Both are removed when the test ends, passed or failed, so tests run
 //! in parallel and leave nothing behind.
 
 #![allow(dead_code)] // each test binary uses a different part of the harness
@@ -16,8 +16,6 @@ use std::sync::Arc;
 use rand::Rng;
 use spillway_store::{PoolOptions, Store, TenantSpec};
 use sqlx::{Connection, PgConnection, Row, SqliteConnection};
-
-const DEFAULT_POSTGRES_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {
@@ -51,11 +49,7 @@ where
     F: FnOnce(Arc<TestDb>) -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
 {
-    let Some(db) = TestDb::create(backend).await else {
-        eprintln!("skipped: SPILLWAY_TEST_POSTGRES_URL=off");
-        return;
-    };
-    let db = Arc::new(db);
+    let db = Arc::new(TestDb::create(backend).await);
     // A panic inside the spawned task comes back as an error here, after which we clean up.
     let outcome = tokio::spawn(case(db.clone())).await;
     db.remove().await;
@@ -89,28 +83,26 @@ fn unique_suffix() -> String {
 }
 
 impl TestDb {
-    /// `None` when PostgreSQL tests are switched off.
-    async fn create(backend: Backend) -> Option<TestDb> {
+    async fn create(backend: Backend) -> TestDb {
         match backend {
             Backend::Sqlite => {
                 let path = std::env::temp_dir()
                     .join(format!("spillway-store-test-{}", unique_suffix()))
                     .join("meta.db");
-                Some(TestDb {
+                TestDb {
                     backend,
                     url: format!("sqlite://{}", path.display()),
                     place: Place::File(path),
-                })
+                }
             }
             Backend::Postgres => {
-                let admin_url = std::env::var("SPILLWAY_TEST_POSTGRES_URL")
-                    .unwrap_or_else(|_| DEFAULT_POSTGRES_URL.to_owned());
-                if admin_url == "off" {
-                    return None;
-                }
+                let admin_url = spillway_testkit::postgres_url();
                 let name = format!("t_{}", unique_suffix());
                 let mut admin = PgConnection::connect(&admin_url).await.unwrap_or_else(|e| {
-                    panic!("PostgreSQL for tests at SPILLWAY_TEST_POSTGRES_URL: {e}")
+                    panic!(
+                        "PostgreSQL for tests at {}: {e}",
+                        spillway_testkit::POSTGRES_URL_VAR
+                    )
                 });
                 sqlx::query(&format!("CREATE SCHEMA {name}"))
                     .execute(&mut admin)
@@ -118,11 +110,11 @@ impl TestDb {
                     .unwrap();
                 admin.close().await.unwrap();
                 let separator = if admin_url.contains('?') { '&' } else { '?' };
-                Some(TestDb {
+                TestDb {
                     backend,
                     url: format!("{admin_url}{separator}options=-c%20search_path%3D{name}"),
                     place: Place::Schema { admin_url, name },
-                })
+                }
             }
         }
     }

@@ -102,14 +102,13 @@ url = "{url}"
 
 /// Polls `f` until it gives a value; fails the test after ten seconds (a busy 2-core machine).
 async fn until<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let mut found = None;
+    spillway_testkit::eventually(Duration::from_secs(10), what, || {
+        found = f();
+        std::future::ready(found.is_some())
+    })
+    .await;
+    found.expect("eventually returns once a value was found")
 }
 
 /// The value of a series on spillway's own metrics page, 0 when it is not there.

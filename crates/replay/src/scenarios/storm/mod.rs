@@ -1,52 +1,65 @@
-//! The retry-storm scenario (IL-0248) from start to finish, once per gateway mode.
+//! `spillway replay retry-storm`: IL-0248 from start to finish, once per gateway mode.
 //!
-//! Each mode runs on a fresh fleet: counters read, the load started, the fault switched on
-//! and off at the phase boundaries, the counters read again at each boundary, the load drained,
-//! and every process stopped whatever happened. A mode that fails (its gateway would not start,
-//! a control request failed) is reported as not completed and the other mode still runs; the
-//! replay then ends with an error naming it.
+//! Each mode runs on a fresh fleet ([`fleet`]: three mock backends and a gateway): counters
+//! read, the load started, the fault switched on and off at the phase boundaries, the counters
+//! read again at each boundary, the load drained, and every process stopped whatever happened.
+//! A mode that fails (its gateway would not start, a control request failed) is reported as not
+//! completed and the other mode still runs; the replay then ends with an error naming it.
 
+mod args;
+mod fleet;
+mod report;
+
+use std::future::Future;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use tokio::time::Instant;
 
-use crate::args::{Mode, StormPlan};
-use crate::fleet::{Fleet, MODEL};
+use crate::error::ReplayError;
 use crate::http::{uri, HttpClient};
+use crate::incident::{self, say, Incident};
 use crate::load::{self, Target};
-use crate::report::{self, Report, RunInputs, RunReport};
+use crate::plan::Mode;
 use crate::rss::RssSampler;
-use crate::tally::{Schedule, Tally, PHASES};
-use crate::ReplayError;
+use crate::tally::{Schedule, Tally};
+pub use args::RetryStormArgs;
+use args::{StormPlan, PHASES};
+use fleet::{Fleet, MODEL};
+use report::{Report, RunInputs, RunReport};
 
-/// Runs every mode of `plan`, prints the table, writes the JSON if asked.
-pub(crate) async fn run(plan: StormPlan) -> Result<(), ReplayError> {
-    let mut runs = Vec::with_capacity(plan.modes.len());
-    let mut first_failure = None;
-    for &mode in &plan.modes {
-        match run_mode(&plan, mode).await {
-            Ok(run) => runs.push(run),
-            Err(e) => {
-                let message = e.to_string();
-                say(mode, &format!("did not complete: {message}"));
-                first_failure.get_or_insert((mode, message.clone()));
-                runs.push(RunReport::failed(mode, message));
-            }
-        }
-    }
-    let report = Report::new(&plan, runs);
-    let table = report
-        .runs
-        .iter()
-        .any(|r| r.completed)
-        .then(|| report::table(&report));
-    let failed = first_failure.as_ref().map(|(m, e)| (*m, e.as_str()));
-    report::publish(&report, table, plan.json.as_ref(), failed)
+/// Checks `args` into a plan, and returns the replay of it, not started yet: every mode run,
+/// the table printed, the JSON written if asked.
+pub(crate) fn replay(
+    args: &RetryStormArgs,
+) -> Result<impl Future<Output = Result<(), ReplayError>>, ReplayError> {
+    let plan = args.check()?;
+    Ok(async move { incident::replay(&plan).await })
 }
 
-/// A progress line on stderr.
-fn say(mode: Mode, message: &str) {
-    eprintln!("replay: {mode}: {message}");
+impl Incident for StormPlan {
+    type Run = RunReport;
+    type Report = Report;
+
+    fn modes(&self) -> &[Mode] {
+        &self.modes
+    }
+
+    fn json(&self) -> Option<&PathBuf> {
+        self.json.as_ref()
+    }
+
+    async fn run_mode(&self, mode: Mode) -> Result<RunReport, ReplayError> {
+        run_mode(self, mode).await
+    }
+
+    fn report(&self, runs: Vec<RunReport>) -> Report {
+        Report::new(self, runs)
+    }
+
+    fn table(report: &Report) -> String {
+        report::table(report)
+    }
 }
 
 async fn run_mode(plan: &StormPlan, mode: Mode) -> Result<RunReport, ReplayError> {

@@ -1,52 +1,17 @@
-//! The flags of `spillway replay`, and the checked plan a replay runs from.
+//! The flags of `spillway replay retry-storm`, and the checked plan a run goes by.
 //!
 //! As elsewhere in spillway, what the user typed ([`RetryStormArgs`]) is checked once into what
 //! the program uses ([`StormPlan`]); every problem is reported together on one line, so a bad
 //! invocation costs one try and never starts a process.
 
-use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use serde::Serialize;
+use crate::error::ReplayError;
+use crate::plan::{self, LoadPlan, Mode};
 
-use crate::ReplayError;
-
-/// `spillway replay SCENARIO`.
-#[derive(Debug, Clone, clap::Args)]
-pub struct ReplayArgs {
-    #[command(subcommand)]
-    pub scenario: Scenario,
-}
-
-/// The incidents that can be replayed.
-#[derive(Debug, Clone, clap::Subcommand)]
-pub enum Scenario {
-    /// IL-0248: backends answer HTTP 500 and callers resend at once, up to 48 times.
-    ///
-    /// Runs three mock backends and a gateway on 127.0.0.1, once with spillway's protections
-    /// and once as a naive gateway, switches the fault on and off on a schedule (steady; fault:
-    /// the home region fails; outage: every backend fails; recovery), and prints per phase what
-    /// the callers and the backends saw.
-    RetryStorm(RetryStormArgs),
-    /// IL-0136: the key cache flushed at peak, the gateway restarted, the store gone for 30 s.
-    ///
-    /// Creates a tenant and 10,000 keys in a new schema of PostgreSQL, runs a gateway that
-    /// reaches it through a link that counts SQL statements and can be cut, sends requests
-    /// spread over the keys, and prints per phase (steady, flush, restart, outage, recovery)
-    /// requests/s, errors, store queries/s, lookup p99 and restarts: once with spillway's
-    /// protections and once naive (no single flight, no stale answers, a supervisor that
-    /// restarts the gateway when its store probe fails).
-    CacheFlush(crate::flush::CacheFlushArgs),
-    /// IL-0248 and IL-0110: one tenant floods at 50 times its limit, resending every refusal;
-    /// another, within its limit, must not notice.
-    ///
-    /// Runs a mock backend and a gateway with two tenants on one pool of 8 seats, once with
-    /// spillway's admission (tenant limits, fair queuing, bounded queues) and once naive (no
-    /// limits, one unbounded first-come-first-served queue), and prints per phase and tenant
-    /// what was offered, what succeeded, what was shed, p99 and the gateway's RSS.
-    NoisyNeighbor(crate::neighbor::NoisyNeighborArgs),
-}
+/// The phases of a retry-storm run, in order.
+pub(crate) const PHASES: [&str; 4] = ["steady", "fault", "outage", "recovery"];
 
 /// Flags of `spillway replay retry-storm`.
 #[derive(Debug, Clone, clap::Args)]
@@ -89,25 +54,6 @@ pub struct RetryStormArgs {
     pub json: Option<PathBuf>,
 }
 
-/// The gateway configurations a replay compares.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub(crate) enum Mode {
-    /// spillway's retry defaults (budget, backoff, ejection).
-    Protected,
-    /// `[retry] naive = true, max_attempts = 5`: what a gateway without protections does.
-    Naive,
-}
-
-impl fmt::Display for Mode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Mode::Protected => "protected",
-            Mode::Naive => "naive",
-        })
-    }
-}
-
 /// A checked `retry-storm` invocation.
 #[derive(Debug, Clone)]
 pub(crate) struct StormPlan {
@@ -118,27 +64,10 @@ pub(crate) struct StormPlan {
     pub(crate) json: Option<PathBuf>,
 }
 
-/// How the client behaves.
-#[derive(Debug, Clone, Copy, Serialize)]
-pub(crate) struct LoadPlan {
-    pub(crate) rate: f64,
-    pub(crate) max_outstanding: usize,
-    pub(crate) client_retries: u32,
-    /// Whether a 429 is resent at once too (a caller that ignores rate limits).
-    pub(crate) resend_429: bool,
-    /// A phase in which requests are offered at another rate: (phase, rate).
-    #[serde(skip)]
-    pub(crate) surge: Option<(usize, f64)>,
-    #[serde(rename = "attempt_timeout_ms", serialize_with = "as_millis")]
-    pub(crate) attempt_timeout: Duration,
-}
-
 /// Bounds that keep a replay a bounded experiment on a small machine.
 const MAX_RATE: f64 = 10_000.0;
 const MAX_OUTSTANDING: usize = 10_000;
 const MAX_CLIENT_RETRIES: u32 = 1_000;
-const MIN_PHASE: Duration = Duration::from_millis(100);
-const MAX_PHASE: Duration = Duration::from_secs(3600);
 const MIN_ATTEMPT_TIMEOUT: Duration = Duration::from_millis(10);
 const MAX_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -165,7 +94,7 @@ impl RetryStormArgs {
             ));
         }
         let phases = [self.steady, self.fault, self.outage, self.recovery].map(Duration::from);
-        check_phases(
+        plan::check_phases(
             &["--steady", "--fault", "--outage", "--recovery"],
             &phases,
             &mut problems,
@@ -183,7 +112,7 @@ impl RetryStormArgs {
             return Err(ReplayError::InvalidArgs(problems.join("; ")));
         }
         Ok(StormPlan {
-            modes: modes(self.protected, self.naive),
+            modes: plan::modes(self.protected, self.naive),
             phases,
             load: LoadPlan {
                 rate: self.rate,
@@ -198,33 +127,6 @@ impl RetryStormArgs {
     }
 }
 
-/// The modes `--protected` / `--naive` select: one of them, or both (protected first).
-pub(crate) fn modes(protected: bool, naive: bool) -> Vec<Mode> {
-    match (protected, naive) {
-        (true, false) => vec![Mode::Protected],
-        (false, true) => vec![Mode::Naive],
-        _ => vec![Mode::Protected, Mode::Naive],
-    }
-}
-
-/// Adds a problem for each phase length outside 100 ms to 1 h, named by its flag.
-pub(crate) fn check_phases(flags: &[&str], lengths: &[Duration], problems: &mut Vec<String>) {
-    for (flag, d) in flags.iter().zip(lengths) {
-        if !(MIN_PHASE..=MAX_PHASE).contains(d) {
-            problems.push(format!(
-                "{flag} must be from {} to {}, got {}",
-                humantime::format_duration(MIN_PHASE),
-                humantime::format_duration(MAX_PHASE),
-                humantime::format_duration(*d)
-            ));
-        }
-    }
-}
-
-fn as_millis<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_u128(d.as_millis())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -232,16 +134,12 @@ mod tests {
 
     #[derive(Parser)]
     struct Cli {
-        #[command(subcommand)]
-        scenario: Scenario,
+        #[command(flatten)]
+        args: RetryStormArgs,
     }
 
     fn parse(args: &[&str]) -> Result<RetryStormArgs, clap::Error> {
-        let cli = Cli::try_parse_from(["replay", "retry-storm"].iter().chain(args))?;
-        match cli.scenario {
-            Scenario::RetryStorm(a) => Ok(a),
-            other => panic!("parsed as {other:?}"),
-        }
+        Ok(Cli::try_parse_from(["retry-storm"].iter().chain(args))?.args)
     }
 
     #[test]

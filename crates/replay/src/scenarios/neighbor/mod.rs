@@ -13,23 +13,26 @@
 mod args;
 mod report;
 
+use std::future::Future;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::args::{LoadPlan, Mode};
-use crate::fleet::{self, Scratch, START_DEADLINE};
+use crate::error::ReplayError;
 use crate::http::{uri, HttpClient};
+use crate::incident::{self, say, Incident};
 use crate::load::{self, Target};
+use crate::plan::{LoadPlan, Mode};
 use crate::process::ChildProcess;
+use crate::ready::{self, START_DEADLINE};
 use crate::rss::RssSampler;
+use crate::scratch::Scratch;
 use crate::tally::{Schedule, Tally};
-use crate::ReplayError;
-use args::PHASES;
 
-pub(crate) use args::NeighborPlan;
 pub use args::NoisyNeighborArgs;
+use args::{NeighborPlan, PHASES};
 use report::{NeighborReport, RunReport};
 
 const MODEL: &str = "gpt-neighbor";
@@ -58,30 +61,38 @@ const MOCK_FLAGS: [&str; 14] = [
     "127.0.0.1:0",
 ];
 
-pub(crate) async fn run(plan: NeighborPlan) -> Result<(), ReplayError> {
-    let mut runs = Vec::with_capacity(plan.modes.len());
-    for &mode in &plan.modes {
-        runs.push(run_mode(&plan, mode).await.unwrap_or_else(|e| {
-            say(mode, &format!("did not complete: {e}"));
-            RunReport::failed(mode, e.to_string())
-        }));
-    }
-    let report = NeighborReport::new(&plan, runs);
-    let table = report
-        .runs
-        .iter()
-        .any(|r| r.completed)
-        .then(|| report::table(&report));
-    let failed = report
-        .runs
-        .iter()
-        .find(|r| !r.completed)
-        .map(|r| (r.mode, r.error.as_deref().unwrap_or("unknown")));
-    crate::report::publish(&report, table, plan.json.as_ref(), failed)
+/// Checks `args` into a plan, and returns the replay of it, not started yet: every mode run,
+/// the table printed, the JSON written if asked.
+pub(crate) fn replay(
+    args: &NoisyNeighborArgs,
+) -> Result<impl Future<Output = Result<(), ReplayError>>, ReplayError> {
+    let plan = args.check()?;
+    Ok(async move { incident::replay(&plan).await })
 }
 
-fn say(mode: Mode, message: &str) {
-    eprintln!("replay: {mode}: {message}");
+impl Incident for NeighborPlan {
+    type Run = RunReport;
+    type Report = NeighborReport;
+
+    fn modes(&self) -> &[Mode] {
+        &self.modes
+    }
+
+    fn json(&self) -> Option<&PathBuf> {
+        self.json.as_ref()
+    }
+
+    async fn run_mode(&self, mode: Mode) -> Result<RunReport, ReplayError> {
+        run_mode(self, mode).await
+    }
+
+    fn report(&self, runs: Vec<RunReport>) -> NeighborReport {
+        NeighborReport::new(self, runs)
+    }
+
+    fn table(report: &NeighborReport) -> String {
+        report::table(report)
+    }
 }
 
 async fn run_mode(plan: &NeighborPlan, mode: Mode) -> Result<RunReport, ReplayError> {
@@ -110,7 +121,7 @@ async fn run_mode(plan: &NeighborPlan, mode: Mode) -> Result<RunReport, ReplayEr
     )
     .await?;
     let outcome = async {
-        fleet::wait_ready(&mut gateway, addrs[0], &control).await?;
+        ready::wait_ready(&mut gateway, addrs[0], &control).await?;
         say(mode, &format!("gateway (pid {}) ready", gateway.pid()));
         let admin = addrs.get(1).copied().unwrap_or(addrs[0]);
         let keys = (flood_key.as_str(), quiet_key.as_str());

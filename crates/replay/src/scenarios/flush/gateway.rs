@@ -19,10 +19,10 @@ use tokio::sync::{watch, Mutex};
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, MissedTickBehavior};
 
-use crate::fleet::{self, START_DEADLINE};
+use crate::error::ReplayError;
 use crate::http::{uri, HttpClient};
 use crate::process::ChildProcess;
-use crate::ReplayError;
+use crate::ready::{self, START_DEADLINE};
 
 /// How often the supervisor probes.
 pub(crate) const PROBE_EVERY: Duration = Duration::from_secs(1);
@@ -76,7 +76,7 @@ impl Gateway {
             probe_restarts: AtomicU64::new(0),
         };
         let mut process = gateway.spawn().await?;
-        fleet::wait_for(&mut process, api, "/livez", control).await?;
+        ready::wait_for(&mut process, api, "/livez", control).await?;
         *gateway.process.lock().await = Some(process);
         Ok(Arc::new(gateway))
     }

@@ -22,8 +22,6 @@
 //! Every task belongs to the link: the accept task owns the connection tasks in a `JoinSet`,
 //! and dropping the link aborts the accept task, which aborts them all.
 
-// The cache-flush scenario that uses the link lands separately; until then only tests do.
-
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

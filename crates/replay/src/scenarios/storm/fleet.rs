@@ -8,18 +8,18 @@
 //! tenant key reaches the gateway only through the environment.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http::StatusCode;
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::args::Mode;
-use crate::error::one_line;
+use crate::error::{one_line, ReplayError};
 use crate::http::{uri, HttpClient};
+use crate::plan::Mode;
 use crate::process::ChildProcess;
-use crate::ReplayError;
+use crate::ready::{wait_ready, START_DEADLINE};
+use crate::scratch::Scratch;
 
 /// The model every backend serves and the client asks for.
 pub(crate) const MODEL: &str = "gpt-storm";
@@ -50,11 +50,8 @@ const MOCK_FLAGS: [&str; 12] = [
 /// The environment variable the gateway reads the client's key from.
 const KEY_ENV: &str = "SPILLWAY_REPLAY_KEY";
 
-/// Deadline for a child to print its address, and for the gateway to report ready.
-pub(crate) const START_DEADLINE: Duration = Duration::from_secs(15);
 /// Deadline for one control or counter request to a mock or the gateway.
 const CONTROL_TIMEOUT: Duration = Duration::from_secs(2);
-const READY_POLL: Duration = Duration::from_millis(20);
 
 /// One mock backend of the scenario.
 pub(crate) struct Backend {
@@ -212,41 +209,6 @@ impl Fleet {
     }
 }
 
-/// Polls `GET /readyz` until it answers 200, the gateway exits, or the deadline passes.
-pub(crate) async fn wait_ready(
-    gateway: &mut ChildProcess,
-    addr: SocketAddr,
-    control: &HttpClient,
-) -> Result<(), ReplayError> {
-    wait_for(gateway, addr, "/readyz", control).await
-}
-
-/// Polls `GET PATH` until it answers 200, the gateway exits, or the deadline passes.
-pub(crate) async fn wait_for(
-    gateway: &mut ChildProcess,
-    addr: SocketAddr,
-    path: &str,
-    control: &HttpClient,
-) -> Result<(), ReplayError> {
-    let end = Instant::now() + START_DEADLINE;
-    loop {
-        if let Ok((StatusCode::OK, _)) = control.get(uri(addr, path), READY_POLL * 10).await {
-            return Ok(());
-        }
-        if gateway.exited().is_some() {
-            return Err(gateway.startup_error("it exited before it was ready").await);
-        }
-        if Instant::now() >= end {
-            let why = format!(
-                "GET {path} did not answer 200 within {}",
-                humantime::format_duration(START_DEADLINE)
-            );
-            return Err(gateway.startup_error(&why).await);
-        }
-        tokio::time::sleep(READY_POLL).await;
-    }
-}
-
 /// The gateway's config for `mode`, with one `openai` backend per address in [`BACKENDS`]
 /// order.
 fn gateway_config(mode: Mode, addrs: &[SocketAddr]) -> String {
@@ -289,35 +251,6 @@ fn client_key() -> String {
         .map(|d| d.subsec_nanos())
         .unwrap_or_default();
     format!("sk-replay-{}-{nanos:08x}", std::process::id())
-}
-
-/// A directory of this process's own, removed when dropped.
-pub(crate) struct Scratch {
-    pub(crate) path: PathBuf,
-}
-
-impl Scratch {
-    pub(crate) fn create(mode: impl std::fmt::Display) -> Result<Scratch, ReplayError> {
-        let path = std::env::temp_dir().join(format!(
-            "spillway-replay-{}-{mode}-{}",
-            std::process::id(),
-            SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map(|d| d.as_nanos())
-                .unwrap_or_default()
-        ));
-        std::fs::create_dir(&path).map_err(|source| ReplayError::Scratch {
-            what: path.display().to_string(),
-            source,
-        })?;
-        Ok(Scratch { path })
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.path);
-    }
 }
 
 #[cfg(test)]

@@ -28,8 +28,11 @@ mod args;
 mod gateway;
 mod keyring;
 mod report;
+mod store_link;
 mod watch;
 
+use std::future::Future;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -37,20 +40,20 @@ use bytes::Bytes;
 use http::{HeaderValue, Method};
 use tokio::time::Instant;
 
-use crate::args::{LoadPlan, Mode};
-use crate::fleet::Scratch;
+use crate::error::ReplayError;
 use crate::http::{request, uri, HttpClient};
+use crate::incident::{self, say, Incident};
 use crate::load::{self, Target};
-use crate::store_link::StoreLink;
+use crate::plan::{LoadPlan, Mode};
+use crate::scratch::Scratch;
 use crate::tally::{Schedule, Tally};
-use crate::ReplayError;
 
 pub use args::CacheFlushArgs;
-pub(crate) use args::FlushPlan;
-use args::PHASES;
+use args::{FlushPlan, PHASES};
 use gateway::{free_port, Gateway, Probe};
 use keyring::Keyring;
 use report::{FlushReport, Mark, RunReport};
+use store_link::StoreLink;
 use watch::LivezWatch;
 
 /// The model the client asks for, served by an in-process mock backend of the gateway.
@@ -63,9 +66,17 @@ const MAX_OUTSTANDING: usize = 1024;
 const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(5);
 const CONTROL_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Prepares the store, runs every mode of `plan`, prints the table, writes the JSON if asked,
-/// and drops the schema whatever happened.
-pub(crate) async fn run(plan: FlushPlan) -> Result<(), ReplayError> {
+/// Checks `args` into a plan, and returns the replay of it, not started yet: the store
+/// prepared, every mode run, the table printed, the JSON written if asked, and the schema
+/// dropped whatever happened.
+pub(crate) fn replay(
+    args: &CacheFlushArgs,
+) -> Result<impl Future<Output = Result<(), ReplayError>>, ReplayError> {
+    let plan = args.check()?;
+    Ok(run(plan))
+}
+
+async fn run(plan: FlushPlan) -> Result<(), ReplayError> {
     let pg = keyring::server_addr(&plan.store)?;
     eprintln!(
         "replay: creating tenant {:?} and {} keys in a new schema of {pg}",
@@ -79,44 +90,59 @@ pub(crate) async fn run(plan: FlushPlan) -> Result<(), ReplayError> {
         keyring.schema(),
         started.elapsed().as_secs_f64()
     );
-    let outcome = run_modes(&plan, &keyring, pg).await;
-    keyring.drop_schema().await;
-    let runs = outcome?;
-    let report = FlushReport::new(&plan, runs);
-    let table = report
-        .runs
-        .iter()
-        .any(|r| r.completed)
-        .then(|| report::table(&report));
-    let failed = report
-        .runs
-        .iter()
-        .find(|r| !r.completed)
-        .map(|r| (r.mode, r.error.as_deref().unwrap_or("unknown")));
-    crate::report::publish(&report, table, plan.json.as_ref(), failed)
+    let link = match StoreLink::start(pg).await {
+        Ok(link) => link,
+        Err(e) => {
+            keyring.drop_schema().await;
+            return Err(ReplayError::Store(format!(
+                "cannot start the store link: {e}"
+            )));
+        }
+    };
+    incident::replay(&CacheFlush {
+        plan,
+        keyring,
+        link,
+    })
+    .await
 }
 
-async fn run_modes(
-    plan: &FlushPlan,
-    keyring: &Keyring,
-    pg: std::net::SocketAddr,
-) -> Result<Vec<RunReport>, ReplayError> {
-    let link = StoreLink::start(pg)
-        .await
-        .map_err(|e| ReplayError::Store(format!("cannot start the store link: {e}")))?;
-    let mut runs = Vec::with_capacity(plan.modes.len());
-    for &mode in &plan.modes {
-        let outcome = run_mode(plan, mode, keyring, &link).await;
-        runs.push(outcome.unwrap_or_else(|e| {
-            say(mode, &format!("did not complete: {e}"));
-            RunReport::failed(mode, e.to_string())
-        }));
+/// The cache-flush incident: its plan, and the store every mode's gateway uses.
+struct CacheFlush {
+    plan: FlushPlan,
+    keyring: Keyring,
+    link: StoreLink,
+}
+
+impl Incident for CacheFlush {
+    type Run = RunReport;
+    type Report = FlushReport;
+
+    fn modes(&self) -> &[Mode] {
+        &self.plan.modes
     }
-    Ok(runs)
-}
 
-fn say(mode: Mode, message: &str) {
-    eprintln!("replay: {mode}: {message}");
+    fn json(&self) -> Option<&PathBuf> {
+        self.plan.json.as_ref()
+    }
+
+    async fn run_mode(&self, mode: Mode) -> Result<RunReport, ReplayError> {
+        run_mode(&self.plan, mode, &self.keyring, &self.link).await
+    }
+
+    /// Closes the link (and every connection through it), then drops the schema.
+    async fn release(&self) {
+        self.link.cut().await;
+        self.keyring.drop_schema().await;
+    }
+
+    fn report(&self, runs: Vec<RunReport>) -> FlushReport {
+        FlushReport::new(&self.plan, runs)
+    }
+
+    fn table(report: &FlushReport) -> String {
+        report::table(report)
+    }
 }
 
 async fn run_mode(

@@ -7,10 +7,11 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::args::{NeighborPlan, PHASES};
-use crate::args::Mode;
+use crate::incident::RunOutcome;
+use crate::plan::Mode;
 use crate::report::{
-    buckets_between, error_list, histogram_buckets, latency, layout, millis, quantile_ms,
-    trim_float,
+    buckets_between, error_list, histogram_buckets, latency, layout, mebibytes, millis,
+    quantile_ms, trim_float,
 };
 use crate::rss::RssPeaks;
 use crate::tally::{ErrorKey, SlotTally};
@@ -81,18 +82,6 @@ pub(crate) struct TenantFigures {
 }
 
 impl RunReport {
-    pub(crate) fn failed(mode: Mode, error: String) -> RunReport {
-        RunReport {
-            mode,
-            completed: false,
-            error: Some(error),
-            gateway_baseline_rss_bytes: None,
-            gateway_peak_rss_bytes: None,
-            phases: Vec::new(),
-            in_flight_at_end: 0,
-        }
-    }
-
     /// `tallies`: the flood tenant's, then the quiet one's.
     pub(crate) fn completed(
         mode: Mode,
@@ -135,6 +124,32 @@ impl RunReport {
             phases,
             in_flight_at_end,
         }
+    }
+}
+
+impl RunOutcome for RunReport {
+    fn failed(mode: Mode, error: String) -> RunReport {
+        RunReport {
+            mode,
+            completed: false,
+            error: Some(error),
+            gateway_baseline_rss_bytes: None,
+            gateway_peak_rss_bytes: None,
+            phases: Vec::new(),
+            in_flight_at_end: 0,
+        }
+    }
+
+    fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    fn is_complete(&self) -> bool {
+        self.completed
+    }
+
+    fn error(&self) -> Option<&str> {
+        self.error.as_deref()
     }
 }
 
@@ -209,9 +224,7 @@ pub(crate) fn table(report: &NeighborReport) -> String {
                     f.p99_ms.map_or("-".to_owned(), latency),
                     f.queue_wait_p99_ms
                         .map_or("-".to_owned(), |ms| format!("<={}", latency(ms))),
-                    p.gateway_peak_rss_bytes.map_or("-".to_owned(), |b| {
-                        format!("{:.1} MiB", b as f64 / (1024.0 * 1024.0))
-                    }),
+                    p.gateway_peak_rss_bytes.map_or("-".to_owned(), mebibytes),
                     error_list(&f.errors_by_status),
                 ]);
             }

@@ -3,8 +3,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::args::Mode;
-use crate::ReplayError;
+use crate::error::ReplayError;
+use crate::plan::Mode;
 
 /// The phases of a run; the flood tenant surges during the second.
 pub(crate) const PHASES: [&str; 3] = ["steady", "flood", "recovery"];
@@ -66,11 +66,11 @@ impl NoisyNeighborArgs {
         let phases = [self.steady, self.flood, self.recovery].map(Duration::from);
         let flags = PHASES.map(|p| format!("--{p}"));
         let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-        crate::args::check_phases(&flags, &phases, &mut problems);
+        crate::plan::check_phases(&flags, &phases, &mut problems);
         if !problems.is_empty() {
             return Err(ReplayError::InvalidArgs(problems.join("; ")));
         }
-        let modes = crate::args::modes(self.protected, self.naive);
+        let modes = crate::plan::modes(self.protected, self.naive);
         Ok(NeighborPlan {
             modes,
             phases,

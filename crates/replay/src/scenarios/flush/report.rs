@@ -14,14 +14,15 @@ use serde::Serialize;
 
 use super::args::{FlushPlan, PHASES, STEADY};
 use super::gateway::Gateway;
+use super::store_link::StoreLink;
 use super::watch::LivezCounts;
-use crate::args::Mode;
 use crate::http::{uri, HttpClient};
+use crate::incident::RunOutcome;
 use crate::load::Drained;
+use crate::plan::Mode;
 use crate::report::{
     buckets_between, error_list, histogram_buckets, latency, layout, quantile_ms, trim_float,
 };
-use crate::store_link::StoreLink;
 use crate::tally::SlotTally;
 
 const LOOKUP_SERIES: &str = "spillway_key_lookup_seconds_bucket{";
@@ -154,17 +155,6 @@ pub(crate) struct PhaseFigures {
 }
 
 impl RunReport {
-    pub(crate) fn failed(mode: Mode, error: String) -> RunReport {
-        RunReport {
-            mode,
-            completed: false,
-            error: Some(error),
-            phases: Vec::new(),
-            in_flight_at_end: 0,
-            events_failed: Vec::new(),
-        }
-    }
-
     /// `marks` has one more entry than there are phases (every boundary).
     pub(crate) fn completed(
         mode: Mode,
@@ -225,6 +215,31 @@ impl RunReport {
             in_flight_at_end: drained.in_flight_at_end,
             events_failed: Vec::new(),
         }
+    }
+}
+
+impl RunOutcome for RunReport {
+    fn failed(mode: Mode, error: String) -> RunReport {
+        RunReport {
+            mode,
+            completed: false,
+            error: Some(error),
+            phases: Vec::new(),
+            in_flight_at_end: 0,
+            events_failed: Vec::new(),
+        }
+    }
+
+    fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    fn is_complete(&self) -> bool {
+        self.completed
+    }
+
+    fn error(&self) -> Option<&str> {
+        self.error.as_deref()
     }
 }
 

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::args::Mode;
-use crate::ReplayError;
+use crate::error::ReplayError;
+use crate::plan::Mode;
 
 /// The phases of a run, in order; each starts with its event.
 pub(crate) const PHASES: [&str; 6] = ["start", "steady", "flush", "restart", "outage", "recovery"];
@@ -106,11 +106,11 @@ impl CacheFlushArgs {
         .map(Duration::from);
         let flags = PHASES.map(|p| format!("--{p}"));
         let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-        crate::args::check_phases(&flags, &phases, &mut problems);
+        crate::plan::check_phases(&flags, &phases, &mut problems);
         if !problems.is_empty() {
             return Err(ReplayError::InvalidArgs(problems.join("; ")));
         }
-        let modes = crate::args::modes(self.protected, self.naive);
+        let modes = crate::plan::modes(self.protected, self.naive);
         Ok(FlushPlan {
             modes,
             store: self.store.clone(),
@@ -125,21 +125,16 @@ impl CacheFlushArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::args::Scenario;
     use clap::Parser;
 
     #[derive(Parser)]
     struct Cli {
-        #[command(subcommand)]
-        scenario: Scenario,
+        #[command(flatten)]
+        args: CacheFlushArgs,
     }
 
     fn parse(args: &[&str]) -> Result<CacheFlushArgs, clap::Error> {
-        let cli = Cli::try_parse_from(["replay", "cache-flush"].iter().chain(args))?;
-        match cli.scenario {
-            Scenario::CacheFlush(a) => Ok(a),
-            other => panic!("parsed as {other:?}"),
-        }
+        Ok(Cli::try_parse_from(["cache-flush"].iter().chain(args))?.args)
     }
 
     #[test]

@@ -13,7 +13,7 @@ use spillway_store::{PoolOptions, Priority, Store, TenantSpec};
 use sqlx::{Connection, PgConnection};
 use tokio::task::JoinSet;
 
-use crate::ReplayError;
+use crate::error::ReplayError;
 
 /// The tenant every key belongs to.
 pub(crate) const TENANT: &str = "replay";

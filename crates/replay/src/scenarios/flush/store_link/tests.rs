@@ -5,6 +5,8 @@ use sqlx::postgres::{PgConnectOptions, PgSslMode};
 use sqlx::{Connection, Executor, PgConnection};
 use tokio::net::TcpListener;
 
+use spillway_testkit::eventually;
+
 use super::*;
 
 /// How long anything asynchronous in these tests may take before it counts as a failure.
@@ -166,18 +168,6 @@ fn arbitrary_bytes_never_panic() {
     }
 }
 
-/// Polls `condition` until it holds, failing the test after [`DEADLINE`].
-async fn eventually(what: &str, condition: impl Fn() -> bool) {
-    let start = tokio::time::Instant::now();
-    while !condition() {
-        assert!(
-            start.elapsed() < DEADLINE,
-            "not within {DEADLINE:?}: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-}
-
 #[tokio::test]
 async fn bytes_pass_unchanged_both_ways_and_are_counted() {
     let upstream = TcpListener::bind("127.0.0.1:0").await.expect("bind");
@@ -199,7 +189,10 @@ async fn bytes_pass_unchanged_both_ways_and_are_counted() {
         .expect("echo in time")
         .expect("read");
     assert_eq!(echoed, sent);
-    eventually("3 statements", || link.statements() == 3).await;
+    eventually(DEADLINE, "3 statements", || async {
+        link.statements() == 3
+    })
+    .await;
     assert_eq!(link.connections(), 1);
     client.shutdown().await.expect("half-close");
     tokio::time::timeout(DEADLINE, echo)
@@ -232,29 +225,21 @@ async fn dropping_the_link_closes_its_connections_and_port() {
     assert_eq!(refused.kind(), io::ErrorKind::ConnectionRefused);
 }
 
-/// The PostgreSQL of `SPILLWAY_TEST_POSTGRES_URL` (default the local test database), or
-/// `None` when that is `off`.
-async fn postgres() -> Option<(PgConnectOptions, SocketAddr)> {
-    let url = std::env::var("SPILLWAY_TEST_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
-    if url == "off" {
-        return None;
-    }
+/// The tests' PostgreSQL (`spillway_testkit::postgres_url`) and its address.
+async fn postgres() -> (PgConnectOptions, SocketAddr) {
+    let url = spillway_testkit::postgres_url();
     let options = PgConnectOptions::from_str(&url).expect("a PostgreSQL URL");
     let addr = tokio::net::lookup_host((options.get_host(), options.get_port()))
         .await
         .expect("the PostgreSQL host resolves")
         .next()
         .expect("an address");
-    Some((options, addr))
+    (options, addr)
 }
 
 #[tokio::test]
 async fn postgres_statements_are_counted_and_a_cut_takes_the_database_away() {
-    let Some((options, upstream)) = postgres().await else {
-        eprintln!("skipped: SPILLWAY_TEST_POSTGRES_URL=off");
-        return;
-    };
+    let (options, upstream) = postgres().await;
     let link = StoreLink::start(upstream).await.expect("start");
     let through_link = options
         .host("127.0.0.1")
@@ -272,11 +257,17 @@ async fn postgres_statements_are_counted_and_a_cut_takes_the_database_away() {
             .expect("SELECT 1");
         assert_eq!(one, 1);
     }
-    eventually("5 statements", || link.statements() == 5).await;
+    eventually(DEADLINE, "5 statements", || async {
+        link.statements() == 5
+    })
+    .await;
     // A Sync-only ping is no statement; a query without arguments is a simple Query.
     conn.ping().await.expect("ping");
     conn.execute("SELECT 1").await.expect("simple query");
-    eventually("6 statements", || link.statements() == 6).await;
+    eventually(DEADLINE, "6 statements", || async {
+        link.statements() == 6
+    })
+    .await;
 
     link.cut().await;
     link.cut().await;
@@ -297,7 +288,10 @@ async fn postgres_statements_are_counted_and_a_cut_takes_the_database_away() {
     assert!(link.is_up());
     let mut conn = connect().await.expect("in time").expect("connect again");
     conn.execute("SELECT 1").await.expect("simple query");
-    eventually("7 statements", || link.statements() == 7).await;
+    eventually(DEADLINE, "7 statements", || async {
+        link.statements() == 7
+    })
+    .await;
     assert_eq!(link.connections(), 2);
     conn.close().await.expect("close");
 }

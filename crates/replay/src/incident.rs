@@ -1,0 +1,232 @@
+//! The skeleton every scenario goes through: its modes run one after the other, one report of
+//! them all, the table printed and the figures written.
+//!
+//! A replay is worth its comparison: the same incident against the protected gateway and the
+//! naive one, side by side. So a mode that fails (a gateway that would not start, a control
+//! request that failed) is reported as not completed, and the other mode still runs; the
+//! replay then ends with an error naming the first that failed, after the table and the JSON
+//! of what did complete. That order, written once here, is the same for every scenario: a
+//! scenario says how to run one mode and how to lay out its figures ([`Incident`]), and
+//! [`replay`] does the rest.
+
+use std::path::PathBuf;
+
+use serde::Serialize;
+
+use crate::error::ReplayError;
+use crate::plan::Mode;
+
+/// One incident scenario, with its checked plan.
+pub(crate) trait Incident {
+    /// One mode's run, as the report records it.
+    type Run: RunOutcome;
+    /// Everything the replay measured: what the `--json` file holds.
+    type Report: Serialize;
+
+    /// The modes to run, in order.
+    fn modes(&self) -> &[Mode];
+
+    /// Where to write the report as JSON, if asked.
+    fn json(&self) -> Option<&PathBuf>;
+
+    /// Runs the incident once against a gateway in `mode`; every process it started is stopped
+    /// before it returns, whatever happened.
+    async fn run_mode(&self, mode: Mode) -> Result<Self::Run, ReplayError>;
+
+    /// Frees what the modes shared, once every mode has run and before the report is published.
+    async fn release(&self) {}
+
+    /// The report of every mode's run.
+    fn report(&self, runs: Vec<Self::Run>) -> Self::Report;
+
+    /// The side-by-side table of a report in which at least one run completed.
+    fn table(report: &Self::Report) -> String;
+}
+
+/// What the skeleton needs to know of a mode's run.
+pub(crate) trait RunOutcome {
+    /// A run of `mode` that did not complete, for `error`.
+    fn failed(mode: Mode, error: String) -> Self;
+    fn mode(&self) -> Mode;
+    /// Whether every phase ran.
+    fn is_complete(&self) -> bool;
+    /// Why the run did not complete, if it said.
+    fn error(&self) -> Option<&str>;
+}
+
+/// Runs every mode of `incident`, prints the table (when a run completed), writes the JSON if
+/// asked, and ends with the first run that did not complete as the replay's error.
+pub(crate) async fn replay<I: Incident>(incident: &I) -> Result<(), ReplayError> {
+    let mut runs = Vec::with_capacity(incident.modes().len());
+    for &mode in incident.modes() {
+        runs.push(incident.run_mode(mode).await.unwrap_or_else(|e| {
+            say(mode, &format!("did not complete: {e}"));
+            I::Run::failed(mode, e.to_string())
+        }));
+    }
+    incident.release().await;
+    let any_completed = runs.iter().any(RunOutcome::is_complete);
+    let first_failure = runs
+        .iter()
+        .find(|r| !r.is_complete())
+        .map(|r| (r.mode(), r.error().unwrap_or("unknown").to_owned()));
+    let report = incident.report(runs);
+    let table = any_completed.then(|| I::table(&report));
+    publish(&report, table, incident.json(), first_failure)
+}
+
+/// A progress line on stderr.
+pub(crate) fn say(mode: Mode, message: &str) {
+    eprintln!("replay: {mode}: {message}");
+}
+
+fn publish<R: Serialize>(
+    report: &R,
+    table: Option<String>,
+    json: Option<&PathBuf>,
+    first_failure: Option<(Mode, String)>,
+) -> Result<(), ReplayError> {
+    if let Some(table) = table {
+        print!("{table}");
+    }
+    if let Some(path) = json {
+        let bytes = serde_json::to_vec_pretty(report).map_err(std::io::Error::other);
+        bytes
+            .and_then(|bytes| std::fs::write(path, bytes))
+            .map_err(|source| ReplayError::Output {
+                path: path.clone(),
+                source,
+            })?;
+    }
+    match first_failure {
+        Some((mode, message)) => Err(ReplayError::mode_failed(mode, &message)),
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::RefCell;
+
+    use super::*;
+
+    #[derive(Debug, Serialize)]
+    struct Run {
+        mode: Mode,
+        error: Option<String>,
+    }
+
+    impl RunOutcome for Run {
+        fn failed(mode: Mode, error: String) -> Run {
+            Run {
+                mode,
+                error: Some(error),
+            }
+        }
+        fn mode(&self) -> Mode {
+            self.mode
+        }
+        fn is_complete(&self) -> bool {
+            self.error.is_none()
+        }
+        fn error(&self) -> Option<&str> {
+            self.error.as_deref()
+        }
+    }
+
+    /// Fails the modes in `failing`, and notes what the skeleton asked of it, in order.
+    struct Fake {
+        modes: Vec<Mode>,
+        failing: Vec<Mode>,
+        json: Option<PathBuf>,
+        asked: RefCell<Vec<String>>,
+    }
+
+    impl Incident for Fake {
+        type Run = Run;
+        type Report = Vec<Run>;
+
+        fn modes(&self) -> &[Mode] {
+            &self.modes
+        }
+        fn json(&self) -> Option<&PathBuf> {
+            self.json.as_ref()
+        }
+        async fn run_mode(&self, mode: Mode) -> Result<Run, ReplayError> {
+            self.asked.borrow_mut().push(format!("run {mode}"));
+            if self.failing.contains(&mode) {
+                return Err(ReplayError::Startup {
+                    what: format!("{mode} gateway"),
+                    detail: "exited".to_owned(),
+                });
+            }
+            Ok(Run { mode, error: None })
+        }
+        async fn release(&self) {
+            self.asked.borrow_mut().push("release".to_owned());
+        }
+        fn report(&self, runs: Vec<Run>) -> Vec<Run> {
+            self.asked
+                .borrow_mut()
+                .push(format!("report of {}", runs.len()));
+            runs
+        }
+        fn table(report: &Vec<Run>) -> String {
+            format!("{} runs\n", report.len())
+        }
+    }
+
+    fn fake(failing: &[Mode], json: Option<PathBuf>) -> Fake {
+        Fake {
+            modes: vec![Mode::Protected, Mode::Naive],
+            failing: failing.to_vec(),
+            json,
+            asked: RefCell::new(Vec::new()),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_failed_mode_is_reported_the_next_still_runs_and_the_replay_names_it() {
+        let path = std::env::temp_dir().join(format!(
+            "spillway-replay-incident-test-{}.json",
+            std::process::id()
+        ));
+        let incident = fake(&[Mode::Protected], Some(path.clone()));
+        let outcome = replay(&incident).await;
+        assert_eq!(
+            *incident.asked.borrow(),
+            ["run protected", "run naive", "release", "report of 2"]
+        );
+        match outcome {
+            Err(ReplayError::ModeFailed { mode, message }) => {
+                assert_eq!(mode, "protected");
+                assert_eq!(message, "protected gateway did not start: exited");
+            }
+            other => panic!("{other:?}"),
+        }
+        let written = std::fs::read_to_string(&path).expect("the JSON was written");
+        let _ = std::fs::remove_file(&path);
+        let json: serde_json::Value = serde_json::from_str(&written).unwrap();
+        assert_eq!(json[0]["mode"], "protected");
+        assert_eq!(json[0]["error"], "protected gateway did not start: exited");
+        assert_eq!(json[1]["mode"], "naive");
+        assert!(json[1]["error"].is_null());
+    }
+
+    #[tokio::test]
+    async fn a_replay_whose_modes_all_complete_succeeds() {
+        let incident = fake(&[], None);
+        replay(&incident).await.expect("every mode completed");
+        assert_eq!(incident.asked.borrow().len(), 4);
+    }
+
+    #[tokio::test]
+    async fn an_unwritable_json_file_is_the_replay_s_error() {
+        let dir = std::env::temp_dir().join("spillway-replay-no-such-dir-for-incident-tests");
+        let incident = fake(&[], Some(dir.join("figures.json")));
+        match replay(&incident).await {
+            Err(ReplayError::Output { path, .. }) => assert!(path.ends_with("figures.json")),
+            other => panic!("{other:?}"),
+        }
+    }
+}

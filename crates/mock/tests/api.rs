@@ -1,5 +1,8 @@
 //! The OpenAI-compatible surface: response shapes, errors, Azure paths, keys and `/stats`.
 
+// Tests time real processes and sockets on the system clock (see clippy.toml).
+#![allow(clippy::disallowed_methods)]
+
 mod support;
 
 use serde_json::{json, Value};

@@ -1,6 +1,9 @@
 //! Prefill and the prefix cache: a prompt that starts like one served recently on the same
 //! server reaches its first token sooner, as with vLLM's automatic prefix caching.
 
+// Tests time real processes and sockets on the system clock (see clippy.toml).
+#![allow(clippy::disallowed_methods)]
+
 mod support;
 
 use std::time::{Duration, Instant};

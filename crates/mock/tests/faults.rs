@@ -1,5 +1,8 @@
 //! Injected failures, and switching them on and off at run time through `/control`.
 
+// Tests time real processes and sockets on the system clock (see clippy.toml).
+#![allow(clippy::disallowed_methods)]
+
 mod support;
 
 use std::time::{Duration, Instant};

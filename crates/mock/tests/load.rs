@@ -1,6 +1,9 @@
 //! Pace, capacity and cancellation: the behaviour a gateway's timeouts, limits and retries
 //! are tested against.
 
+// Tests time real processes and sockets on the system clock (see clippy.toml).
+#![allow(clippy::disallowed_methods)]
+
 mod support;
 
 use std::time::{Duration, Instant};

@@ -1,5 +1,8 @@
 //! `GET /metrics`: vLLM's load metrics, from the mock's real state, in Prometheus text.
 
+// Tests time real processes and sockets on the system clock (see clippy.toml).
+#![allow(clippy::disallowed_methods)]
+
 mod support;
 
 use std::collections::BTreeMap;

@@ -1,6 +1,9 @@
 //! The shared rate limits against the tests' Redis (`spillway_testkit::redis_url`), and against Redis servers
 //! that are down or hang. Every test uses its own tenants and deletes their keys.
 
+// Tests time real processes and sockets on the system clock (see clippy.toml).
+#![allow(clippy::disallowed_methods)]
+
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -3,6 +3,9 @@
 //! backend reports (plain and streamed); the gateway's global cap; and a noisy tenant that
 //! cannot take another tenant's requests away.
 
+// Tests time real processes and sockets on the system clock (see clippy.toml).
+#![allow(clippy::disallowed_methods)]
+
 mod support;
 
 use std::time::Duration;

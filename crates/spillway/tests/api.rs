@@ -1,5 +1,8 @@
 //! The OpenAI-compatible API through the gateway against real mock-backend processes.
 
+// Tests time real processes and sockets on the system clock (see clippy.toml).
+#![allow(clippy::disallowed_methods)]
+
 mod support;
 
 use futures_util::StreamExt;

@@ -1,6 +1,9 @@
 //! Routing on the engines' own signals: spillover before an engine's queue passes its bound, a
 //! stale reading counted as saturated, prefix and session affinity within a load bound.
 
+// Tests time real processes and sockets on the system clock (see clippy.toml).
+#![allow(clippy::disallowed_methods)]
+
 mod support;
 
 use std::time::Duration;

@@ -1,5 +1,8 @@
 //! Every error the gateway produces is an OpenAI-style JSON body with the right status.
 
+// Tests time real processes and sockets on the system clock (see clippy.toml).
+#![allow(clippy::disallowed_methods)]
+
 mod support;
 
 use std::time::Duration;

@@ -1,6 +1,9 @@
 //! No protection harms healthy traffic (G9): each defect found in front of real engines
 //! (llama.cpp's server) pinned by a test named after it.
 
+// Tests time real processes and sockets on the system clock (see clippy.toml).
+#![allow(clippy::disallowed_methods)]
+
 mod support;
 
 use std::io::{BufRead, BufReader, Read, Write};

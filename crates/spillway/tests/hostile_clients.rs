@@ -2,6 +2,9 @@
 //! gateway's connections and memory only as long and as much as its limits allow, and gets the
 //! API's own JSON error when it is refused.
 
+// Tests time real processes and sockets on the system clock (see clippy.toml).
+#![allow(clippy::disallowed_methods)]
+
 mod support;
 
 use std::time::Duration;

@@ -5,6 +5,9 @@
 //! the tests say so and pass, unless `SPILLWAY_REQUIRE_LLAMACPP=1` (as `.ci/run` sets), when they
 //! fail.
 
+// Tests time real processes and sockets on the system clock (see clippy.toml).
+#![allow(clippy::disallowed_methods)]
+
 mod support;
 
 use std::io::{BufRead, BufReader};

@@ -4,6 +4,9 @@
 //! and bodies the size of the cap. Each measures the gateway's resident memory (VmRSS) while the
 //! flood runs, against its size after a warm-up.
 
+// Tests time real processes and sockets on the system clock (see clippy.toml).
+#![allow(clippy::disallowed_methods)]
+
 mod support;
 
 use std::sync::atomic::{AtomicBool, Ordering};

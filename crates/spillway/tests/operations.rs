@@ -1,5 +1,8 @@
 //! Operating the gateway: probes, metrics, graceful shutdown, the quickstart and check-config.
 
+// Tests time real processes and sockets on the system clock (see clippy.toml).
+#![allow(clippy::disallowed_methods)]
+
 mod support;
 
 use std::process::Command;

@@ -5,6 +5,9 @@
 //! The replay bounds its own run time; the tests bound it again from outside (the process is
 //! killed past a deadline) so a hang fails the test instead of stalling the suite.
 
+// Tests time real processes and sockets on the system clock (see clippy.toml).
+#![allow(clippy::disallowed_methods)]
+
 use std::io::Read;
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};

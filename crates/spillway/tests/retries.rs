@@ -1,5 +1,8 @@
 //! Retries, budgets, ejection and what callers are told, against real mock backends (IL-0248).
 
+// Tests time real processes and sockets on the system clock (see clippy.toml).
+#![allow(clippy::disallowed_methods)]
+
 mod support;
 
 use std::time::{Duration, Instant};

@@ -1,5 +1,8 @@
 //! Routing across regions: home-region preference, spillover, skipping unreachable backends.
 
+// Tests time real processes and sockets on the system clock (see clippy.toml).
+#![allow(clippy::disallowed_methods)]
+
 mod support;
 
 use spillway_testkit::http::{client, get_json};

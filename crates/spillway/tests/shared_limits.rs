@@ -4,6 +4,9 @@
 //! The test starts a Redis server of its own (`redis-server` on a free port, killed by its PID
 //! at the end), so killing it mid-run touches nothing else on the machine.
 
+// Tests time real processes and sockets on the system clock (see clippy.toml).
+#![allow(clippy::disallowed_methods)]
+
 mod support;
 
 use std::net::TcpStream;

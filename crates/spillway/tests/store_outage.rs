@@ -8,6 +8,9 @@
 //! unless `SPILLWAY_TEST_POSTGRES_URL` names another; absent, the tests that need it fail).
 //! Each test has its own schemas.
 
+// Tests time real processes and sockets on the system clock (see clippy.toml).
+#![allow(clippy::disallowed_methods)]
+
 mod support;
 
 use std::io::{BufRead, BufReader, Read};

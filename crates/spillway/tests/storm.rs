@@ -3,6 +3,9 @@
 //! within its retry budget, keeps its memory flat, serves from the healthy region, and recovers
 //! when the fault ends.
 
+// Tests time real processes and sockets on the system clock (see clippy.toml).
+#![allow(clippy::disallowed_methods)]
+
 mod support;
 
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -1,6 +1,9 @@
 //! Tenants and keys in the store: the admin API and CLI, revocation, disabled tenants, probes
 //! that do not depend on the store, and lookups that survive a store outage.
 
+// Tests time real processes and sockets on the system clock (see clippy.toml).
+#![allow(clippy::disallowed_methods)]
+
 mod support;
 
 use std::process::Command;

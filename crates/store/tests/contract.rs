@@ -4,6 +4,9 @@
 //! Each case below becomes two tests, `sqlite::<case>` and `postgres::<case>`, each on a fresh
 //! database of its own (see `common`).
 
+// Tests time real processes and sockets on the system clock (see clippy.toml).
+#![allow(clippy::disallowed_methods)]
+
 mod common;
 
 use std::sync::Arc;

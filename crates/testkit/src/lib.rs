@@ -19,6 +19,9 @@
 //! (`spillway_replay::resident_bytes`), and tests that measure RSS use that one rather than a
 //! second definition that could read `/proc` differently.
 
+// Tests time real processes and sockets on the system clock (see clippy.toml).
+#![allow(clippy::disallowed_methods)]
+
 #[cfg(feature = "http")]
 pub mod http;
 mod net;

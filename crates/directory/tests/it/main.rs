@@ -7,6 +7,9 @@
 //! concurrency and of the real Redis run on real time. Either way, conditions are awaited by
 //! polling with deadlines.
 
+// Tests time real processes and sockets on the system clock (see clippy.toml).
+#![allow(clippy::disallowed_methods)]
+
 mod api;
 mod flush;
 mod lookups;

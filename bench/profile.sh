@@ -99,16 +99,24 @@ case "$MODE" in
 esac
 PERF_PID=$!
 sleep 0.3
+ticks() { # utime and stime of the profiled process, in clock ticks
+  sed 's/^.*) //' "/proc/$PROFILED/stat" | awk '{print $12, $13}'
+}
+TICKS_BEFORE="$(ticks)"
 drive "$DURATION" || true
+TICKS_AFTER="$(ticks)"
 wait "$PERF_PID" || { tail -5 "$RUN/perf.err" >&2; exit 1; }
 REQUESTS="$(grep -E '^JSON:' "$RUN/profile-wrk.out" | sed 's/^JSON://' | python3 -c 'import json,sys; print(json.load(sys.stdin)["requests"])')"
 grep -E '^JSON:' "$RUN/profile-wrk.out" | sed 's/^JSON://' >&2
 echo "requests: $REQUESTS" >&2
 case "$MODE" in
   record) python3 "$BENCH_DIR/lib/perf_summary.py" "$PERF_OUT" 40;;
-  stat) python3 - "$RUN/perf.err" "$REQUESTS" <<'PY'
+  stat) python3 - "$RUN/perf.err" "$REQUESTS" "$TICKS_BEFORE" "$TICKS_AFTER" "$(getconf CLK_TCK)" <<'PY'
 import re, sys
 text, n = open(sys.argv[1]).read(), int(sys.argv[2])
+(u0, s0), (u1, s1) = (map(int, sys.argv[i].split()) for i in (3, 4))
+hz = int(sys.argv[5])
+print(f"{(u1 - u0) * 1e6 / hz / n:8.2f} us user, {(s1 - s0) * 1e6 / hz / n:.2f} us system per request (/proc, whole wrk run)")
 for name, unit in (("task-clock", "us CPU"), ("context-switches", "context switches"),
                    ("raw_syscalls:sys_enter", "system calls")):
     m = re.search(r"([\d.,]+)\s+(?:msec\s+)?" + re.escape(name), text)

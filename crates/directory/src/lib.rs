@@ -75,6 +75,15 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    pub const ALL: [Outcome; 6] = [
+        Outcome::Fresh,
+        Outcome::Stale,
+        Outcome::Miss,
+        Outcome::Negative,
+        Outcome::RedisHit,
+        Outcome::StoreError,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Outcome::Fresh => "fresh_hit",
@@ -125,6 +134,8 @@ pub struct DirectoryStats {
 /// The cached key directory. Cheap to share behind an `Arc`; every method takes `&self`.
 pub struct Directory {
     state: Arc<State>,
+    /// Registered at the first lookup, once the gateway has installed its recorder.
+    lookups: metrics::LookupSeries,
 }
 
 impl Directory {
@@ -143,6 +154,7 @@ impl Directory {
         };
         Ok(Self {
             state: Arc::new(State::new(store, config, shared)),
+            lookups: metrics::LookupSeries::default(),
         })
     }
 
@@ -156,7 +168,7 @@ impl Directory {
             Ok(found) => found.outcome,
             Err(_) => Outcome::StoreError,
         };
-        metrics::lookup(outcome, started.elapsed());
+        self.lookups.record(outcome, started.elapsed());
         result
     }
 

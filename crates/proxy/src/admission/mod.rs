@@ -168,7 +168,8 @@ impl Admission {
                 format!("the model {:?} has no backend {whose}", &*pool.name),
             ));
         };
-        let seats = pool.seats(tenant.pool.as_deref(), Instant::now());
+        let now = Instant::now();
+        let seats = pool.seats(tenant.pool.as_deref(), now);
         if seats == 0 {
             // Nothing to wait for that a queue could hand out: say so at once.
             return Err(ApiError::new(
@@ -186,7 +187,7 @@ impl Admission {
         } else {
             tenant.name.clone()
         };
-        match queue.enter(seats, class, line).await {
+        match queue.enter(now, seats, class, line).await {
             Ok((seat, waited)) => {
                 admitted.gate.series.queue_wait(&tenant.name, class, waited);
                 admitted.seat = Some(seat);

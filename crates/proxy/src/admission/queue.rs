@@ -78,20 +78,27 @@ impl PoolQueue {
     }
 
     /// A seat at once, or after waiting at most `queue_wait`; `seats` is the pool's capacity
-    /// now (it follows the backends' adaptive limits). Returns the seat and how long it waited.
+    /// at `now` (it follows the backends' adaptive limits). Returns the seat and how long it
+    /// waited.
     pub(crate) async fn enter(
         self: &Arc<Self>,
+        now: Instant,
         seats: usize,
         priority: Priority,
         tenant: Arc<str>,
     ) -> Result<(Seat, Duration), Shed> {
-        let now = Instant::now();
-        let (tx, rx) = oneshot::channel();
-        let offer = {
+        let offered = {
             let mut queue = self.lock();
             let released = queue.set_seats(now, seats);
             hand_out(&mut queue, released);
-            queue.offer(now, priority, tenant, tx, now + self.wait)
+            // A free seat is taken without the channel a waiter would be woken through.
+            (!queue.try_admit()).then(|| {
+                let (tx, rx) = oneshot::channel();
+                (queue.offer(now, priority, tenant, tx, now + self.wait), rx)
+            })
+        };
+        let Some((offer, rx)) = offered else {
+            return Ok((self.seat(), Duration::ZERO));
         };
         let ticket = match offer {
             Offer::Admit(_) => return Ok((self.seat(), Duration::ZERO)),

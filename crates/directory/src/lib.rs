@@ -78,6 +78,15 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    pub const ALL: [Outcome; 6] = [
+        Outcome::Fresh,
+        Outcome::Stale,
+        Outcome::Miss,
+        Outcome::Negative,
+        Outcome::RedisHit,
+        Outcome::StoreError,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Outcome::Fresh => "fresh_hit",
@@ -130,6 +139,8 @@ pub struct Directory {
     state: Arc<State>,
     /// Chosen once, from `cache.naive`.
     lookup: Lookups,
+    /// Registered at the first lookup, once the gateway has installed its recorder.
+    lookups: metrics::LookupSeries,
 }
 
 /// Which lookup a directory serves with.
@@ -158,6 +169,7 @@ impl Directory {
         Ok(Self {
             state: Arc::new(State::new(store, config, shared)),
             lookup,
+            lookups: metrics::LookupSeries::default(),
         })
     }
 
@@ -174,7 +186,7 @@ impl Directory {
             Ok(found) => found.outcome,
             Err(_) => Outcome::StoreError,
         };
-        metrics::lookup(outcome, started.elapsed());
+        self.lookups.record(outcome, started.elapsed());
         result
     }
 

@@ -228,6 +228,15 @@ impl<K: Clone + Eq + Hash, T> FairQueue<K, T> {
         self.per_tenant.get(tenant).copied().unwrap_or(0)
     }
 
+    /// Takes a free seat, if there is one, for a request that would not wait for it: what
+    /// [`FairQueue::offer`] does first, without the item a waiter needs (a seat is only free
+    /// when nothing waits, so no waiter is passed over).
+    pub fn try_admit(&mut self) -> bool {
+        let free = self.in_use < self.seats;
+        self.in_use += usize::from(free);
+        free
+    }
+
     /// A request arrives. It takes a free seat at once (a seat is only free when nothing waits),
     /// or waits until `deadline`, or is refused; see [`Offer`].
     pub fn offer(

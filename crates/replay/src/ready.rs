@@ -6,9 +6,10 @@
 //! exits, or at [`START_DEADLINE`], and the last two are start-up errors quoting its stderr.
 
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use http::StatusCode;
+use tokio::time::Instant;
 
 use crate::error::ReplayError;
 use crate::http::{uri, HttpClient};

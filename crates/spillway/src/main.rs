@@ -153,11 +153,21 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
 
 /// The tokio runtime; `workers` overrides its default of one worker thread per CPU (or
 /// `TOKIO_WORKER_THREADS`).
+///
+/// One worker is the current-thread scheduler on the calling thread, not the multi-threaded
+/// one with a single worker: the same one thread runs the request path, without the
+/// work-stealing queues, their atomics and the hand-off between the thread that waits in
+/// `block_on` and the worker.
 fn runtime(workers: Option<usize>) -> anyhow::Result<tokio::runtime::Runtime> {
-    let mut builder = tokio::runtime::Builder::new_multi_thread();
-    if let Some(n) = workers {
-        builder.worker_threads(n);
-    }
+    let mut builder = match workers {
+        Some(1) => tokio::runtime::Builder::new_current_thread(),
+        Some(n) => {
+            let mut builder = tokio::runtime::Builder::new_multi_thread();
+            builder.worker_threads(n);
+            builder
+        }
+        None => tokio::runtime::Builder::new_multi_thread(),
+    };
     Ok(builder.enable_all().build()?)
 }
 

@@ -108,6 +108,24 @@ async fn sigterm_lets_inflight_streams_finish_then_exits() {
 }
 
 #[tokio::test]
+async fn one_worker_thread_serves_completions_streams_and_metrics_then_exits_on_sigterm() {
+    let mock = mock(&["--model", "m", "--ttft", "0ms", "--tokens-per-sec", "0"]);
+    let backends = model("m", &[("b", "r", mock.url("/v1"))]);
+    let mut gw = gateway(&format!("worker_threads = 1\n{backends}"));
+    all_served_at_once(&gw, (0..8).map(|i| chat_body("m", i % 2 == 0))).await;
+    let text = metrics(&gw).await;
+    assert!(
+        sample_sum(&text, "spillway_requests_total{") >= 8.0,
+        "{text}"
+    );
+    gw.signal("TERM");
+    let status = gw
+        .wait_exit(Duration::from_secs(20))
+        .expect("gateway exits on SIGTERM");
+    assert!(status.success(), "{status:?}");
+}
+
+#[tokio::test]
 async fn sigterm_turns_readiness_off_before_the_listener_closes() {
     let mock = mock(&["--model", "m"]);
     let mut gw = gateway(&format!(

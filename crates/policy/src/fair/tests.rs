@@ -71,6 +71,24 @@ fn a_free_seat_admits_at_once_and_a_full_pool_queues() {
 }
 
 #[test]
+fn try_admit_takes_a_free_seat_and_never_one_a_waiter_is_owed() {
+    let t0 = Instant::now();
+    let mut q = queue(2, 10, 10);
+    assert!(q.try_admit());
+    assert!(q.try_admit());
+    assert!(!q.try_admit(), "both seats are taken");
+    assert_eq!(q.in_use(), 2);
+    let t = ticket(q.offer(t0, Priority::Standard, "a", 1, t0 + FAR));
+    // The seat freed goes to the waiter, not to the next request that tries.
+    let released = q.release(t0);
+    assert_eq!(released.dispatched[0].ticket, t);
+    assert!(!q.try_admit());
+    q.release(t0);
+    assert!(q.try_admit());
+    assert_eq!(q.in_use(), 2);
+}
+
+#[test]
 fn a_flooding_tenant_gets_one_dispatch_per_turn_like_any_other() {
     let t0 = Instant::now();
     let mut q = queue(1, 100, 100);

@@ -177,7 +177,8 @@ impl Admission {
                 format!("the model {:?} has no backend {whose}", &*pool.name),
             ));
         };
-        let seats = pool.seats(tenant.pool.as_deref(), crate::clock::now());
+        let now = crate::clock::now();
+        let seats = pool.seats(tenant.pool.as_deref(), now);
         if seats == 0 {
             // Nothing to wait for that a queue could hand out: say so at once.
             return Err(ApiError::new(
@@ -194,7 +195,7 @@ impl Admission {
         } else {
             Arc::from("")
         };
-        match queue.enter(seats, class, line).await {
+        match queue.enter(now, seats, class, line).await {
             Ok((seat, waited)) => {
                 admitted.seated(seat, &tenant.name, class, waited);
                 Ok(())

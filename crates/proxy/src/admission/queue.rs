@@ -11,7 +11,7 @@
 //! to it in the meantime is passed on.
 
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use spillway_policy::fair::{FairQueue, Offer, QueueBounds, Rejection, Released, Ticket};
 use spillway_policy::Priority;
@@ -78,20 +78,27 @@ impl PoolQueue {
     }
 
     /// A seat at once, or after waiting at most `queue_wait`; `seats` is the pool's capacity
-    /// now (it follows the backends' adaptive limits). Returns the seat and how long it waited.
+    /// at `now` (it follows the backends' adaptive limits). Returns the seat and how long it
+    /// waited.
     pub(crate) async fn enter(
         self: &Arc<Self>,
+        now: Instant,
         seats: usize,
         priority: Priority,
         tenant: Arc<str>,
     ) -> Result<(Seat, Duration), Shed> {
-        let now = crate::clock::now();
-        let (tx, rx) = oneshot::channel();
-        let offer = {
+        let offered = {
             let mut queue = self.lock();
             let released = queue.set_seats(now, seats);
             hand_out(&mut queue, released);
-            queue.offer(now, priority, tenant, tx, now + self.wait)
+            // A free seat is taken without the channel a waiter would be woken through.
+            (!queue.try_admit()).then(|| {
+                let (tx, rx) = oneshot::channel();
+                (queue.offer(now, priority, tenant, tx, now + self.wait), rx)
+            })
+        };
+        let Some((offer, rx)) = offered else {
+            return Ok((self.seat(), Duration::ZERO));
         };
         let ticket = match offer {
             Offer::Admit(_) => return Ok((self.seat(), Duration::ZERO)),
@@ -112,9 +119,14 @@ impl PoolQueue {
         let outcome = tokio::time::timeout(self.wait, rx).await;
         let mut rx = waiting.rx.take().expect("set above");
         match outcome {
-            Ok(Ok(())) => Ok((self.seat(), now.elapsed())),
+            Ok(Ok(())) => Ok((
+                self.seat(),
+                crate::clock::now().saturating_duration_since(now),
+            )),
             // The sender went without a seat: shed for a higher class, or expired.
-            Ok(Err(_)) if now.elapsed() >= self.wait => Err(Shed::Timeout),
+            Ok(Err(_)) if crate::clock::now().saturating_duration_since(now) >= self.wait => {
+                Err(Shed::Timeout)
+            }
             Ok(Err(_)) => Err(Shed::Evicted),
             Err(_) => {
                 if self.lock().cancel(ticket).is_some() {
@@ -122,7 +134,10 @@ impl PoolQueue {
                 }
                 // Handed a seat (under the lock) just as the wait ended: take it.
                 match rx.try_recv() {
-                    Ok(()) => Ok((self.seat(), now.elapsed())),
+                    Ok(()) => Ok((
+                        self.seat(),
+                        crate::clock::now().saturating_duration_since(now),
+                    )),
                     Err(_) => Err(Shed::Timeout),
                 }
             }

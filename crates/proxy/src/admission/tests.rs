@@ -192,7 +192,7 @@ mod queue {
     use super::super::queue::{PoolQueue, Shed};
     use spillway_policy::{Priority, QueueBounds};
     use std::sync::Arc;
-    use std::time::Duration;
+    use std::time::{Duration, Instant};
 
     fn queue(total: usize, per_tenant: usize, wait_ms: u64) -> Arc<PoolQueue> {
         PoolQueue::new(
@@ -204,18 +204,24 @@ mod queue {
     #[tokio::test]
     async fn a_freed_seat_goes_to_the_waiter_and_a_gone_waiter_passes_it_on() {
         let q = queue(8, 8, 5_000);
-        let (held, waited) = q.enter(1, Priority::Standard, "a".into()).await.unwrap();
+        let (held, waited) = q
+            .enter(Instant::now(), 1, Priority::Standard, "a".into())
+            .await
+            .unwrap();
         assert_eq!(waited, Duration::ZERO);
         // A waiter whose client goes away leaves nothing behind.
         let gone = tokio::time::timeout(
             Duration::from_millis(20),
-            q.enter(1, Priority::Standard, "b".into()),
+            q.enter(Instant::now(), 1, Priority::Standard, "b".into()),
         )
         .await;
         assert!(gone.is_err());
         assert_eq!(q.figures().0, [0, 0, 0]);
         let q2 = q.clone();
-        let next = tokio::spawn(async move { q2.enter(1, Priority::Standard, "c".into()).await });
+        let next = tokio::spawn(async move {
+            q2.enter(Instant::now(), 1, Priority::Standard, "c".into())
+                .await
+        });
         while q.figures().0[1] == 0 {
             tokio::task::yield_now().await;
         }
@@ -230,14 +236,22 @@ mod queue {
     #[tokio::test]
     async fn waiters_time_out_and_queues_are_bounded_per_tenant() {
         let q = queue(8, 1, 50);
-        let _held = q.enter(1, Priority::Standard, "a".into()).await.unwrap();
+        let _held = q
+            .enter(Instant::now(), 1, Priority::Standard, "a".into())
+            .await
+            .unwrap();
         let q2 = q.clone();
-        let waiting =
-            tokio::spawn(async move { q2.enter(1, Priority::Standard, "b".into()).await });
+        let waiting = tokio::spawn(async move {
+            q2.enter(Instant::now(), 1, Priority::Standard, "b".into())
+                .await
+        });
         while q.figures().0[1] == 0 {
             tokio::task::yield_now().await;
         }
-        let full = q.enter(1, Priority::Standard, "b".into()).await.err();
+        let full = q
+            .enter(Instant::now(), 1, Priority::Standard, "b".into())
+            .await
+            .err();
         assert_eq!(full, Some(Shed::TenantQueueFull));
         assert_eq!(waiting.await.unwrap().err(), Some(Shed::Timeout));
         assert_eq!(q.figures(), ([0, 0, 0], 1, 1));
@@ -246,15 +260,23 @@ mod queue {
     #[tokio::test]
     async fn a_full_queue_sheds_its_lowest_class_for_a_higher_one() {
         let q = queue(1, 1, 5_000);
-        let held = q.enter(1, Priority::Critical, "a".into()).await.unwrap();
+        let held = q
+            .enter(Instant::now(), 1, Priority::Critical, "a".into())
+            .await
+            .unwrap();
         let q2 = q.clone();
-        let batch = tokio::spawn(async move { q2.enter(1, Priority::Batch, "b".into()).await });
+        let batch = tokio::spawn(async move {
+            q2.enter(Instant::now(), 1, Priority::Batch, "b".into())
+                .await
+        });
         while q.figures().0[2] == 0 {
             tokio::task::yield_now().await;
         }
         let q3 = q.clone();
-        let critical =
-            tokio::spawn(async move { q3.enter(1, Priority::Critical, "c".into()).await });
+        let critical = tokio::spawn(async move {
+            q3.enter(Instant::now(), 1, Priority::Critical, "c".into())
+                .await
+        });
         assert_eq!(batch.await.unwrap().err(), Some(Shed::Evicted));
         drop(held);
         assert!(critical.await.unwrap().is_ok());

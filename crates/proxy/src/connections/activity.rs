@@ -37,6 +37,10 @@ pub(crate) struct Activity {
     /// Idle with no head begun: the only state in which bytes read change anything, kept apart
     /// so that a read on a busy connection costs one load and no lock.
     awaiting_head: AtomicBool,
+    /// Part of a head read with no request in service (`State::head_since` is set), kept apart
+    /// so that hyper's every write, which asks whether it may be an answer to an unreadable
+    /// head, costs one load and no lock.
+    head_begun: AtomicBool,
     /// Whether the request being served has had its body read to the end (HTTP/1: one at a
     /// time).
     body_read: AtomicBool,
@@ -71,6 +75,7 @@ impl Activity {
             }),
             http2: AtomicBool::new(false),
             awaiting_head: AtomicBool::new(true),
+            head_begun: AtomicBool::new(false),
             body_read: AtomicBool::new(false),
             deadlines,
         })
@@ -102,6 +107,7 @@ impl Activity {
         let mut s = self.state();
         if s.busy == 0 && s.head_since.is_none() {
             s.head_since = Some(now);
+            self.head_begun.store(true, Ordering::Release);
             self.awaiting_head.store(false, Ordering::Release);
         }
     }
@@ -118,8 +124,8 @@ impl Activity {
     /// Whether the connection is between requests with part of a head read: what hyper
     /// writes then is its own answer to a head it could not parse.
     pub(crate) fn reading_head(&self) -> bool {
-        let s = self.state();
-        s.busy == 0 && s.head_since.is_some()
+        // A head is begun only while nothing is served, and `begin` clears it.
+        self.head_begun.load(Ordering::Acquire)
     }
 
     /// A request's head was read; it is served until the returned guard drops.
@@ -127,6 +133,7 @@ impl Activity {
         let mut s = self.state();
         s.busy += 1;
         s.head_since = None;
+        self.head_begun.store(false, Ordering::Release);
         self.awaiting_head.store(false, Ordering::Release);
         self.body_read.store(false, Ordering::Release);
         Busy(self.clone())

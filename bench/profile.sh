@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# Profile spillway under the benchmark's load: the mock backend, spillway with
+# bench/spillway.toml and wrk, as bench/run.sh starts them (127.0.0.1 only, in a
+# private network namespace when `unshare -n` is allowed), with `perf record`
+# attached to spillway while wrk runs. Everything it starts is stopped by PID.
+#
+# Usage: bench/profile.sh [--spillway PATH]
+# Env (defaults): CONNS=16 (wrk connections), DURATION=8 (s recorded), WARMUP=2,
+#   FREQ=999 (samples/s), CALLGRAPH=dwarf (or fp, lbr), SPILLWAY_LOG=warn,
+#   PERF_OUT=run/perf.data, ISOLATE=1, MODE=record (perf record; `stat`: task
+#   clock, context switches and system calls; `trace`: system calls by kind),
+#   TARGET=spillway (or nginx: the NGINX reference's worker, port 18081).
+# Output: wrk's summary on stderr; for `record` the perf data file and
+# lib/perf_summary.py's report (self time by group, top symbols) on stdout.
+# Debug line tables come from the release profile.
+set -euo pipefail
+BENCH_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO_DIR="$(cd "$BENCH_DIR/.." && pwd)"
+cd "$BENCH_DIR"
+
+SPILLWAY_BIN="${SPILLWAY_BIN:-$REPO_DIR/target/release/spillway}"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --spillway) SPILLWAY_BIN="${2:?--spillway needs a path}"; shift 2;;
+    -h|--help) sed -n '2,16p' "$BENCH_DIR/profile.sh" | sed 's/^# \{0,1\}//'; exit 0;;
+    *) echo "unknown argument: $1 (see --help)" >&2; exit 2;;
+  esac
+done
+CONNS="${CONNS:-16}"; DURATION="${DURATION:-8}"; WARMUP="${WARMUP:-2}"; FREQ="${FREQ:-999}"
+CALLGRAPH="${CALLGRAPH:-dwarf}"; TARGET="${TARGET:-spillway}"; MODE="${MODE:-record}"; SPILLWAY_LOG="${SPILLWAY_LOG:-warn}"
+RUN="$BENCH_DIR/run"; PERF_OUT="${PERF_OUT:-$RUN/perf.data}"
+mkdir -p "$RUN/tmp"
+for t in nginx wrk perf curl setsid timeout; do
+  command -v "$t" >/dev/null 2>&1 || { echo "missing: $t (bench/setup.sh; perf from linux-perf)" >&2; exit 1; }
+done
+[ -x "$SPILLWAY_BIN" ] || { echo "no spillway binary at $SPILLWAY_BIN" >&2; exit 1; }
+
+if [ -z "${BENCH_INNER:-}" ]; then
+  exec 9>"$RUN/lock"
+  flock -n 9 || { echo "a benchmark of this checkout is running (bench/run/lock)" >&2; exit 1; }
+  export BENCH_INNER=1 SPILLWAY_BIN CONNS DURATION WARMUP FREQ CALLGRAPH TARGET MODE SPILLWAY_LOG PERF_OUT
+  if [ "${ISOLATE:-1}" = 1 ] && command -v ip >/dev/null 2>&1 && unshare -n true 2>/dev/null; then
+    exec unshare -n -- bash -c 'ip link set lo up && exec "$0"' "$BENCH_DIR/profile.sh"
+  fi
+  exec "$BENCH_DIR/profile.sh"
+fi
+
+BACKEND_PID=""; SPILLWAY_PID=""
+stop_pid() {
+  local pid="$1"
+  [ -n "$pid" ] || return 0
+  kill -TERM "$pid" 2>/dev/null || true
+  for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  kill -KILL -- "-$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+}
+trap 'stop_pid "$SPILLWAY_PID"; stop_pid "$BACKEND_PID"' EXIT
+for p in 18080 18081 18090 18091; do
+  if (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then echo "port $p is in use" >&2; exit 1; fi
+done
+ready() { [ "$(curl -s -m 2 -o /dev/null -w '%{http_code}' "$1" 2>/dev/null)" = 200 ]; }
+
+setsid nginx -p "$BENCH_DIR/" -c backend/mock-nginx.conf -e run/mock-nginx.error.log \
+  -g "daemon off; pid run/mock-nginx.pid;" >"$RUN/mock-nginx.out" 2>&1 9>&- &
+BACKEND_PID=$!
+for _ in $(seq 100); do ready http://127.0.0.1:18080/health && break; sleep 0.1; done
+if [ "$TARGET" = nginx ]; then
+  setsid nginx -p "$BENCH_DIR/" -c nginx/proxy.conf -e run/nginx-proxy.error.log \
+    -g "daemon off; pid run/nginx-proxy.pid;" >"$RUN/nginx-proxy.out" 2>&1 9>&- &
+  SPILLWAY_PID=$!; PORT=18081
+  for _ in $(seq 100); do ready http://127.0.0.1:$PORT/health && break; sleep 0.1; done
+  # perf follows the worker, the one process that serves requests
+  PROFILED="$(pgrep -P "$SPILLWAY_PID" | head -1)"
+else
+  (cd "$REPO_DIR" && SPILLWAY_LOG="$SPILLWAY_LOG" RUST_LOG="$SPILLWAY_LOG" exec setsid "$SPILLWAY_BIN" serve --config bench/spillway.toml) \
+    >"$RUN/spillway.log" 2>&1 9>&- &
+  SPILLWAY_PID=$!; PORT=18090; PROFILED=$SPILLWAY_PID
+  for _ in $(seq 300); do ready http://127.0.0.1:$PORT/readyz && break; sleep 0.1; done
+  ready http://127.0.0.1:$PORT/readyz || { echo "spillway not ready; see bench/run/spillway.log" >&2; exit 1; }
+fi
+
+echo "$TARGET pid $PROFILED; wrk -c$CONNS, $WARMUP s warm-up, then $DURATION s measured; load $(cut -d' ' -f1-3 /proc/loadavg)" >&2
+drive() { # seconds -> wrk's JSON summary line in run/profile-wrk.out
+  BENCH_BODY_FILE="$BENCH_DIR/lib/request.json" timeout $(($1 + 20)) \
+    wrk -t1 -c"$CONNS" -d"${1}s" --timeout 10s -s lib/chat.lua \
+    http://127.0.0.1:$PORT >"$RUN/profile-wrk.out" 2>&1
+}
+[ "$WARMUP" = 0 ] || drive "$WARMUP"
+# perf is attached just before wrk starts and stays a little longer than wrk runs, so it
+# sees every request wrk counts.
+case "$MODE" in
+  record) perf record -F "$FREQ" -g --call-graph "$CALLGRAPH" -o "$PERF_OUT" -p "$PROFILED" \
+            -- sleep "$((DURATION + 1))" >/dev/null 2>"$RUN/perf.err" &;;
+  stat) perf stat -e task-clock,context-switches,raw_syscalls:sys_enter -p "$PROFILED" \
+          -- sleep "$((DURATION + 1))" >/dev/null 2>"$RUN/perf.err" &;;
+  trace) timeout $((DURATION + 6)) perf trace -s -p "$PROFILED" -o "$RUN/perf-trace.out" \
+           -- sleep "$((DURATION + 1))" >/dev/null 2>"$RUN/perf.err" &;;
+  *) echo "MODE must be record, stat or trace" >&2; exit 2;;
+esac
+PERF_PID=$!
+sleep 0.3
+ticks() { # utime and stime of the profiled process, in clock ticks
+  sed 's/^.*) //' "/proc/$PROFILED/stat" | awk '{print $12, $13}'
+}
+TICKS_BEFORE="$(ticks)"
+drive "$DURATION" || true
+TICKS_AFTER="$(ticks)"
+wait "$PERF_PID" || { tail -5 "$RUN/perf.err" >&2; exit 1; }
+REQUESTS="$(grep -E '^JSON:' "$RUN/profile-wrk.out" | sed 's/^JSON://' | python3 -c 'import json,sys; print(json.load(sys.stdin)["requests"])')"
+grep -E '^JSON:' "$RUN/profile-wrk.out" | sed 's/^JSON://' >&2
+echo "requests: $REQUESTS" >&2
+case "$MODE" in
+  record) python3 "$BENCH_DIR/lib/perf_summary.py" "$PERF_OUT" 40;;
+  stat) python3 - "$RUN/perf.err" "$REQUESTS" "$TICKS_BEFORE" "$TICKS_AFTER" "$(getconf CLK_TCK)" <<'PY'
+import re, sys
+text, n = open(sys.argv[1]).read(), int(sys.argv[2])
+(u0, s0), (u1, s1) = (map(int, sys.argv[i].split()) for i in (3, 4))
+hz = int(sys.argv[5])
+print(f"{(u1 - u0) * 1e6 / hz / n:8.2f} us user, {(s1 - s0) * 1e6 / hz / n:.2f} us system per request (/proc, whole wrk run)")
+for name, unit in (("task-clock", "us CPU"), ("context-switches", "context switches"),
+                   ("raw_syscalls:sys_enter", "system calls")):
+    m = re.search(r"([\d.,]+)\s+(?:msec\s+)?" + re.escape(name), text)
+    if m:
+        v = float(m.group(1).replace(",", ""))
+        v = v * 1000 if name == "task-clock" else v
+        print(f"{v / n:8.2f} {unit} per request")
+PY
+  ;;
+  trace) grep -vE '^\s*$' "$RUN/perf-trace.out" | head -40;;
+esac

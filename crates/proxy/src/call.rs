@@ -16,6 +16,9 @@ use crate::metrics::RequestLabels;
 use crate::pool::{Endpoint, ModelPool, ThrottlePass};
 use crate::request::{BodyHold, RequestSummary};
 
+/// The header that carries a request's id, to the backend and back to the caller.
+pub(crate) const X_REQUEST_ID: http::HeaderName = http::HeaderName::from_static("x-request-id");
+
 /// One request, as every stage of its path sees it.
 pub(crate) struct Call {
     /// `x-request-id`: the caller's, or one made for it.
@@ -25,6 +28,7 @@ pub(crate) struct Call {
     /// No attempt starts after this (`retry.deadline` from `started`).
     pub deadline: Instant,
     pub tenant: Arc<Tenant>,
+    /// Its headers as they travel upstream (`upstream::outbound_headers`).
     pub headers: HeaderMap,
     pub body: Bytes,
     pub summary: RequestSummary,

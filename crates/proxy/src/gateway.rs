@@ -106,7 +106,7 @@ impl Gateway {
         );
         Ok(Gateway {
             client: upstream::client(&config.upstream),
-            upstream: HyperUpstream::new(&config.upstream, &config.server),
+            upstream: HyperUpstream::new(&config.upstream),
             retries: Retries::new(&config.retry, &config.upstream, admission.queue_wait()),
             home_region: config.server.home_region.as_deref().map(Arc::from),
             client_retry_headers: config.retry.client_retry_headers.clone(),

@@ -25,6 +25,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
+use crate::call::X_REQUEST_ID;
 use crate::error::{ApiError, ErrorKind};
 use crate::gateway::{Gateway, MockBases, StartError};
 use crate::handler;
@@ -259,10 +260,21 @@ async fn list_models(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
 
 const MAX_REQUEST_ID_LEN: usize = 128;
 
+/// A new request id: 128 random bits in hex, written without a formatter or a string.
+fn new_request_id() -> HeaderValue {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let bits = rand::random::<u128>();
+    let mut text = [0u8; 32];
+    for (i, digit) in text.iter_mut().enumerate() {
+        *digit = HEX[((bits >> (124 - 4 * i)) & 0xf) as usize];
+    }
+    HeaderValue::from_bytes(&text).expect("hex is a valid header value")
+}
+
 /// Accepts the caller's `x-request-id` when it is short and printable, makes one otherwise, and
 /// puts it on the request (so it travels upstream) and on the response.
 async fn request_id(mut req: Request, next: Next) -> Response {
-    let valid = req.headers().get("x-request-id").filter(|v| {
+    let valid = req.headers().get(X_REQUEST_ID).filter(|v| {
         !v.is_empty()
             && v.len() <= MAX_REQUEST_ID_LEN
             && v.as_bytes().iter().all(|b| b.is_ascii_graphic())
@@ -270,14 +282,13 @@ async fn request_id(mut req: Request, next: Next) -> Response {
     let id = match valid {
         Some(v) => v.clone(),
         None => {
-            let id = HeaderValue::try_from(format!("{:032x}", rand::random::<u128>()))
-                .expect("hex is a valid header value");
-            req.headers_mut().insert("x-request-id", id.clone());
+            let id = new_request_id();
+            req.headers_mut().insert(X_REQUEST_ID, id.clone());
             id
         }
     };
     let mut response = next.run(req).await;
-    response.headers_mut().insert("x-request-id", id);
+    response.headers_mut().insert(X_REQUEST_ID, id);
     response
 }
 

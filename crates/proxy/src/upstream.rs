@@ -23,7 +23,7 @@ use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
-use spillway_config::{ServerConfig, UpstreamConfig};
+use spillway_config::UpstreamConfig;
 use spillway_policy::Outcome;
 use tracing::{debug, warn};
 
@@ -35,7 +35,7 @@ pub type HttpClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 /// One attempt, as the attempt loop hands it to the upstream.
 pub(crate) struct Attempt<'a> {
     pub endpoint: Endpoint,
-    /// The client's request headers (those that must not cross are left out when sent).
+    /// The client's request headers that travel upstream ([`outbound_headers`]).
     pub headers: &'a HeaderMap,
     /// The body as this backend gets it (renamed model, priority field).
     pub body: Bytes,
@@ -65,18 +65,15 @@ pub(crate) struct HyperUpstream {
     response_timeout: Duration,
     /// How long a backend that refused a connection is left out of new picks.
     unreachable_cooldown: Duration,
-    /// The caller's region preference, which is the gateway's business and not the backend's.
-    region_header: HeaderName,
 }
 
 impl HyperUpstream {
-    pub(crate) fn new(upstream: &UpstreamConfig, server: &ServerConfig) -> Self {
+    pub(crate) fn new(upstream: &UpstreamConfig) -> Self {
         HyperUpstream {
             client: client(upstream),
             fresh: fresh_client(upstream),
             response_timeout: upstream.response_timeout,
             unreachable_cooldown: upstream.unreachable_cooldown,
-            region_header: server.region_header.clone(),
         }
     }
 }
@@ -94,7 +91,6 @@ impl Upstream for HyperUpstream {
                 backend,
                 attempt.endpoint,
                 attempt.headers,
-                &self.region_header,
                 attempt.body.clone(),
             )
         };
@@ -204,23 +200,30 @@ fn build(cfg: &UpstreamConfig, max_idle_per_host: usize) -> HttpClient {
 
 /// Request headers that never travel upstream: hop-by-hop headers, the caller's own credentials
 /// (the upstream gets the backend's key instead), and framing the client recomputes.
-fn is_stripped_request_header(name: &header::HeaderName) -> bool {
-    matches!(
-        name.as_str(),
-        "authorization"
-            | "api-key"
-            | "host"
-            | "content-length"
-            | "connection"
-            | "keep-alive"
-            | "proxy-authorization"
-            | "proxy-connection"
-            | "te"
-            | "trailer"
-            | "transfer-encoding"
-            | "upgrade"
-            | "cookie"
-    )
+const STRIPPED_REQUEST_HEADERS: [HeaderName; 13] = [
+    header::AUTHORIZATION,
+    HeaderName::from_static("api-key"),
+    header::HOST,
+    header::CONTENT_LENGTH,
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    header::PROXY_AUTHORIZATION,
+    HeaderName::from_static("proxy-connection"),
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+    header::COOKIE,
+];
+
+/// Turns a client's request headers into those every attempt sends upstream, once per request:
+/// without the headers that must not cross, nor `skip` (the caller's region preference, which is
+/// the gateway's business). Each attempt then copies the result and adds its backend's own.
+pub(crate) fn outbound_headers(headers: &mut HeaderMap, skip: &HeaderName) {
+    for name in &STRIPPED_REQUEST_HEADERS {
+        headers.remove(name);
+    }
+    headers.remove(skip);
 }
 
 /// Removes the hop-by-hop headers of an upstream response before it is relayed.
@@ -238,26 +241,20 @@ pub(crate) fn strip_response_headers(headers: &mut HeaderMap) {
     headers.remove("proxy-connection");
 }
 
-/// The upstream request for `endpoint` on `backend`, carrying `body` and the client's headers
-/// minus those that must not cross.
+/// The upstream request for `endpoint` on `backend`, carrying `body` and `outbound`, the client's
+/// headers minus those that must not cross ([`outbound_headers`]).
 fn request(
     backend: &Backend,
     endpoint: Endpoint,
-    client_headers: &HeaderMap,
-    skip_header: &header::HeaderName,
+    outbound: &HeaderMap,
     body: Bytes,
 ) -> Request<Full<Bytes>> {
     let length = body.len();
     let mut req = Request::new(Full::new(body));
     *req.method_mut() = Method::POST;
     *req.uri_mut() = backend.uri(endpoint).clone();
+    *req.headers_mut() = outbound.clone();
     let headers = req.headers_mut();
-    headers.reserve(client_headers.len() + 2);
-    for (name, value) in client_headers {
-        if !is_stripped_request_header(name) && name != skip_header {
-            headers.append(name.clone(), value.clone());
-        }
-    }
     headers.insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),

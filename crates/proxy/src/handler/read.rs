@@ -79,13 +79,18 @@ async fn build(
         .map_or(tenant.limits.priority, |asked| {
             tenant.limits.priority.lowered_to(asked)
         });
+    let id = headers.get(crate::call::X_REQUEST_ID).cloned();
+    let affinity_key = crate::affinity::key(&pool.balance, &headers, &body);
+    let client_retry = is_client_retry(&headers, &gw.client_retry_headers);
+    let mut headers = headers;
+    crate::upstream::outbound_headers(&mut headers, &gw.server.region_header);
     Ok(Call {
-        id: headers.get("x-request-id").cloned(),
+        id,
         endpoint,
         started,
         deadline: started + gw.retries.deadline,
-        affinity_key: crate::affinity::key(&pool.balance, &headers, &body),
-        client_retry: is_client_retry(&headers, &gw.client_retry_headers),
+        affinity_key,
+        client_retry,
         labels: labels.clone(),
         tenant,
         headers,

@@ -13,7 +13,7 @@
 //!    their last byte;
 //! 3. the tenant's requests-per-minute and tokens-per-minute limits (GCRA, `spillway-policy`),
 //!    both or neither: tokens are estimated from the body and `max_tokens`, reserved, and
-//!    reconciled with the usage the backend reports when the response ends ([`Admitted`]).
+//!    reconciled with the usage the backend reports when the response ends ([`Ticket`]).
 //!
 //! A refusal is a 429 with `Retry-After` and the `x-ratelimit-*` headers OpenAI and Azure OpenAI
 //! send; an admitted request carries the same headers on its response.

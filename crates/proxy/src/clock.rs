@@ -6,9 +6,14 @@
 //! through minutes of backoffs, cooldowns and ejections without waiting through them. Outside
 //! such a test it is the monotonic system clock.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Now, on the clock the request path and its timers share.
 pub(crate) fn now() -> Instant {
     tokio::time::Instant::now().into_std()
+}
+
+/// How long since `earlier`, on the same clock.
+pub(crate) fn since(earlier: Instant) -> Duration {
+    now().saturating_duration_since(earlier)
 }

@@ -108,13 +108,15 @@ impl Upstream for HyperUpstream {
                     .metrics
                     .upstream_failed(UpstreamFailure::StaleConnection);
                 debug!(backend = %backend.name, "pooled connection was closed; sending again on a new one: {e}");
-                let left = timeout.saturating_sub(sent.elapsed());
+                let left = timeout.saturating_sub(crate::clock::since(sent));
                 result = tokio::time::timeout(left, self.fresh.request(build())).await;
             }
         }
         match result {
             Ok(Ok(response)) => {
-                backend.metrics.upstream_responded(sent.elapsed());
+                backend
+                    .metrics
+                    .upstream_responded(crate::clock::since(sent));
                 Ok(response)
             }
             Ok(Err(e)) if e.is_connect() => {

@@ -35,9 +35,9 @@ impl<DB: Database> CountedPool<DB> {
 
     /// A connection, or `Unavailable` once the pool's acquire timeout has passed. `op` names the
     /// store method, for the log line.
+    // sqlx times the pool's acquire timeout on the system clock: so is the wait recorded.
+    #[allow(clippy::disallowed_methods)]
     pub async fn acquire(&self, op: &'static str) -> Result<PoolConnection<DB>, StoreError> {
-        // sqlx times the pool's acquire timeout on the system clock: so is the wait recorded.
-        #[allow(clippy::disallowed_methods)]
         let started = Instant::now();
         let acquired = {
             // Counted down on drop, so a caller that gives up (a request timing out, a client

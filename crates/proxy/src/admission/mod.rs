@@ -34,7 +34,7 @@ mod ticket;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use spillway_config::AdmissionConfig;
 use spillway_policy::{Dimension, TenantLimiter};
@@ -161,6 +161,7 @@ impl Admission {
     /// response ends), or sheds it.
     async fn seat(
         &self,
+        now: Instant,
         pool: &ModelPool,
         tenant: &Tenant,
         class: spillway_policy::Priority,
@@ -177,7 +178,6 @@ impl Admission {
                 format!("the model {:?} has no backend {whose}", &*pool.name),
             ));
         };
-        let now = crate::clock::now();
         let seats = pool.seats(tenant.pool.as_deref(), now);
         if seats == 0 {
             // Nothing to wait for that a queue could hand out: say so at once.
@@ -324,7 +324,7 @@ impl Admission {
             .retry_after(NO_CAPACITY_RETRY_AFTER));
         };
         call.throttle_pass = Some(pass);
-        self.seat(pool, &call.tenant, call.priority, &mut ticket)
+        self.seat(now, pool, &call.tenant, call.priority, &mut ticket)
             .await?;
         Ok(ticket)
     }

@@ -119,14 +119,9 @@ impl PoolQueue {
         let outcome = tokio::time::timeout(self.wait, rx).await;
         let mut rx = waiting.rx.take().expect("set above");
         match outcome {
-            Ok(Ok(())) => Ok((
-                self.seat(),
-                crate::clock::now().saturating_duration_since(now),
-            )),
+            Ok(Ok(())) => Ok((self.seat(), crate::clock::since(now))),
             // The sender went without a seat: shed for a higher class, or expired.
-            Ok(Err(_)) if crate::clock::now().saturating_duration_since(now) >= self.wait => {
-                Err(Shed::Timeout)
-            }
+            Ok(Err(_)) if crate::clock::since(now) >= self.wait => Err(Shed::Timeout),
             Ok(Err(_)) => Err(Shed::Evicted),
             Err(_) => {
                 if self.lock().cancel(ticket).is_some() {
@@ -134,10 +129,7 @@ impl PoolQueue {
                 }
                 // Handed a seat (under the lock) just as the wait ended: take it.
                 match rx.try_recv() {
-                    Ok(()) => Ok((
-                        self.seat(),
-                        crate::clock::now().saturating_duration_since(now),
-                    )),
+                    Ok(()) => Ok((self.seat(), crate::clock::since(now))),
                     Err(_) => Err(Shed::Timeout),
                 }
             }

@@ -109,7 +109,7 @@ impl Spent<'_> {
     /// What happened to a call whose last attempt timed out: how many attempts were made and
     /// how long they took in all, not just one attempt's timeout.
     fn timed_out(&self, model: &str, stop: Stop) -> String {
-        let spent = crate::clock::now().saturating_duration_since(self.started);
+        let spent = crate::clock::since(self.started);
         let attempts = self.made;
         let plural = if attempts == 1 { "" } else { "s" };
         let mut message = format!(

@@ -88,10 +88,11 @@ pub(crate) async fn run<U: Upstream>(
     upstream: &U,
 ) -> Attempted<U::Body> {
     let pool = &*call.pool;
+    let now = crate::clock::now();
     pool.budget
         .lock()
         .unwrap_or_else(|e| e.into_inner())
-        .deposit(crate::clock::now());
+        .deposit(now);
     let _in_flight = Counted::new(&pool.in_flight);
     let mut attempts = Loop {
         call,
@@ -99,15 +100,17 @@ pub(crate) async fn run<U: Upstream>(
         made: 0,
         tried: Vec::with_capacity(3),
         refused: Vec::new(),
-        backend: None,
-        wait_until: crate::clock::now() + retries.queue_wait,
+        wait_until: now + retries.queue_wait,
     };
     let result = attempts.run(upstream).await;
     pool.metrics.attempts(attempts.made);
     call.labels.attempted(attempts.made);
     Attempted {
         result,
-        backend: attempts.backend,
+        backend: attempts
+            .tried
+            .last()
+            .map(|&i| pool.backends[i].name.clone()),
     }
 }
 
@@ -116,12 +119,11 @@ struct Loop<'a> {
     call: &'a Call,
     retries: &'a Retries,
     made: u32,
-    /// The backends tried, by index in the pool.
+    /// The backends tried, by index in the pool, in order.
     tried: Vec<usize>,
     /// The backends tried that must not be tried again: they gave a capacity answer or refused
     /// the gateway's credential.
     refused: Vec<usize>,
-    backend: Option<Arc<str>>,
     /// Until when the call waits for a backend to free up before it has reached one.
     wait_until: Instant,
 }
@@ -130,23 +132,22 @@ impl Loop<'_> {
     async fn run<U: Upstream>(&mut self, upstream: &U) -> Result<Chosen<U::Body>, ApiError> {
         let call = self.call;
         let pool = &*call.pool;
-        let mut exclude_tried = false;
         let mut avoid_region: Option<String> = None;
         let mut last: Option<Failure> = None;
         let mut retrying: Option<Counted<'_>> = None;
         loop {
             let now = crate::clock::now();
-            let exclude: &[usize] = if exclude_tried { &self.tried } else { &[] };
             let ask = Ask {
                 bulkhead: call.tenant.pool.as_deref(),
                 region: call.region.as_deref(),
                 avoid_region: avoid_region.as_deref(),
                 affinity_key: call.affinity_key,
             };
-            let acquired = pool.acquire(now, ask, exclude).or_else(|| {
-                // A transient failure prefers another backend but may use one tried before;
-                // never one that gave a capacity answer or refused the credential.
-                let fallback = exclude_tried && last.as_ref().is_some_and(|f| f.same_backend_ok());
+            // A retry goes to a backend not tried yet...
+            let acquired = pool.acquire(now, ask, &self.tried).or_else(|| {
+                // ...and after a transient failure, failing that, to one tried before; never to
+                // one that gave a capacity answer or refused the credential.
+                let fallback = last.as_ref().is_some_and(|f| f.same_backend_ok());
                 let again = Ask {
                     avoid_region: None,
                     ..ask
@@ -184,7 +185,6 @@ impl Loop<'_> {
             if self.made == 1 {
                 pool.metrics.affinity(affinity);
             }
-            self.backend = Some(backend.name.clone());
             let in_flight = backend.outstanding();
             let (outcome, response) = match upstream.send(&backend, self.attempt(&backend)).await {
                 Ok(r) => (Outcome::Response(r.status().as_u16()), Some(r)),
@@ -258,7 +258,6 @@ impl Loop<'_> {
             retrying.get_or_insert_with(|| Counted::new(&pool.retrying));
             drop(response);
             drop(hold);
-            exclude_tried = true;
             if !failure.same_backend_ok() {
                 self.refused.push(index);
                 avoid_region = Some(backend.region.clone());

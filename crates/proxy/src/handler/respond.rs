@@ -63,7 +63,7 @@ impl EndObserver for Finish {
 
     fn ended(&mut self, end: BodyEnd) {
         let m = &self.backend.metrics;
-        m.body_ended(crate::clock::now().saturating_duration_since(self.started));
+        m.body_ended(crate::clock::since(self.started));
         match end {
             BodyEnd::Complete => {}
             BodyEnd::UpstreamBroke => m.stream_broke(false),

@@ -18,6 +18,7 @@ use crate::auth::{Tenant, TenantLimits};
 use crate::call::Call;
 use crate::metrics::RequestLabels;
 use crate::pool::{Backend, Endpoint, Models};
+use crate::relay::{BodyEnd, EndObserver, RelayBody};
 use crate::upstream::{Attempt, Upstream};
 
 /// What the scripted upstream does with one attempt.
@@ -86,7 +87,10 @@ impl Upstream for Scripted {
 }
 
 /// A stream that sends one event and then breaks off, as a backend that dies mid-stream.
-struct BreaksMidStream;
+#[derive(Default)]
+struct BreaksMidStream {
+    sent: std::sync::atomic::AtomicU32,
+}
 
 impl Upstream for BreaksMidStream {
     type Body = StreamBody<Frames>;
@@ -96,6 +100,7 @@ impl Upstream for BreaksMidStream {
         _backend: &Arc<Backend>,
         _attempt: Attempt<'_>,
     ) -> Result<http::Response<Self::Body>, Outcome> {
+        self.sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let frames = vec![
             Ok(http_body::Frame::data(Bytes::from_static(b"data: {}\n\n"))),
             Err(std::io::Error::other("the backend went away")),
@@ -104,6 +109,15 @@ impl Upstream for BreaksMidStream {
             .header("content-type", "text/event-stream")
             .body(StreamBody::new(futures_util::stream::iter(frames)))
             .unwrap())
+    }
+}
+
+/// Remembers how a relayed body ended.
+struct Ending(Arc<Mutex<Option<BodyEnd>>>);
+
+impl EndObserver for Ending {
+    fn ended(&mut self, end: BodyEnd) {
+        *self.0.lock().unwrap() = Some(end);
     }
 }
 
@@ -320,22 +334,42 @@ fn a_client_error_is_never_retried() {
 #[test]
 fn nothing_is_retried_after_the_first_streamed_byte() {
     let (models, retries) = pool("");
-    let upstream = BreaksMidStream;
-    paused(async {
+    let upstream = BreaksMidStream::default();
+    let ending = Arc::new(Mutex::new(None));
+    let frames = paused(async {
         let chosen = run(&call(&models, &retries), &retries, &upstream)
             .await
             .result
             .unwrap_or_else(|e| panic!("{}", e.message));
-        let mut body = chosen.response.into_body();
-        let first = body.frame().await.unwrap().unwrap();
-        assert!(first.is_data());
-        assert!(body.frame().await.unwrap().is_err(), "the stream broke off");
-        // The call is over: its attempts ended when the head was chosen, and the break is the
-        // relay's to report (an error event, never a second attempt).
-        let pool = models.get("m").unwrap();
-        let (requests, retried) = pool.budget.lock().unwrap().totals(crate::clock::now());
-        assert_eq!((requests, retried), (1, 0));
+        // Relayed as the respond stage relays it, to its end.
+        let relay = RelayBody::new(
+            chosen.response.into_body(),
+            true,
+            Duration::from_secs(60),
+            chosen.hold,
+            Ending(ending.clone()),
+        );
+        let mut relay = std::pin::pin!(relay);
+        let mut frames = Vec::new();
+        while let Some(frame) = relay.frame().await {
+            frames.push(frame.unwrap().into_data().unwrap());
+        }
+        frames
     });
+    assert_eq!(frames.len(), 2, "{frames:?}");
+    assert!(
+        frames[1].starts_with(b"event: error"),
+        "the break is told as an error event, never a clean end: {frames:?}"
+    );
+    assert_eq!(*ending.lock().unwrap(), Some(BodyEnd::UpstreamBroke));
+    assert_eq!(
+        upstream.sent.load(std::sync::atomic::Ordering::Relaxed),
+        1,
+        "the break was not retried"
+    );
+    let pool = models.get("m").unwrap();
+    let totals = pool.budget.lock().unwrap().totals(crate::clock::now());
+    assert_eq!(totals, (1, 0), "nor drawn from the budget");
 }
 
 #[test]

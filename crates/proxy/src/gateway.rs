@@ -21,7 +21,7 @@ use crate::connections::Connections;
 use crate::pool::Models;
 use crate::request::BodyBudget;
 use crate::tenants::StoreDirectory;
-use crate::upstream::{self, HttpClient, HyperUpstream};
+use crate::upstream::HyperUpstream;
 
 /// Why the gateway could not start.
 #[derive(Debug, thiserror::Error)]
@@ -42,10 +42,9 @@ pub struct Gateway {
     pub(crate) tenants: Arc<StoreDirectory>,
     pub(crate) admin_token: Option<[u8; 32]>,
     pub(crate) models: Models,
-    /// What the attempt loop sends through.
+    /// What the attempt loop sends through; its pooled client also serves health checks and
+    /// engine scrapes, so they reuse the requests' connections.
     pub(crate) upstream: HyperUpstream,
-    /// The pooled client, for health checks and engine scrapes.
-    pub(crate) client: HttpClient,
     pub(crate) retries: Retries,
     /// The region tried first when the caller names none (`server.home_region`).
     pub(crate) home_region: Option<Arc<str>>,
@@ -105,7 +104,6 @@ impl Gateway {
             shared,
         );
         Ok(Gateway {
-            client: upstream::client(&config.upstream),
             upstream: HyperUpstream::new(&config.upstream),
             retries: Retries::new(&config.retry, &config.upstream, admission.queue_wait()),
             home_region: config.server.home_region.as_deref().map(Arc::from),

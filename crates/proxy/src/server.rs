@@ -125,13 +125,13 @@ impl BoundGateway {
         });
         crate::probe::spawn_checks(
             gw.models.pools(),
-            gw.client.clone(),
+            gw.upstream.client().clone(),
             gw.health_check.clone(),
             stop_rx.clone(),
         );
         crate::engine::spawn_scrapes(
             gw.models.pools(),
-            gw.client.clone(),
+            gw.upstream.client().clone(),
             gw.engine_metrics.clone(),
             stop_rx.clone(),
         );

@@ -68,6 +68,11 @@ pub(crate) struct HyperUpstream {
 }
 
 impl HyperUpstream {
+    /// The pooled client requests are sent with.
+    pub(crate) fn client(&self) -> &HttpClient {
+        &self.client
+    }
+
     pub(crate) fn new(upstream: &UpstreamConfig) -> Self {
         HyperUpstream {
             client: client(upstream),

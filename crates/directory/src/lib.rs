@@ -179,7 +179,7 @@ impl Directory {
     pub async fn lookup(&self, digest: &KeyDigest) -> Result<Lookup, DirectoryError> {
         let started = tokio::time::Instant::now();
         let result = match self.lookup {
-            Lookups::Protected => self.state.lookup(digest).await,
+            Lookups::Protected => self.state.lookup(digest, started).await,
             Lookups::Naive => self.state.lookup_naive(digest).await,
         };
         let outcome = match &result {

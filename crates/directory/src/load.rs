@@ -44,8 +44,12 @@ enum FromShared {
 }
 
 impl State {
-    pub async fn lookup(self: &Arc<Self>, digest: &KeyDigest) -> Result<Lookup, DirectoryError> {
-        let now = Instant::now();
+    /// The answer for `digest` at `now`, from the cache or a load.
+    pub async fn lookup(
+        self: &Arc<Self>,
+        digest: &KeyDigest,
+        now: Instant,
+    ) -> Result<Lookup, DirectoryError> {
         let epoch = self.epoch.load(Ordering::SeqCst);
         let mut fallback = None;
         if let Some(entry) = self.known.get(digest) {

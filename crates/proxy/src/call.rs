@@ -19,6 +19,37 @@ use crate::request::{BodyHold, RequestSummary};
 /// The header that carries a request's id, to the backend and back to the caller.
 pub(crate) const X_REQUEST_ID: http::HeaderName = http::HeaderName::from_static("x-request-id");
 
+/// The longest caller's request id kept; a longer one is replaced.
+const MAX_REQUEST_ID_LEN: usize = 128;
+
+/// The id of a request with `headers`: the caller's `x-request-id` when it is short and
+/// printable, else a new one, put in `headers` so it travels upstream. The connection layer puts
+/// it on the response too (`connections::respond`), with no middleware of its own per request.
+pub(crate) fn request_id(headers: &mut HeaderMap) -> HeaderValue {
+    let valid = headers.get(X_REQUEST_ID).filter(|v| {
+        !v.is_empty()
+            && v.len() <= MAX_REQUEST_ID_LEN
+            && v.as_bytes().iter().all(|b| b.is_ascii_graphic())
+    });
+    if let Some(id) = valid {
+        return id.clone();
+    }
+    let id = new_request_id();
+    headers.insert(X_REQUEST_ID, id.clone());
+    id
+}
+
+/// A new request id: 128 random bits in hex, written without a formatter or a string.
+fn new_request_id() -> HeaderValue {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let bits = rand::random::<u128>();
+    let mut text = [0u8; 32];
+    for (i, digit) in text.iter_mut().enumerate() {
+        *digit = HEX[((bits >> (124 - 4 * i)) & 0xf) as usize];
+    }
+    HeaderValue::from_bytes(&text).expect("hex is a valid header value")
+}
+
 /// One request, as every stage of its path sees it.
 pub(crate) struct Call {
     /// `x-request-id`: the caller's, or one made for it.

@@ -125,7 +125,8 @@ impl Gateway {
                 &config.server,
                 config.server.max_connections,
                 "api",
-            )),
+            )
+            .with_request_ids()),
             body_budget: BodyBudget::new(
                 config.admission.max_buffered_body_bytes,
                 config.admission.max_buffered_body_bytes_per_tenant,

@@ -4,7 +4,7 @@
 //! sets (status, reason): a name a client made up is reported as `unknown`, so no caller can grow
 //! the series count without bound.
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 use std::sync::{Arc, LazyLock, OnceLock, RwLock};
 use std::time::Duration;
 

@@ -14,18 +14,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{Request, State};
-use axum::middleware::{self, Next};
+use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use http::{HeaderValue, StatusCode};
+use http::StatusCode;
 use metrics_exporter_prometheus::PrometheusHandle;
 use spillway_config::{BackendKind, Config};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use crate::call::X_REQUEST_ID;
 use crate::error::{ApiError, ErrorKind};
 use crate::gateway::{Gateway, MockBases, StartError};
 use crate::handler;
@@ -219,7 +218,6 @@ fn api_router(gw: Arc<Gateway>) -> Router {
                 "method not allowed on this endpoint",
             ))
         })
-        .layer(middleware::from_fn(request_id))
         .with_state(gw)
 }
 
@@ -256,40 +254,6 @@ async fn list_models(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
         .map(|m| serde_json::json!({ "id": m, "object": "model", "created": 0, "owned_by": "spillway" }))
         .collect();
     Json(serde_json::json!({ "object": "list", "data": data })).into_response()
-}
-
-const MAX_REQUEST_ID_LEN: usize = 128;
-
-/// A new request id: 128 random bits in hex, written without a formatter or a string.
-fn new_request_id() -> HeaderValue {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let bits = rand::random::<u128>();
-    let mut text = [0u8; 32];
-    for (i, digit) in text.iter_mut().enumerate() {
-        *digit = HEX[((bits >> (124 - 4 * i)) & 0xf) as usize];
-    }
-    HeaderValue::from_bytes(&text).expect("hex is a valid header value")
-}
-
-/// Accepts the caller's `x-request-id` when it is short and printable, makes one otherwise, and
-/// puts it on the request (so it travels upstream) and on the response.
-async fn request_id(mut req: Request, next: Next) -> Response {
-    let valid = req.headers().get(X_REQUEST_ID).filter(|v| {
-        !v.is_empty()
-            && v.len() <= MAX_REQUEST_ID_LEN
-            && v.as_bytes().iter().all(|b| b.is_ascii_graphic())
-    });
-    let id = match valid {
-        Some(v) => v.clone(),
-        None => {
-            let id = new_request_id();
-            req.headers_mut().insert(X_REQUEST_ID, id.clone());
-            id
-        }
-    };
-    let mut response = next.run(req).await;
-    response.headers_mut().insert(X_REQUEST_ID, id);
-    response
 }
 
 #[derive(Clone)]

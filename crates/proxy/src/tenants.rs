@@ -6,7 +6,7 @@
 //! the cache or, later, the limits (G3). A cached lookup is judged again on every request
 //! (revocation, expiry, a disabled tenant), so a cached answer never outlives what it says.
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 use std::sync::{Arc, RwLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -121,7 +121,7 @@ impl StoreDirectory {
         Self {
             store,
             cache,
-            interned: RwLock::new(HashMap::new()),
+            interned: RwLock::new(HashMap::default()),
         }
     }
 

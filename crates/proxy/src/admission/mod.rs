@@ -31,7 +31,7 @@ mod queue;
 mod rate;
 mod ticket;
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
@@ -128,7 +128,7 @@ impl Admission {
             (bounds, config.queue_wait, config.max_in_flight)
         };
         Admission {
-            gates: RwLock::new(HashMap::new()),
+            gates: RwLock::new(HashMap::default()),
             in_flight: Arc::new(AtomicUsize::new(0)),
             max_in_flight,
             queue_wait: wait,

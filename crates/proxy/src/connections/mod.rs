@@ -73,6 +73,9 @@ pub(crate) struct Connections {
     refusing: Arc<Semaphore>,
     /// `api` or `admin`, for the metrics.
     listener: &'static str,
+    /// Whether each request gets an `x-request-id` (`call::request_id`), on its way upstream and
+    /// on its response: the API's requests do, the admin listener's need none.
+    request_ids: bool,
 }
 
 impl Connections {
@@ -104,7 +107,14 @@ impl Connections {
             builder,
             refusing: Arc::new(Semaphore::new(MAX_REFUSING)),
             listener,
+            request_ids: false,
         }
+    }
+
+    /// These connections' requests get an `x-request-id` each ([`crate::call::request_id`]).
+    pub(crate) fn with_request_ids(mut self) -> Connections {
+        self.request_ids = true;
+        self
     }
 
     /// Connections open now, and the cap.
@@ -166,10 +176,13 @@ impl Connections {
         mut shutdown: watch::Receiver<bool>,
     ) {
         let served = activity.clone();
+        let request_ids = self.request_ids;
         let service = hyper::service::service_fn(move |req: Request<Incoming>| {
             let busy = served.begin();
             let (router, activity) = (router.clone(), served.clone());
-            async move { Ok::<_, Infallible>(respond(router, req, busy, activity).await) }
+            async move {
+                Ok::<_, Infallible>(respond(router, req, busy, activity, request_ids).await)
+            }
         });
         let mut conn = pin!(self
             .builder
@@ -247,10 +260,12 @@ async fn outstayed(activity: &Activity) -> Verdict {
 /// Serves one request, its connection busy until the response's body is done with.
 async fn respond(
     router: Router,
-    req: Request<Incoming>,
+    mut req: Request<Incoming>,
     busy: Busy,
     activity: Arc<Activity>,
+    request_ids: bool,
 ) -> Response<Tracked> {
+    let id = request_ids.then(|| crate::call::request_id(req.headers_mut()));
     // Only HTTP/1 closes a connection for a body left unread, and only a request with a body
     // needs watching.
     let watch = req.version() <= Version::HTTP_11 && !req.body().is_end_stream();
@@ -267,6 +282,9 @@ async fn respond(
         response
             .headers_mut()
             .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    if let Some(id) = id {
+        response.headers_mut().insert(crate::call::X_REQUEST_ID, id);
     }
     // Handed to hyper as it is: no second box around the router's body.
     response.map(|inner| Tracked { inner, _busy: busy })

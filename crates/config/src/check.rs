@@ -14,6 +14,7 @@ mod balance;
 mod engine;
 mod metadata;
 mod resilience;
+mod routing;
 
 pub use metadata::DEFAULT_STORE_URL;
 
@@ -420,6 +421,7 @@ fn check_backend(b: RawBackend, model: &str, at: &str, p: &mut Problems) -> Opti
     }
     let rules = resilience::check_backend_rules(&b, &at, p);
     let (engine, metrics_url) = engine::check_backend_engine(&b, &at, p);
+    let surfaces = routing::check_backend_surfaces(&b, &at, p);
     let health_path = match (&b.health_path, b.kind.as_deref()) {
         (Some(path), _) if path.is_empty() => None,
         (Some(path), _) if !path.starts_with('/') => {
@@ -439,19 +441,7 @@ fn check_backend(b: RawBackend, model: &str, at: &str, p: &mut Problems) -> Opti
     if region.trim().is_empty() {
         p.add(format!("{at}.region"), "must not be empty");
     }
-    if let Some(pool) = &b.pool {
-        let valid = !pool.is_empty()
-            && pool.len() <= 64
-            && pool
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
-        if !valid {
-            p.add(
-                format!("{at}.pool"),
-                "must be 1 to 64 ASCII letters, digits, '-', '_' or '.'",
-            );
-        }
-    }
+    routing::check_backend_pool(b.pool.as_deref(), &at, p);
     if p.0.len() > errors_before {
         return None;
     }
@@ -469,6 +459,7 @@ fn check_backend(b: RawBackend, model: &str, at: &str, p: &mut Problems) -> Opti
         forward_priority: b.forward_priority.unwrap_or(false),
         engine,
         metrics_url,
+        surfaces,
     })
 }
 

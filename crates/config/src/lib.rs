@@ -13,6 +13,7 @@ mod check;
 mod mock;
 mod parse;
 mod raw;
+mod surface;
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -22,6 +23,7 @@ pub use cache::CacheConfig;
 pub use check::{Problem, DEFAULT_STORE_URL};
 pub use mock::{MockFault, MockProfile};
 pub use spillway_policy::{BudgetConfig, OutlierConfig, RetryPolicy, Rules, ThrottleConfig};
+pub use surface::{Surface, Surfaces};
 
 /// The quickstart configuration `spillway serve` runs when no file is given: two in-process mock
 /// backends for `mock-small` in two regions and one demo tenant. Also shipped as
@@ -256,6 +258,8 @@ pub struct BackendConfig {
     /// The engine's Prometheus page. `None` when `engine` is `None`, and for a mock backend,
     /// whose address is known only once it listens (then [`default_metrics_url`] of its base).
     pub metrics_url: Option<http::Uri>,
+    /// The API surfaces it serves: only requests on these are routed to it.
+    pub surfaces: Surfaces,
 }
 
 /// The inference engine serving a backend: which names its `/metrics` page uses.

@@ -204,6 +204,7 @@ pub struct RawBackend {
     pub forward_priority: Option<bool>,
     pub engine: Option<String>,
     pub metrics_url: Option<String>,
+    pub surfaces: Option<Vec<String>>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -544,3 +544,42 @@ fn a_naive_cache_is_settings_and_a_lookup() {
     assert_eq!(c.cache.flush_spread, Duration::ZERO);
     assert!(c.cache.redis.is_none());
 }
+
+#[test]
+fn surfaces_default_per_kind_and_a_declared_list_is_checked() {
+    let c = Config::from_toml(MINIMAL).unwrap();
+    assert_eq!(c.models[0].backends[0].surfaces, Surfaces::all());
+    let with = |line: &str| {
+        MINIMAL.replace(
+            "url = \"http://127.0.0.1:8000/v1\"",
+            &format!("url = \"http://127.0.0.1:8000/v1\"\n{line}"),
+        )
+    };
+    let c = Config::from_toml(&with("surfaces = [\"chat\", \"messages\"]")).unwrap();
+    let s = c.models[0].backends[0].surfaces;
+    assert!(s.contains(Surface::Chat) && s.contains(Surface::Messages));
+    assert!(!s.contains(Surface::Responses));
+    for (line, says) in [
+        ("surfaces = [\"chat\", \"chat\"]", "listed twice"),
+        (
+            "surfaces = [\"anthropic\"]",
+            "unknown surface \"anthropic\"",
+        ),
+        ("surfaces = []", "at least one"),
+    ] {
+        let p = problems(&with(line));
+        assert!(
+            p.iter()
+                .any(|p| p.location.ends_with(".surfaces") && p.message.contains(says)),
+            "{line}: {p:?}"
+        );
+    }
+    let azure = MINIMAL.replace(
+        "url = \"http://127.0.0.1:8000/v1\"",
+        "kind = \"azure\"\nurl = \"https://r.openai.azure.com\"\napi_version = \"2024-10-21\"",
+    );
+    let c = Config::from_toml(&azure).unwrap();
+    assert!(!c.models[0].backends[0].surfaces.contains(Surface::Messages));
+    let p = problems(&format!("{azure}\nsurfaces = [\"chat\", \"messages\"]"));
+    assert!(p.iter().any(|p| p.message.contains("deployment")), "{p:?}");
+}

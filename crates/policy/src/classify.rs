@@ -6,8 +6,9 @@
 //! everything downstream (retry, ejection, the concurrency limit, what the caller is told) reads
 //! the class instead of re-deriving it from status codes:
 //!
-//! - `Capacity`: the backend says it is full (429, 503, or a status configured as its own
-//!   overload code). Retried only elsewhere; it shrinks that backend's concurrency limit.
+//! - `Capacity`: the backend says it is full (429, 503, the Anthropic API's 529, or a status
+//!   configured as its own overload code). Retried only elsewhere; it shrinks that backend's
+//!   concurrency limit.
 //! - `Transient`: the request never got an answer (connection refused or reset before a byte,
 //!   which the backend never processed), or a gateway error in front of the backend (502, 504),
 //!   or a 500 from a backend marked retry-safe.
@@ -159,7 +160,7 @@ impl Rules {
 impl Default for Rules {
     fn default() -> Self {
         Rules {
-            capacity: vec![429, 503],
+            capacity: vec![429, 503, 529],
             transient: vec![502, 504],
             retry_500: false,
             upstream_auth: vec![401, 403],

@@ -58,6 +58,12 @@ struct PromptPeek<'a> {
     prompt: Option<&'a RawValue>,
     #[serde(borrow, default)]
     input: Option<&'a RawValue>,
+    /// The Messages API's system prompt, ahead of its messages.
+    #[serde(borrow, default)]
+    system: Option<&'a RawValue>,
+    /// The Responses API's system prompt, ahead of its input.
+    #[serde(borrow, default)]
+    instructions: Option<&'a RawValue>,
 }
 
 #[derive(Deserialize)]
@@ -68,14 +74,20 @@ struct MessagePeek<'a> {
     content: Option<&'a RawValue>,
 }
 
-/// The first `limit` bytes (cut at a character boundary) of the prompt: chat messages' roles
-/// and texts in order, or a completion's prompt, or a Responses/embeddings input.
+/// The first `limit` bytes (cut at a character boundary) of the prompt: a Messages `system` or a
+/// Responses `instructions` first, then chat or Messages messages' roles and texts in order, or
+/// a completion's prompt, or a Responses/embeddings input.
 fn prompt_prefix(body: &[u8], limit: usize) -> Option<Vec<u8>> {
     let peek: PromptPeek<'_> = serde_json::from_slice(body).ok()?;
     let mut out = Prefix {
         bytes: Vec::with_capacity(limit.min(4096)),
         limit,
     };
+    if let Some(system) = peek.system.or(peek.instructions) {
+        out.push("system\n");
+        out.push_raw(system);
+        out.push("\n");
+    }
     if let Some(messages) = &peek.messages {
         for raw in messages {
             if out.full() {
@@ -197,6 +209,25 @@ mod tests {
         .unwrap();
         assert_eq!(a, b);
         assert_ne!(a, other);
+    }
+
+    #[test]
+    fn a_messages_or_responses_system_prompt_keys_like_a_chat_system_message() {
+        let c = config(Balance::PrefixAffinity, 64);
+        let h = HeaderMap::new();
+        let system = "You are a careful assistant for the billing team. ".repeat(4);
+        let as_chat = key(&c, &h, &chat(&system, "q")).unwrap();
+        let messages = serde_json::json!({
+            "model": "m", "max_tokens": 5, "system": system,
+            "messages": [{"role": "user", "content": "q"}],
+        });
+        let responses = serde_json::json!({"model": "m", "instructions": system, "input": "q"});
+        for body in [messages, responses] {
+            assert_eq!(
+                key(&c, &h, &serde_json::to_vec(&body).unwrap()),
+                Some(as_chat)
+            );
+        }
     }
 
     #[test]

@@ -63,8 +63,8 @@ pub trait TenantDirectory: Send + Sync + 'static {
 /// Longest key accepted; anything longer is refused before hashing.
 const MAX_KEY_LEN: usize = 512;
 
-/// Reads the caller's key from `Authorization: Bearer KEY` or Azure-style `api-key: KEY` and
-/// returns its digest.
+/// Reads the caller's key from `Authorization: Bearer KEY`, Azure-style `api-key: KEY` or
+/// Anthropic-style `x-api-key: KEY` (first found, in that order) and returns its digest.
 ///
 /// A key that is there but not printable ASCII (what a header value must be to be read as text)
 /// is refused as invalid, not as missing: the caller did send one, and being told to send one
@@ -79,12 +79,13 @@ pub fn presented_key(headers: &HeaderMap) -> Result<KeyDigest, ApiError> {
         });
     let key = bearer
         .or_else(|| headers.get("api-key").map(http::HeaderValue::as_bytes))
+        .or_else(|| headers.get("x-api-key").map(http::HeaderValue::as_bytes))
         .map(<[u8]>::trim_ascii)
         .filter(|k| !k.is_empty())
         .ok_or_else(|| {
             ApiError::new(
                 ErrorKind::MissingApiKey,
-                "no API key: send `Authorization: Bearer KEY` or `api-key: KEY`",
+                "no API key: send `Authorization: Bearer KEY`, `api-key: KEY` or `x-api-key: KEY`",
             )
         })?;
     if key.len() > MAX_KEY_LEN {
@@ -114,13 +115,17 @@ mod tests {
     }
 
     #[test]
-    fn bearer_and_azure_style_keys_are_both_read() {
+    fn bearer_azure_and_anthropic_style_keys_are_all_read() {
         let d = key_digest("sk-1");
         assert_eq!(
             presented_key(&headers(&[("authorization", "Bearer sk-1")])).unwrap(),
             d
         );
         assert_eq!(presented_key(&headers(&[("api-key", "sk-1")])).unwrap(), d);
+        assert_eq!(
+            presented_key(&headers(&[("x-api-key", "sk-1")])).unwrap(),
+            d
+        );
     }
 
     #[test]

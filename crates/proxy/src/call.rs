@@ -12,8 +12,9 @@ use spillway_policy::Priority;
 
 use crate::admission::gate::Entered;
 use crate::auth::Tenant;
+use crate::endpoint::Endpoint;
 use crate::metrics::RequestLabels;
-use crate::pool::{Endpoint, ModelPool, ThrottlePass};
+use crate::pool::{ModelPool, ThrottlePass};
 use crate::request::{BodyHold, RequestSummary};
 
 /// The header that carries a request's id, to the backend and back to the caller.

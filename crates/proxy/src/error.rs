@@ -9,6 +9,8 @@ use std::time::Duration;
 use axum::response::{IntoResponse, Response};
 use http::{header, HeaderValue, StatusCode};
 
+use crate::endpoint::{Dialect, Endpoint};
+
 /// How long a caller refused for lack of capacity is told to wait.
 pub(crate) const NO_CAPACITY_RETRY_AFTER: Duration = Duration::from_secs(1);
 
@@ -30,6 +32,8 @@ pub enum ErrorKind {
     InvalidApiKey,
     ModelNotFound,
     ModelNotAllowed,
+    /// No backend of the model serves the request's API surface.
+    SurfaceNotServed,
     RouteNotFound,
     MethodNotAllowed,
     /// Every backend of the model is full or unreachable.
@@ -182,6 +186,11 @@ impl ApiError {
                 "permission_error",
                 "model_not_allowed",
             ),
+            SurfaceNotServed => (
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                "surface_not_served",
+            ),
             RouteNotFound => (
                 StatusCode::NOT_FOUND,
                 "invalid_request_error",
@@ -290,11 +299,34 @@ impl ApiError {
             "error": { "message": self.message, "type": kind, "param": null, "code": code }
         })
     }
-}
 
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let mut response = (self.status(), axum::Json(self.body())).into_response();
+    /// The body of this error in `dialect`.
+    pub fn body_in(&self, dialect: Dialect) -> serde_json::Value {
+        match dialect {
+            Dialect::OpenAi => self.body(),
+            Dialect::Anthropic => serde_json::json!({
+                "type": "error",
+                "error": { "type": anthropic_type(self.status()), "message": self.message }
+            }),
+        }
+    }
+
+    /// The event that ends a stream of `endpoint` that broke off: in the shape its caller's SDK
+    /// reads as an error (the Messages API's `error` event, the Responses API's `error` event,
+    /// and for chat and completions an `error` object in the data), never its clean end event.
+    pub fn stream_event(&self, endpoint: Endpoint) -> String {
+        let data = match endpoint {
+            Endpoint::Responses => serde_json::json!({
+                "type": "error", "code": self.parts().2, "message": self.message, "param": null
+            }),
+            other => self.body_in(other.dialect()),
+        };
+        format!("event: error\ndata: {data}\n\n")
+    }
+
+    /// The answer to send in `dialect`, with the retry headers.
+    pub fn response(self, dialect: Dialect) -> Response {
+        let mut response = (self.status(), axum::Json(self.body_in(dialect))).into_response();
         let headers = response.headers_mut();
         if let Some(extra) = &self.headers {
             headers.extend((**extra).clone());
@@ -316,6 +348,26 @@ impl IntoResponse for ApiError {
             );
         }
         response
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        self.response(Dialect::OpenAi)
+    }
+}
+
+/// The Messages API's error `type` for a status, as Anthropic's own API answers it.
+fn anthropic_type(status: StatusCode) -> &'static str {
+    match status.as_u16() {
+        401 => "authentication_error",
+        403 => "permission_error",
+        404 => "not_found_error",
+        413 => "request_too_large",
+        429 => "rate_limit_error",
+        503 | 529 => "overloaded_error",
+        400..=499 => "invalid_request_error",
+        _ => "api_error",
     }
 }
 
@@ -341,5 +393,55 @@ mod tests {
         let r = e.into_response();
         assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
         assert_eq!(r.headers()["x-should-retry"], "false");
+    }
+
+    #[test]
+    fn the_messages_dialect_has_anthropic_types_by_status() {
+        let cases = [
+            (ErrorKind::InvalidApiKey, "authentication_error"),
+            (ErrorKind::ModelNotAllowed, "permission_error"),
+            (ErrorKind::SurfaceNotServed, "not_found_error"),
+            (ErrorKind::BodyTooLarge, "request_too_large"),
+            (ErrorKind::TokenRateLimited, "rate_limit_error"),
+            (ErrorKind::NoCapacity, "overloaded_error"),
+            (ErrorKind::MalformedRequest, "invalid_request_error"),
+            (ErrorKind::UpstreamTimeout, "api_error"),
+        ];
+        for (kind, expected) in cases {
+            let body = ApiError::new(kind, "why").body_in(Dialect::Anthropic);
+            assert_eq!(body["type"], "error");
+            assert_eq!(body["error"]["type"], expected, "{kind:?}");
+            assert_eq!(body["error"]["message"], "why");
+        }
+    }
+
+    #[test]
+    fn a_broken_stream_ends_with_each_surfaces_error_event() {
+        let e = ApiError::new(ErrorKind::UpstreamUnavailable, "broke");
+        let data = |endpoint| {
+            let event = e.stream_event(endpoint);
+            let data = event
+                .strip_prefix("event: error\ndata: ")
+                .and_then(|d| d.strip_suffix("\n\n"))
+                .unwrap_or_else(|| panic!("not one error event: {event:?}"));
+            serde_json::from_str::<serde_json::Value>(data).unwrap()
+        };
+        assert_eq!(
+            data(Endpoint::ChatCompletions)["error"]["code"],
+            "upstream_unavailable"
+        );
+        let messages = data(Endpoint::Messages);
+        assert_eq!(
+            (
+                messages["type"].as_str(),
+                messages["error"]["type"].as_str()
+            ),
+            (Some("error"), Some("api_error"))
+        );
+        let responses = data(Endpoint::Responses);
+        assert_eq!(
+            (responses["type"].as_str(), responses["code"].as_str()),
+            (Some("error"), Some("upstream_unavailable"))
+        );
     }
 }

@@ -121,12 +121,10 @@ impl Gateway {
             models,
             ready: AtomicBool::new(false),
             admission,
-            connections: Arc::new(Connections::new(
-                &config.server,
-                config.server.max_connections,
-                "api",
-            )
-            .with_request_ids()),
+            connections: Arc::new(
+                Connections::new(&config.server, config.server.max_connections, "api")
+                    .with_request_ids(),
+            ),
             body_budget: BodyBudget::new(
                 config.admission.max_buffered_body_bytes,
                 config.admission.max_buffered_body_bytes_per_tenant,

@@ -17,6 +17,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use tokio::time::{Instant, Sleep};
 
+use crate::endpoint::Endpoint;
 use crate::error::{ApiError, ErrorKind};
 use crate::pool::InFlight;
 
@@ -43,6 +44,8 @@ pub trait EndObserver: Send + Sync + Unpin + 'static {
 pub struct RelayBody<B: Body<Data = Bytes> + Unpin, O: EndObserver> {
     inner: B,
     sse: bool,
+    /// Whose stream error event ends a broken SSE body.
+    endpoint: Endpoint,
     idle_timeout: Duration,
     last_frame: Instant,
     /// Armed the first time the upstream makes the relay wait: most bodies never do.
@@ -51,10 +54,18 @@ pub struct RelayBody<B: Body<Data = Bytes> + Unpin, O: EndObserver> {
 }
 
 impl<B: Body<Data = Bytes> + Unpin, O: EndObserver> RelayBody<B, O> {
-    pub fn new(inner: B, sse: bool, idle_timeout: Duration, hold: InFlight, observer: O) -> Self {
+    pub fn new(
+        inner: B,
+        sse: bool,
+        endpoint: Endpoint,
+        idle_timeout: Duration,
+        hold: InFlight,
+        observer: O,
+    ) -> Self {
         Self {
             inner,
             sse,
+            endpoint,
             idle_timeout,
             last_frame: Instant::now(),
             idle: None,
@@ -82,8 +93,8 @@ impl<B: Body<Data = Bytes> + Unpin, O: EndObserver> RelayBody<B, O> {
             } else {
                 ErrorKind::UpstreamUnavailable
             };
-            let body = ApiError::new(kind, format!("the upstream stream broke off: {why}")).body();
-            let event = format!("event: error\ndata: {body}\n\n");
+            let event = ApiError::new(kind, format!("the upstream stream broke off: {why}"))
+                .stream_event(self.endpoint);
             Poll::Ready(Some(Ok(Frame::data(Bytes::from(event)))))
         } else {
             Poll::Ready(Some(Err(why.into())))

@@ -21,7 +21,8 @@ use crate::error::{ApiError, ErrorKind};
 pub struct RequestSummary {
     pub model: String,
     pub stream: bool,
-    /// `max_completion_tokens`, else `max_tokens`: the most output tokens the caller allows.
+    /// `max_completion_tokens`, else `max_output_tokens` (the Responses API), else `max_tokens`
+    /// (also the Messages API's): the most output tokens the caller allows.
     pub max_tokens: Option<u64>,
     /// Choices asked for (`n`), at least 1.
     pub choices: u64,
@@ -38,6 +39,9 @@ struct Peek<'a> {
     max_tokens: Option<serde_json::Value>,
     #[serde(default)]
     max_completion_tokens: Option<serde_json::Value>,
+    /// The Responses API's name for it.
+    #[serde(default)]
+    max_output_tokens: Option<serde_json::Value>,
     #[serde(default)]
     n: Option<serde_json::Value>,
 }
@@ -283,11 +287,13 @@ pub fn summarize(body: &[u8]) -> Result<RequestSummary, ApiError> {
             "request body needs a non-empty string field `model`",
         )
     })?;
-    let max_tokens = peek
-        .max_completion_tokens
-        .as_ref()
-        .and_then(serde_json::Value::as_u64)
-        .or_else(|| peek.max_tokens.as_ref().and_then(serde_json::Value::as_u64));
+    let max_tokens = [
+        &peek.max_completion_tokens,
+        &peek.max_output_tokens,
+        &peek.max_tokens,
+    ]
+    .into_iter()
+    .find_map(|v| v.as_ref().and_then(serde_json::Value::as_u64));
     let choices = peek
         .n
         .as_ref()
@@ -358,6 +364,9 @@ mod tests {
         assert_eq!((s.max_tokens, s.choices), (Some(50), 3));
         let s = summarize(br#"{"model":"m","max_tokens":50,"max_completion_tokens":70}"#).unwrap();
         assert_eq!(s.max_tokens, Some(70));
+        // The Responses API's field; the Messages API uses `max_tokens`.
+        let s = summarize(br#"{"model":"m","input":"hi","max_output_tokens":90}"#).unwrap();
+        assert_eq!(s.max_tokens, Some(90));
         // Wrong types are left for the backend to refuse.
         let s = summarize(br#"{"model":"m","max_tokens":"lots","n":-1}"#).unwrap();
         assert_eq!((s.max_tokens, s.choices), (None, 1));

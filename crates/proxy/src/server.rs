@@ -13,11 +13,11 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::{Request, State};
+use axum::extract::State;
 use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::Router;
 use http::StatusCode;
 use metrics_exporter_prometheus::PrometheusHandle;
 use spillway_config::{BackendKind, Config};
@@ -25,6 +25,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
+use crate::endpoint::Dialect;
 use crate::error::{ApiError, ErrorKind};
 use crate::gateway::{Gateway, MockBases, StartError};
 use crate::handler;
@@ -208,24 +209,36 @@ fn api_router(gw: Arc<Gateway>) -> Router {
         .route("/v1/chat/completions", post(handler::chat_completions))
         .route("/v1/completions", post(handler::completions))
         .route("/v1/embeddings", post(handler::embeddings))
-        .route("/v1/models", get(list_models))
+        .route("/v1/responses", post(handler::responses))
+        .route("/v1/messages", post(handler::messages))
+        .route("/v1/messages/count_tokens", post(handler::count_tokens))
+        .route("/v1/models", get(crate::models::list))
+        .route("/v1/models/{id}", get(crate::models::one))
         .route("/livez", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
-        .fallback(|| async { counted(ApiError::new(ErrorKind::RouteNotFound, "no such endpoint")) })
-        .method_not_allowed_fallback(|| async {
-            counted(ApiError::new(
-                ErrorKind::MethodNotAllowed,
-                "method not allowed on this endpoint",
-            ))
+        .fallback(|uri: http::Uri| async move {
+            counted(
+                ApiError::new(ErrorKind::RouteNotFound, "no such endpoint"),
+                Dialect::of_path(uri.path()),
+            )
+        })
+        .method_not_allowed_fallback(|uri: http::Uri| async move {
+            counted(
+                ApiError::new(
+                    ErrorKind::MethodNotAllowed,
+                    "method not allowed on this endpoint",
+                ),
+                Dialect::of_path(uri.path()),
+            )
         })
         .with_state(gw)
 }
 
 /// A refusal of a request that reached no handler of the API, counted in
 /// `spillway_requests_total` like every other answer.
-fn counted(e: ApiError) -> Response {
+pub(crate) fn counted(e: ApiError, dialect: Dialect) -> Response {
     crate::metrics::RequestLabels::unrouted().answered(e.status().as_u16());
-    e.into_response()
+    e.response(dialect)
 }
 
 async fn readyz(State(gw): State<Arc<Gateway>>) -> Response {
@@ -236,24 +249,6 @@ async fn readyz(State(gw): State<Arc<Gateway>>) -> Response {
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "not ready").into_response()
     }
-}
-
-async fn list_models(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
-    let tenant = match handler::authenticate(&gw, req.headers()).await {
-        Ok(t) => t,
-        Err(e) => return counted(e),
-    };
-    let mut labels = crate::metrics::RequestLabels::unrouted();
-    labels.tenant = tenant.name.clone();
-    labels.answered(200);
-    let data: Vec<_> = gw
-        .models
-        .names
-        .iter()
-        .filter(|m| tenant.may_use(m))
-        .map(|m| serde_json::json!({ "id": m, "object": "model", "created": 0, "owned_by": "spillway" }))
-        .collect();
-    Json(serde_json::json!({ "object": "list", "data": data })).into_response()
 }
 
 #[derive(Clone)]

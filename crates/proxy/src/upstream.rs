@@ -27,8 +27,9 @@ use spillway_config::UpstreamConfig;
 use spillway_policy::Outcome;
 use tracing::{debug, warn};
 
+use crate::endpoint::Endpoint;
 use crate::metrics::UpstreamFailure;
-use crate::pool::{Backend, Endpoint};
+use crate::pool::Backend;
 
 pub type HttpClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 
@@ -207,9 +208,10 @@ fn build(cfg: &UpstreamConfig, max_idle_per_host: usize) -> HttpClient {
 
 /// Request headers that never travel upstream: hop-by-hop headers, the caller's own credentials
 /// (the upstream gets the backend's key instead), and framing the client recomputes.
-const STRIPPED_REQUEST_HEADERS: [HeaderName; 13] = [
+const STRIPPED_REQUEST_HEADERS: [HeaderName; 14] = [
     header::AUTHORIZATION,
     HeaderName::from_static("api-key"),
+    HeaderName::from_static("x-api-key"),
     header::HOST,
     header::CONTENT_LENGTH,
     header::CONNECTION,

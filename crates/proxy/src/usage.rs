@@ -2,10 +2,10 @@
 //!
 //! Tokens-per-minute limits admit a request by reserving an estimate of its tokens; the estimate
 //! is then reconciled with the `usage` object the backend reports, for plain JSON responses and
-//! for SSE streams alike (a stream reports it once, in its last event, when the request asked for
-//! `stream_options: {"include_usage": true}`). The count has to come from the backend: a client
-//! has every reason to under-report. OpenAI, Azure OpenAI, vLLM and SGLang all use the same shape
-//! for chat completions, completions and embeddings.
+//! for SSE streams alike (a chat stream reports it once, in its last event, when the request asked
+//! for `stream_options: {"include_usage": true}`; a Responses stream in `response.completed`; a
+//! Messages stream in `message_start` and `message_delta`). The count has to come from the
+//! backend: a client has every reason to under-report.
 //!
 //! The relay passes each frame on unchanged and shows it to a [`UsageScanner`] on the way. A
 //! gateway's memory must not grow with the size of what it relays, so the scanner never holds the
@@ -29,7 +29,13 @@
 //! - An object larger than [`MAX_USAGE_BYTES`] is given up on and scanning resumes at the next
 //!   byte, so a body can never keep the scanner capturing for more than that many bytes.
 //! - An object whose counts are not non-negative integers is ignored, as is `"usage": null`
-//!   (sent in every stream chunk by some backends and settings). The last object read wins.
+//!   (sent in every stream chunk by some backends and settings). Each count is the last one
+//!   read: a later object replaces the counts it gives and leaves the others (a Messages stream
+//!   gives the prompt in `message_start` and only the output in `message_delta`).
+//! - Chat completions, completions and embeddings say `prompt_tokens` and `completion_tokens`;
+//!   the Responses and Messages APIs say `input_tokens` and `output_tokens` (the Messages API's
+//!   prompt-cache reads and writes, `cache_read_input_tokens` and `cache_creation_input_tokens`,
+//!   count as prompt tokens too).
 
 use serde::Deserialize;
 
@@ -202,8 +208,8 @@ impl UsageScanner {
                         escaped,
                     }
                 } else {
-                    if let Some(usage) = parse(&self.object) {
-                        self.last = Some(usage);
+                    if let Some(reported) = parse(&self.object) {
+                        self.last = Some(self.last.unwrap_or_default().updated(reported));
                     }
                     self.object.clear();
                     Json::SEEKING
@@ -271,25 +277,75 @@ fn is_json_space(byte: u8) -> bool {
     matches!(byte, b' ' | b'\t' | b'\n' | b'\r')
 }
 
-/// The counts of one `usage` object; `None` if it is not JSON or a count is not a `u64`.
-fn parse(object: &[u8]) -> Option<Usage> {
-    // Other fields (`prompt_tokens_details`, `completion_tokens_details`) are ignored.
+/// The counts one `usage` object reports, each `None` where it says nothing; `None` altogether
+/// if it is not JSON or a count is not a `u64`.
+///
+/// Chat, completions and embeddings report `prompt_tokens` and `completion_tokens`; the Responses
+/// and Messages APIs report `input_tokens` and `output_tokens`. The Messages API counts the
+/// prompt tokens read from or written to its prompt cache apart from `input_tokens`
+/// (`cache_read_input_tokens`, `cache_creation_input_tokens`); they are prompt tokens the
+/// engine took in all the same, so they count as prompt tokens here.
+fn parse(object: &[u8]) -> Option<Reported> {
+    // Other fields (`prompt_tokens_details`, `output_tokens_details`, ...) are ignored.
     #[derive(Deserialize)]
-    struct Reported {
+    struct Fields {
         prompt_tokens: Option<u64>,
         completion_tokens: Option<u64>,
         total_tokens: Option<u64>,
+        input_tokens: Option<u64>,
+        output_tokens: Option<u64>,
+        cache_read_input_tokens: Option<u64>,
+        cache_creation_input_tokens: Option<u64>,
     }
-    let reported: Reported = serde_json::from_slice(object).ok()?;
-    let prompt_tokens = reported.prompt_tokens.unwrap_or(0);
-    let completion_tokens = reported.completion_tokens.unwrap_or(0);
-    Some(Usage {
-        prompt_tokens,
-        completion_tokens,
-        total_tokens: reported
-            .total_tokens
-            .unwrap_or(prompt_tokens.saturating_add(completion_tokens)),
+    let f: Fields = serde_json::from_slice(object).ok()?;
+    let input = [
+        f.input_tokens,
+        f.cache_read_input_tokens,
+        f.cache_creation_input_tokens,
+    ];
+    let input = input.iter().any(Option::is_some).then(|| {
+        input
+            .iter()
+            .flatten()
+            .fold(0u64, |a, n| a.saturating_add(*n))
+    });
+    Some(Reported {
+        prompt: f.prompt_tokens.or(input),
+        completion: f.completion_tokens.or(f.output_tokens),
+        total: f.total_tokens,
     })
+}
+
+/// What one `usage` object said.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Reported {
+    prompt: Option<u64>,
+    completion: Option<u64>,
+    total: Option<u64>,
+}
+
+impl Usage {
+    /// The usage after `reported`, a later object, on top of `self`: each count the later one
+    /// gives replaces the earlier one, and the others stay. A Messages stream reports the prompt
+    /// in `message_start` and the final output count alone in `message_delta`.
+    fn updated(self, reported: Reported) -> Usage {
+        let prompt_tokens = reported.prompt.unwrap_or(self.prompt_tokens);
+        let completion_tokens = reported.completion.unwrap_or(self.completion_tokens);
+        let sum = prompt_tokens.saturating_add(completion_tokens);
+        Usage {
+            prompt_tokens,
+            completion_tokens,
+            // A reported total stands only beside both of the counts it adds up.
+            total_tokens: match reported {
+                Reported {
+                    prompt: Some(_),
+                    completion: Some(_),
+                    total: Some(total),
+                } => total,
+                _ => sum,
+            },
+        }
+    }
 }
 
 #[cfg(test)]

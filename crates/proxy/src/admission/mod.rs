@@ -41,8 +41,9 @@ use spillway_policy::{Dimension, TenantLimiter};
 
 use crate::auth::{Tenant, TenantLimits};
 use crate::call::Call;
+use crate::endpoint::Endpoint;
 use crate::error::{ApiError, ErrorKind, NO_CAPACITY_RETRY_AFTER};
-use crate::pool::{Endpoint, ModelPool};
+use crate::pool::ModelPool;
 use crate::request::RequestSummary;
 
 use gate::{Entered, Gate, Slot};
@@ -101,6 +102,9 @@ pub(crate) struct QueueFigures {
 pub(crate) struct Ask<'a> {
     pub summary: &'a RequestSummary,
     pub body_len: usize,
+    /// Whether it is charged tokens at all: counting a prompt's tokens generates none and
+    /// prefills nothing, so it counts as a request only.
+    pub tokens: bool,
     /// Embeddings produce no completion tokens.
     pub completes: bool,
 }
@@ -290,7 +294,8 @@ impl Admission {
         let ask = Ask {
             summary: &call.summary,
             body_len: call.body.len(),
-            completes: call.endpoint != Endpoint::Embeddings,
+            completes: call.endpoint.generates(),
+            tokens: call.endpoint != Endpoint::CountTokens,
         };
         let mut ticket = self.limits(&call.tenant, entered, ask).await?;
         let pool = &*call.pool;
@@ -448,6 +453,9 @@ impl Admission {
 
     /// Tokens to reserve: the prompt plus the completion the caller allows, per choice.
     fn estimate(&self, ask: &Ask<'_>) -> u64 {
+        if !ask.tokens {
+            return 0;
+        }
         let prompt = self.prompt_estimate(ask.body_len);
         if !ask.completes {
             return prompt;

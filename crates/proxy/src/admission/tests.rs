@@ -47,6 +47,7 @@ fn ask(s: &RequestSummary) -> Ask<'_> {
         summary: s,
         body_len: 400,
         completes: true,
+        tokens: true,
     }
 }
 

@@ -142,6 +142,7 @@ impl Loop<'_> {
                 region: call.region.as_deref(),
                 avoid_region: avoid_region.as_deref(),
                 affinity_key: call.affinity_key,
+                surface: call.endpoint.surface(),
             };
             // A retry goes to a backend not tried yet...
             let acquired = pool.acquire(now, ask, &self.tried).or_else(|| {

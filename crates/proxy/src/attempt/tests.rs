@@ -16,8 +16,9 @@ use tokio::time::Instant;
 use super::{run, Retries};
 use crate::auth::{Tenant, TenantLimits};
 use crate::call::Call;
+use crate::endpoint::Endpoint;
 use crate::metrics::RequestLabels;
-use crate::pool::{Backend, Endpoint, Models};
+use crate::pool::{Backend, Models};
 use crate::relay::{BodyEnd, EndObserver, RelayBody};
 use crate::upstream::{Attempt, Upstream};
 
@@ -345,6 +346,7 @@ fn nothing_is_retried_after_the_first_streamed_byte() {
         let relay = RelayBody::new(
             chosen.response.into_body(),
             true,
+            Endpoint::ChatCompletions,
             Duration::from_secs(60),
             chosen.hold,
             Ending(ending.clone()),

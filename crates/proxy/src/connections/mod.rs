@@ -180,9 +180,7 @@ impl Connections {
         let service = hyper::service::service_fn(move |req: Request<Incoming>| {
             let busy = served.begin();
             let (router, activity) = (router.clone(), served.clone());
-            async move {
-                Ok::<_, Infallible>(respond(router, req, busy, activity, request_ids).await)
-            }
+            async move { Ok::<_, Infallible>(respond(router, req, busy, activity, request_ids).await) }
         });
         let mut conn = pin!(self
             .builder

@@ -19,14 +19,14 @@ mod respond;
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use tracing::debug;
 
 use crate::call::Call;
+use crate::endpoint::{Dialect, Endpoint};
 use crate::error::ApiError;
 use crate::gateway::Gateway;
 use crate::metrics::RequestLabels;
-use crate::pool::Endpoint;
 
 pub(crate) use read::authenticate;
 
@@ -42,16 +42,38 @@ pub(crate) async fn embeddings(State(gw): State<Arc<Gateway>>, req: Request) -> 
     handle(&gw, Endpoint::Embeddings, req).await
 }
 
+pub(crate) async fn responses(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
+    handle(&gw, Endpoint::Responses, req).await
+}
+
+pub(crate) async fn messages(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
+    handle(&gw, Endpoint::Messages, req).await
+}
+
+pub(crate) async fn count_tokens(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
+    handle(&gw, Endpoint::CountTokens, req).await
+}
+
 async fn handle(gw: &Gateway, endpoint: Endpoint, req: Request) -> Response {
-    let mut call = match read::read(gw, endpoint, req).await {
-        Ok(call) => call,
-        Err((e, labels)) => return answered(refused(e), labels),
+    let dialect = endpoint.dialect();
+    // The Messages API names its request id `request-id`: the same id as `x-request-id`.
+    let anthropic_id = (dialect == Dialect::Anthropic)
+        .then(|| req.headers().get(crate::call::X_REQUEST_ID).cloned())
+        .flatten();
+    let mut response = match read::read(gw, endpoint, req).await {
+        Ok(mut call) => {
+            let response = match admit_attempt_respond(gw, &mut call).await {
+                Ok(response) => response,
+                Err(e) => refused(e, dialect),
+            };
+            answered(response, call.labels)
+        }
+        Err((e, labels)) => answered(refused(e, dialect), labels),
     };
-    let response = match admit_attempt_respond(gw, &mut call).await {
-        Ok(response) => response,
-        Err(e) => refused(e),
-    };
-    answered(response, call.labels)
+    if let Some(id) = anthropic_id {
+        response.headers_mut().insert("request-id", id);
+    }
+    response
 }
 
 async fn admit_attempt_respond(gw: &Gateway, call: &mut Call) -> Result<Response, ApiError> {
@@ -63,14 +85,14 @@ async fn admit_attempt_respond(gw: &Gateway, call: &mut Call) -> Result<Response
     Ok(respond::respond(gw, call, ticket, attempted.result?))
 }
 
-fn refused(e: ApiError) -> Response {
+fn refused(e: ApiError, dialect: Dialect) -> Response {
     debug!(
         code = e.parts().2,
         status = e.status().as_u16(),
         "request refused: {}",
         e.message
     );
-    e.into_response()
+    e.response(dialect)
 }
 
 fn answered(response: Response, labels: RequestLabels) -> Response {

@@ -14,10 +14,10 @@ use tracing::warn;
 
 use crate::auth::{presented_key, Tenant};
 use crate::call::Call;
+use crate::endpoint::Endpoint;
 use crate::error::{ApiError, ErrorKind};
 use crate::gateway::Gateway;
 use crate::metrics::RequestLabels;
-use crate::pool::Endpoint;
 use crate::request::{read_body, summarize, BodyLimits};
 
 /// Reads `req` into a call; a refusal comes with the labels known by then.
@@ -64,6 +64,16 @@ async fn build(
             format!(
                 "this API key may not use the model {:?}",
                 shown(&summary.model)
+            ),
+        ));
+    }
+    if !pool.serves(endpoint.surface(), tenant.pool.as_deref()) {
+        return Err(ApiError::new(
+            ErrorKind::SurfaceNotServed,
+            format!(
+                "the model {:?} has no backend that serves POST /v1{}",
+                shown(&summary.model),
+                endpoint.path()
             ),
         ));
     }

@@ -38,7 +38,14 @@ where
         started: call.started,
         ticket: ticket.relayed(sse),
     };
-    let relay = RelayBody::new(body, sse, gw.relay.stream_idle_timeout, hold, observer);
+    let relay = RelayBody::new(
+        body,
+        sse,
+        call.endpoint,
+        gw.relay.stream_idle_timeout,
+        hold,
+        observer,
+    );
     Response::from_parts(head, Body::new(relay))
 }
 

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use http::{HeaderName, HeaderValue, Uri};
 use spillway_config::{BackendConfig, BackendKind, Config};
-use spillway_config::{Balance, Engine};
+use spillway_config::{Balance, Engine, Surface, Surfaces};
 use spillway_directory::log_gate::LogGate;
 use spillway_policy::balance::affinity::stable_hash;
 use spillway_policy::concurrency::AimdConfig;
@@ -30,37 +30,10 @@ use tokio::sync::Notify;
 
 use tracing::info;
 
+use crate::endpoint::Endpoint;
 use crate::engine::{EngineLoad, EngineLoads};
 use crate::health::BackendHealth;
 use crate::metrics::{BackendMetrics, PoolMetrics};
-
-/// The OpenAI endpoints the gateway routes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Endpoint {
-    ChatCompletions,
-    Completions,
-    Embeddings,
-}
-
-impl Endpoint {
-    pub const ALL: [Endpoint; 3] = [
-        Endpoint::ChatCompletions,
-        Endpoint::Completions,
-        Endpoint::Embeddings,
-    ];
-
-    pub fn path(self) -> &'static str {
-        match self {
-            Endpoint::ChatCompletions => "/chat/completions",
-            Endpoint::Completions => "/completions",
-            Endpoint::Embeddings => "/embeddings",
-        }
-    }
-
-    fn index(self) -> usize {
-        self as usize
-    }
-}
 
 /// One upstream server for one model.
 #[derive(Debug)]
@@ -91,7 +64,9 @@ pub struct Backend {
     /// Its engine's own view of its load, shared with every backend on the same engine; `None`
     /// when `engine = "none"`.
     pub engine: Option<Arc<EngineLoad>>,
-    uris: [Uri; 3],
+    uris: [Uri; Endpoint::ALL.len()],
+    /// The API surfaces it serves: only requests on these are sent to it.
+    pub surfaces: Surfaces,
     outstanding: AtomicU32,
     /// Shared by the pool's backends: woken whenever one of them frees a unit of concurrency.
     freed: Arc<Freed>,
@@ -137,11 +112,11 @@ impl Backend {
         health: BackendHealth,
         freed: Arc<Freed>,
     ) -> Result<Self, String> {
-        let uris = Endpoint::ALL.map(|e| upstream_uri(&cfg.kind, base, e));
-        let uris = match uris {
-            [Ok(a), Ok(b), Ok(c)] => [a, b, c],
-            [a, b, c] => return Err(a.and(b).and(c).unwrap_err()),
-        };
+        let mut uris = Vec::with_capacity(Endpoint::ALL.len());
+        for endpoint in Endpoint::ALL {
+            uris.push(upstream_uri(&cfg.kind, base, endpoint)?);
+        }
+        let uris = uris.try_into().expect("one URI per endpoint");
         let auth_header = match &cfg.api_key_env {
             None => None,
             Some(var) => {
@@ -192,6 +167,7 @@ impl Backend {
             auth_header,
             engine: None,
             uris,
+            surfaces: cfg.surfaces,
             outstanding: AtomicU32::new(0),
             freed,
             skip_until_ms: AtomicU64::new(0),
@@ -329,6 +305,8 @@ pub struct Ask<'a> {
     pub avoid_region: Option<&'a str>,
     /// The request's affinity key, for `prefix_affinity` and `session_affinity`.
     pub affinity_key: Option<u64>,
+    /// Only backends that serve this surface.
+    pub surface: Surface,
 }
 
 /// A model's backends, and the retry budget their requests share.
@@ -358,6 +336,13 @@ pub struct ModelPool {
 }
 
 impl ModelPool {
+    /// Whether a backend of `bulkhead` (`None`: the shared ones) serves `surface`.
+    pub fn serves(&self, surface: Surface, bulkhead: Option<&str>) -> bool {
+        self.backends
+            .iter()
+            .any(|b| b.bulkhead.as_deref() == bulkhead && b.surfaces.contains(surface))
+    }
+
     /// Requests the backends of `bulkhead` can take now: the sum of the concurrency limits of
     /// those a request could be sent to (not ejected unless the pool is in panic, not cooling
     /// down after a refused connection; one for a backend that takes a single probe). These are
@@ -398,6 +383,7 @@ impl ModelPool {
         let (states, panic) = self.states(now);
         let usable = |i: usize, b: &Backend| {
             b.bulkhead.as_deref() == ask.bulkhead
+                && b.surfaces.contains(ask.surface)
                 && !exclude.contains(&i)
                 && !b.skipped(now)
                 && (panic || !matches!(states[i].0, Health::Ejected { .. }))

@@ -255,3 +255,38 @@ proptest! {
         prop_assert_eq!(scan(false, &chunked(body.as_bytes(), cuts)), expected);
     }
 }
+
+#[test]
+fn reads_a_responses_api_answer_and_its_stream() {
+    let plain = br#"{"id":"resp_1","object":"response","status":"completed","output":[],
+"usage":{"input_tokens":11,"input_tokens_details":{"cached_tokens":4},"output_tokens":7,
+"output_tokens_details":{"reasoning_tokens":0},"total_tokens":18}}"#;
+    assert_eq!(scan_whole(false, plain), usage(11, 7, 18));
+    let stream = b"event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"usage\":null}}\n\n\
+event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"hi\"}\n\n\
+event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"usage\":{\"input_tokens\":11,\"output_tokens\":7,\"total_tokens\":18}}}\n\n";
+    assert_eq!(scan_whole(true, stream), usage(11, 7, 18));
+}
+
+#[test]
+fn a_messages_stream_takes_its_prompt_from_message_start_and_its_output_from_message_delta() {
+    let stream = b"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"usage\":{\"input_tokens\":20,\"output_tokens\":1,\"cache_creation_input_tokens\":0,\"cache_read_input_tokens\":30}}}\n\n\
+event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"hi\"}}\n\n\
+event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"output_tokens\":15}}\n\n\
+event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
+    // Prompt-cache reads are prompt tokens the engine took in.
+    assert_eq!(scan_whole(true, stream), usage(50, 15, 65));
+    for cut in 1..stream.len() {
+        assert_eq!(
+            scan(true, &[&stream[..cut], &stream[cut..]]),
+            usage(50, 15, 65)
+        );
+    }
+}
+
+#[test]
+fn a_plain_messages_answer_counts_cache_writes_as_prompt() {
+    let plain = br#"{"id":"msg_1","type":"message","content":[{"type":"text","text":"hi"}],
+"usage":{"input_tokens":5,"output_tokens":3,"cache_creation_input_tokens":7,"cache_read_input_tokens":0}}"#;
+    assert_eq!(scan_whole(false, plain), usage(12, 3, 15));
+}

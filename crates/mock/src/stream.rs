@@ -106,3 +106,96 @@ impl TokenStream {
         self.outcome.settle(Some(event));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use spillway_config::MockProfile;
+    use tokio::time::Instant;
+
+    use super::*;
+    use crate::request::{Generation, Surface};
+    use crate::stats::Recorder;
+
+    /// Each event of a stream with when it came, on the paused clock, from the pace's start.
+    async fn timed_events(surface: Surface, break_after: Option<u32>) -> Vec<(Step, Duration)> {
+        let profile = MockProfile {
+            ttft: Duration::from_millis(100),
+            tokens_per_sec: 10.0,
+            ..MockProfile::default()
+        };
+        let g = Generation {
+            stream: true,
+            include_usage: false,
+            max_tokens: Some(3),
+            prompt_tokens: 1,
+        };
+        let recorder = Arc::new(Recorder::default());
+        let start = Instant::now();
+        let mut s = TokenStream {
+            plan: Plan::new(surface, "m", &g, &profile, 0),
+            pace: Pace::start(&profile, 0),
+            break_at: None,
+            sent: 0,
+            ended: false,
+            permit: None,
+            outcome: recorder.arrive("/"),
+        };
+        s.break_at = break_after.map(|n| s.plan.break_point(n));
+        let mut out = Vec::new();
+        while let Some(frame) = s.next_frame().await {
+            if frame.is_err() {
+                break;
+            }
+            let step = s.plan.step(s.sent - 1).unwrap();
+            out.push((step, start.elapsed()));
+        }
+        let stats = recorder.snapshot(0, 0);
+        let counted = if break_after.is_some() {
+            stats.streams_broken
+        } else {
+            stats.served
+        };
+        assert_eq!(counted, 1, "{stats:?}");
+        out
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn every_surface_paces_its_token_events_as_chat_does() {
+        let ms = Duration::from_millis;
+        for surface in [Surface::Chat, Surface::Responses, Surface::Messages] {
+            let events = timed_events(surface, None).await;
+            let tokens: Vec<Duration> = events
+                .iter()
+                .filter(|(step, _)| matches!(step, Step::Token(_)))
+                .map(|&(_, at)| at)
+                .collect();
+            assert_eq!(tokens, [ms(100), ms(200), ms(300)], "{surface:?}");
+            for (step, at) in &events {
+                match step {
+                    Step::Open(_) => assert_eq!(*at, ms(100), "{surface:?}"),
+                    Step::Close(_) => assert_eq!(*at, ms(300), "{surface:?}"),
+                    Step::Token(_) => {}
+                }
+            }
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_break_withholds_the_rest_and_counts_as_broken() {
+        let events = timed_events(Surface::Messages, Some(2)).await;
+        let steps: Vec<Step> = events.into_iter().map(|(s, _)| s).collect();
+        assert_eq!(
+            steps,
+            [
+                Step::Open(0),
+                Step::Open(1),
+                Step::Open(2),
+                Step::Token(0),
+                Step::Token(1)
+            ]
+        );
+    }
+}

@@ -191,7 +191,8 @@ impl Plan {
         })
     }
 
-    /// Chat and completions: [role], tokens, finish, [usage], `[DONE]`.
+    /// Chat and completions: the role chunk (chat only), tokens, finish, the usage chunk (if asked
+    /// for), `[DONE]`.
     fn openai_frame(&self, step: Step) -> Bytes {
         match step {
             Step::Open(_) => self.chunk(json!({"role": "assistant", "content": ""}), "", None),

@@ -1,4 +1,4 @@
-//! spillway-mock: a simulated OpenAI-compatible inference server.
+//! spillway-mock: a simulated OpenAI- and Anthropic-compatible inference server.
 //!
 //! A gateway is only as trustworthy as the failures it has been tested against, and real
 //! backends fail rarely and never on demand. This server answers chat, completions, embeddings

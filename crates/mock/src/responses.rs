@@ -8,8 +8,8 @@
 //! semantic events, each `event: TYPE` with a JSON `data` carrying the same `type` and a
 //! `sequence_number` that counts the events from 0: four opening events, one
 //! `response.output_text.delta` per token, and four closing events ending with
-//! `response.completed`, or `response.incomplete` when the reply stopped at
-//! `max_output_tokens` (as the API ends such a stream). There is no `[DONE]` line.
+//! `response.completed`, which carries the whole response (its status `incomplete` when the
+//! reply stopped at `max_output_tokens`). There is no `[DONE]` line.
 
 use bytes::Bytes;
 use serde_json::{json, Map, Value};
@@ -130,14 +130,10 @@ pub(crate) fn frame(plan: &Plan, step: Step, seq: u32) -> Bytes {
             "response.output_item.done",
             json!({"output_index": 0, "item": message_item(plan, Some(&plan.text()))}),
         ),
-        Step::Close(_) => {
-            let name = if plan.at_limit {
-                "response.incomplete"
-            } else {
-                "response.completed"
-            };
-            (name, json!({"response": response(plan, true)}))
-        }
+        Step::Close(_) => (
+            "response.completed",
+            json!({"response": response(plan, true)}),
+        ),
     };
     let mut event = json!({"type": name});
     if let (Some(event), Some(fields)) = (event.as_object_mut(), fields.as_object_mut()) {
@@ -254,8 +250,9 @@ mod tests {
         let last = frame(&plan, Step::Close(3), 9);
         let text = std::str::from_utf8(&last).unwrap();
         assert!(
-            text.starts_with("event: response.incomplete\ndata: "),
+            text.starts_with("event: response.completed\ndata: "),
             "{text}"
         );
+        assert!(text.contains(r#""status":"incomplete""#), "{text}");
     }
 }

@@ -166,7 +166,7 @@ async fn stream_is_the_semantic_events_in_order_ending_with_completed() {
 }
 
 #[tokio::test]
-async fn stream_cut_at_max_output_tokens_ends_with_incomplete() {
+async fn stream_cut_at_max_output_tokens_completes_with_status_incomplete() {
     let mock = start(profile(|_| {})).await;
     let body = json!({"model": "m", "input": "hi", "stream": true, "max_output_tokens": 2});
     let (text, failed) = read_stream(post(&mock, PATH, &body).await).await;
@@ -174,7 +174,7 @@ async fn stream_cut_at_max_output_tokens_ends_with_incomplete() {
     let events = named_events(&text);
     assert_eq!(events.len(), 4 + 2 + 4, "{text}");
     let (name, last) = events.last().unwrap();
-    assert_eq!(name, "response.incomplete");
+    assert_eq!(name, "response.completed");
     assert_eq!(last["response"]["status"], "incomplete");
     assert_eq!(
         last["response"]["incomplete_details"]["reason"],

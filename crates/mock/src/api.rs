@@ -6,6 +6,12 @@
 //! and the model are checked, a generation slot is taken (or 429), the prompt is looked up in
 //! the prefix cache, and only then is the reply generated at the profile's pace: the uncached
 //! part of the prompt prefilled, then the tokens. Every exit records exactly one outcome.
+//!
+//! Every API surface (OpenAI chat, completions, embeddings and Responses; Anthropic Messages)
+//! takes this one path; the endpoint decides only how the request is read, what the reply
+//! looks like, and the [`Dialect`](crate::error::Dialect) its errors and headers follow.
+//! Anthropic's `count_tokens` takes it too, through the checks, and is answered at once,
+//! without a generation slot, prefix-cache lookup or pacing.
 
 use std::sync::Arc;
 
@@ -23,8 +29,9 @@ use crate::embeddings::Embedding;
 use crate::error::ApiError;
 use crate::faults::{self, Injected};
 use crate::generate::{self, Pace, Plan};
+use crate::messages;
 use crate::prefix::{Chunker, PromptBlocks};
-use crate::request::{self, Endpoint, Generation, CHARS_PER_TOKEN};
+use crate::request::{self, Endpoint, Generation, Surface, CHARS_PER_TOKEN};
 use crate::slots::SlotPermit;
 use crate::stats::{Event, Outcome, Remembered};
 use crate::stream::{self, StreamParts};
@@ -47,8 +54,13 @@ pub(crate) async fn infer(
     let (parts, body) = req.into_parts();
     let live = server.live();
     let mut outcome = server.recorder().arrive(parts.uri.path());
+    let dialect = endpoint.dialect();
     match admit(&server, &live, endpoint, deployment, &parts, body, &outcome).await {
-        Ok(admitted) => reply(&server, admitted, &live, outcome).await,
+        Ok(admitted) => {
+            let mut response = reply(&server, admitted, &live, outcome).await;
+            dialect.stamp(&mut response);
+            response
+        }
         Err(Refusal::Reset) => {
             outcome.settle(Some(Event::ResetInjected));
             let mut r = Response::new(Body::empty());
@@ -57,12 +69,13 @@ pub(crate) async fn infer(
         }
         Err(Refusal::Error(error, event)) => {
             outcome.settle(Some(event));
-            error.into_response()
+            dialect.answer(error)
         }
     }
 }
 
-/// The key check shared by inference and `/v1/models`.
+/// The key check shared by inference and `/v1/models`: the key may come as `Authorization:
+/// Bearer KEY` (OpenAI), `api-key: KEY` (Azure) or `x-api-key: KEY` (Anthropic).
 pub(crate) fn authorize(live: &Live, headers: &HeaderMap) -> Result<(), ApiError> {
     let Some(required) = live.required_key.as_deref() else {
         return Ok(());
@@ -74,17 +87,21 @@ pub(crate) fn authorize(live: &Live, headers: &HeaderMap) -> Result<(), ApiError
             let (scheme, key) = v.split_once(' ')?;
             scheme.eq_ignore_ascii_case("bearer").then(|| key.trim())
         });
-    let api_key = headers.get("api-key").and_then(|v| v.to_str().ok());
-    match (bearer, api_key) {
-        (None, None) => Err(ApiError::unauthorized(
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    let presented = [bearer, header("api-key"), header("x-api-key")];
+    if presented.contains(&Some(required)) {
+        Ok(())
+    } else if presented.iter().all(Option::is_none) {
+        Err(ApiError::unauthorized(
             "missing_api_key",
-            "You didn't provide an API key: send `Authorization: Bearer KEY` or `api-key: KEY`.",
-        )),
-        (b, k) if b == Some(required) || k == Some(required) => Ok(()),
-        _ => Err(ApiError::unauthorized(
+            "You didn't provide an API key: send `Authorization: Bearer KEY`, `api-key: KEY` \
+             or `x-api-key: KEY`.",
+        ))
+    } else {
+        Err(ApiError::unauthorized(
             "invalid_api_key",
             "Incorrect API key provided.",
-        )),
+        ))
     }
 }
 
@@ -101,18 +118,20 @@ fn invalid(error: ApiError) -> Refusal {
 enum Work {
     /// `prompt` is the prompt's blocks for the prefix cache, unless the cache is off.
     Generate {
+        surface: Surface,
         g: Generation,
         prompt: Option<PromptBlocks>,
     },
     Embed(Embedding),
+    /// Anthropic's `count_tokens`: the prompt's tokens, counted without a generation slot.
+    Count(u32),
 }
 
-/// A request that passed every check and holds a generation slot.
+/// A request that passed every check and holds a generation slot if its work needs one.
 struct Admitted {
-    endpoint: Endpoint,
     model: String,
     work: Work,
-    permit: SlotPermit,
+    permit: Option<SlotPermit>,
 }
 
 async fn admit(
@@ -172,32 +191,39 @@ async fn admit(
     }
     // Read before taking a slot, so a malformed request never holds one.
     let profile = &live.profile;
+    // The KV-cache tokens the work holds with its slot; `None` needs no slot.
     let (work, kv_tokens) = match endpoint {
         Endpoint::Embeddings => {
             let e = Embedding::parse(fields, profile.embedding_dim).map_err(invalid)?;
             let kv = u64::from(e.prompt_tokens());
-            (Work::Embed(e), kv)
+            (Work::Embed(e), Some(kv))
         }
-        Endpoint::Chat | Endpoint::Completions => {
-            let g = request::generation(endpoint, fields).map_err(invalid)?;
+        Endpoint::CountTokens => {
+            let n = request::prompt_tokens(Surface::Messages, fields).map_err(invalid)?;
+            (Work::Count(n), None)
+        }
+        Endpoint::Generate(surface) => {
+            let g = request::generation(surface, fields).map_err(invalid)?;
             let output = generate::output_length(&g, profile).0;
             let kv = u64::from(g.prompt_tokens) + u64::from(output);
             let entries = profile.prefix_cache_entries as usize;
             let prompt = (entries > 0).then(|| {
                 let mut blocks = Chunker::new(&model, profile.prefix_chars as usize, entries);
-                request::for_each_prompt_text(endpoint, fields, |text| blocks.push(text));
+                request::for_each_prompt_text(surface, fields, |text| blocks.push(text));
                 blocks.finish()
             });
-            (Work::Generate { g, prompt }, kv)
+            (Work::Generate { surface, g, prompt }, Some(kv))
         }
     };
 
-    let permit = server.slots().acquire(kv_tokens).await.map_err(|full| {
-        let error = ApiError::queue_full(full.capacity, full.queue);
-        Refusal::Error(error, Event::RejectedQueueFull)
-    })?;
+    let permit = match kv_tokens {
+        None => None,
+        Some(kv) => Some(server.slots().acquire(kv).await.map_err(|full| {
+            let error = ApiError::queue_full(full.capacity, full.queue);
+            Refusal::Error(error, Event::RejectedQueueFull)
+        })?),
+    };
     Ok(Admitted {
-        endpoint,
         model,
         work,
         permit,
@@ -212,15 +238,15 @@ async fn reply(server: &MockServer, a: Admitted, live: &Live, mut outcome: Outco
             tokio::time::sleep_until(pace.due(0)).await;
             Json(embedding.response(&a.model)).into_response()
         }
-        Work::Generate { g, prompt } => {
-            let prefill = uncached_tokens(server, &g, prompt.as_ref(), profile);
-            let pace = Pace::start(profile, prefill);
-            let plan = Plan::new(a.endpoint, &a.model, &g, profile);
+        Work::Count(input_tokens) => Json(messages::token_count(input_tokens)).into_response(),
+        Work::Generate { surface, g, prompt } => {
+            let cached = cached_tokens(server, &g, prompt.as_ref(), profile);
+            let pace = Pace::start(profile, g.prompt_tokens.saturating_sub(cached));
+            let plan = Plan::new(surface, &a.model, &g, profile, cached);
             if g.stream {
                 return event_stream(StreamParts {
                     plan,
                     pace,
-                    include_usage: g.include_usage,
                     break_after: profile.fault.break_stream_after,
                     permit: a.permit,
                     outcome,
@@ -237,16 +263,16 @@ async fn reply(server: &MockServer, a: Admitted, live: &Live, mut outcome: Outco
     response
 }
 
-/// The prompt tokens left to prefill: all of them, less the start the prefix cache holds. The
-/// lookup is counted; with the cache off there is none.
-fn uncached_tokens(
+/// The prompt tokens the prefix cache holds, at most all of them; the rest must be prefilled.
+/// The lookup is counted; with the cache off there is none, and nothing is cached.
+fn cached_tokens(
     server: &MockServer,
     g: &Generation,
     prompt: Option<&PromptBlocks>,
     profile: &spillway_config::MockProfile,
 ) -> u32 {
     let Some(prompt) = prompt else {
-        return g.prompt_tokens;
+        return 0;
     };
     let capacity = profile.prefix_cache_entries as usize;
     let cached_chars = server.prefix_cache().lookup_and_insert(prompt, capacity);
@@ -254,7 +280,7 @@ fn uncached_tokens(
         .unwrap_or(u32::MAX)
         .min(g.prompt_tokens);
     server.recorder().prefix_lookup(g.prompt_tokens, hit);
-    g.prompt_tokens - hit
+    hit
 }
 
 fn event_stream(parts: StreamParts) -> Response {
@@ -294,6 +320,8 @@ fn remembered(parts: &Parts, model: Option<String>, body: Arc<Value>) -> Remembe
         "bearer"
     } else if h.contains_key("api-key") {
         "api-key"
+    } else if h.contains_key("x-api-key") {
+        "x-api-key"
     } else {
         "none"
     };
@@ -342,7 +370,7 @@ mod tests {
     }
 
     #[test]
-    fn either_header_may_carry_the_required_key() {
+    fn any_of_the_three_headers_may_carry_the_required_key() {
         let live = Live {
             profile: Default::default(),
             required_key: Some("k1".to_owned()),
@@ -358,6 +386,10 @@ mod tests {
         assert!(authorize(&live, &headers(&[("authorization", "bearer  k1")])).is_ok());
         assert!(authorize(&live, &headers(&[("api-key", "k1")])).is_ok());
         assert!(authorize(&live, &headers(&[("api-key", "k2")])).is_err());
+        assert!(authorize(&live, &headers(&[("x-api-key", "k1")])).is_ok());
+        assert!(authorize(&live, &headers(&[("x-api-key", "k2")])).is_err());
+        // A wrong key in one header does not hide the right one in another.
+        assert!(authorize(&live, &headers(&[("api-key", "no"), ("x-api-key", "k1")])).is_ok());
         assert!(authorize(&live, &headers(&[("authorization", "k1")])).is_err());
         assert!(authorize(&live, &headers(&[])).is_err());
     }

@@ -69,7 +69,8 @@ pub struct MockArgs {
     /// Share of connections reset before any response byte, from 0 to 1.
     #[arg(long, value_name = "RATE", default_value_t = MockProfile::default().fault.reset_rate)]
     pub reset_rate: f64,
-    /// Break every stream off after N events (no `[DONE]`).
+    /// Break every stream off after N events of a chat or completions stream, or N tokens of a
+    /// Responses or Messages stream (never sending the stream's last event, e.g. `[DONE]`).
     #[arg(long, value_name = "N")]
     pub break_stream_after: Option<u32>,
     /// Answer `/metrics` with this status instead of the metrics.
@@ -78,8 +79,8 @@ pub struct MockArgs {
     /// Hang this long before answering `/metrics`, e.g. 2s.
     #[arg(long, value_name = "DURATION")]
     pub metrics_stall: Option<humantime::Duration>,
-    /// Require `Authorization: Bearer KEY` or `api-key: KEY`, with KEY read from this
-    /// environment variable (the key itself never appears on the command line).
+    /// Require `Authorization: Bearer KEY`, `api-key: KEY` or `x-api-key: KEY`, with KEY read
+    /// from this environment variable (the key itself never appears on the command line).
     #[arg(long, value_name = "VAR")]
     pub require_api_key_env: Option<String>,
 }

@@ -1,8 +1,12 @@
-//! The OpenAI-style error every refusal of the mock server answers with.
+//! The error every refusal of the mock server answers with, in the dialect of the API asked.
 //!
-//! Clients and the gateway parse `{"error":{"message","type","param","code"}}` the same way for
-//! every upstream, so the mock never answers an error in any other shape: one type, one place
-//! that turns it into a response.
+//! Clients and the gateway parse an OpenAI upstream's `{"error":{"message","type","param","code"}}`
+//! and an Anthropic upstream's `{"type":"error","error":{"type","message"}}` each the same way for
+//! every upstream of that kind, so the mock never answers an error in any other shape: one type
+//! that carries its [`Dialect`], one place that turns it into a response. The dialect is the
+//! endpoint's: Anthropic's for `/v1/messages` and `/v1/messages/count_tokens`, OpenAI's for
+//! everything else. Anthropic's error `type` follows from the status alone, as its API documents
+//! it, and every Anthropic answer, error or not, carries a `request-id` header.
 
 use std::time::Duration;
 
@@ -11,7 +15,46 @@ use axum::Json;
 use http::{HeaderValue, StatusCode};
 use serde_json::json;
 
-/// A refused request: the status, the OpenAI `type` and `code`, and a sentence for humans.
+/// Which API's conventions an answer follows: its error shape and its headers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) enum Dialect {
+    #[default]
+    OpenAi,
+    Anthropic,
+}
+
+impl Dialect {
+    /// The dialect of a URL path: Anthropic's under `/v1/messages`, OpenAI's elsewhere. For
+    /// answers given before any endpoint is known (an unknown path, a wrong method).
+    pub(crate) fn of_path(path: &str) -> Self {
+        let rest = path.strip_prefix("/v1/messages");
+        if rest.is_some_and(|r| r.is_empty() || r.starts_with('/')) {
+            Dialect::Anthropic
+        } else {
+            Dialect::OpenAi
+        }
+    }
+
+    /// Adds the headers every answer in this dialect carries: Anthropic's `request-id`.
+    pub(crate) fn stamp(self, response: &mut Response) {
+        if self == Dialect::Anthropic {
+            let id = format!("req_{:024x}", rand::random::<u128>() >> 32);
+            if let Ok(v) = HeaderValue::from_str(&id) {
+                response.headers_mut().insert("request-id", v);
+            }
+        }
+    }
+
+    /// [`ApiError::into_response`] in this dialect, stamped with its headers.
+    pub(crate) fn answer(self, error: ApiError) -> Response {
+        let mut response = error.in_dialect(self).into_response();
+        self.stamp(&mut response);
+        response
+    }
+}
+
+/// A refused request: the status, the OpenAI `type` and `code`, a sentence for humans, and the
+/// dialect its body is written in.
 #[derive(Debug, Clone)]
 pub(crate) struct ApiError {
     status: StatusCode,
@@ -20,6 +63,7 @@ pub(crate) struct ApiError {
     message: String,
     param: Option<&'static str>,
     retry_after: Option<Duration>,
+    dialect: Dialect,
 }
 
 impl ApiError {
@@ -31,7 +75,13 @@ impl ApiError {
             message,
             param: None,
             retry_after: None,
+            dialect: Dialect::OpenAi,
         }
+    }
+
+    /// The same error, answered in `dialect`'s shape.
+    pub(crate) fn in_dialect(self, dialect: Dialect) -> Self {
+        Self { dialect, ..self }
     }
 
     /// A request the server cannot use: bad JSON, a missing or mistyped field.
@@ -134,12 +184,18 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = json!({"error": {
-            "message": self.message,
-            "type": self.kind,
-            "param": self.param,
-            "code": self.code,
-        }});
+        let body = match self.dialect {
+            Dialect::OpenAi => json!({"error": {
+                "message": self.message,
+                "type": self.kind,
+                "param": self.param,
+                "code": self.code,
+            }}),
+            Dialect::Anthropic => json!({"type": "error", "error": {
+                "type": anthropic_type(self.status),
+                "message": self.message,
+            }}),
+        };
         let mut response = (self.status, Json(body)).into_response();
         if let Some(wait) = self.retry_after {
             response.headers_mut().insert(
@@ -148,6 +204,21 @@ impl IntoResponse for ApiError {
             );
         }
         response
+    }
+}
+
+/// Anthropic's error `type` for a status, as its API documents them; statuses it does not
+/// list take the type of their class.
+fn anthropic_type(status: StatusCode) -> &'static str {
+    match status.as_u16() {
+        401 => "authentication_error",
+        403 => "permission_error",
+        404 => "not_found_error",
+        413 => "request_too_large",
+        429 => "rate_limit_error",
+        503 | 529 => "overloaded_error",
+        500..=599 => "api_error",
+        _ => "invalid_request_error",
     }
 }
 
@@ -176,5 +247,63 @@ mod tests {
         let r = ApiError::injected(418, None).into_response();
         assert_eq!(r.status(), 418);
         assert!(!r.headers().contains_key("retry-after"));
+        let r = ApiError::injected(529, None).into_response();
+        assert_eq!(r.status(), 529);
+    }
+
+    async fn body(r: Response) -> serde_json::Value {
+        let bytes = http_body_util::BodyExt::collect(r.into_body())
+            .await
+            .unwrap()
+            .to_bytes();
+        serde_json::from_slice(&bytes).unwrap()
+    }
+
+    #[tokio::test]
+    async fn one_error_answers_in_either_dialect() {
+        let e = ApiError::model_not_found("x");
+        let v = body(e.clone().into_response()).await;
+        assert_eq!(v["error"]["code"], "model_not_found");
+        assert_eq!(v["error"]["param"], "model");
+        let r = Dialect::Anthropic.answer(e);
+        assert_eq!(r.status(), 404);
+        assert!(r.headers()["request-id"]
+            .to_str()
+            .unwrap()
+            .starts_with("req_"));
+        let v = body(r).await;
+        assert_eq!(v["type"], "error");
+        assert_eq!(v["error"]["type"], "not_found_error");
+        assert!(v["error"]["message"].as_str().unwrap().contains('x'));
+        assert_eq!(v.as_object().unwrap().len(), 2, "{v}");
+        let r = Dialect::OpenAi.answer(ApiError::route_not_found());
+        assert!(!r.headers().contains_key("request-id"));
+    }
+
+    #[test]
+    fn anthropic_types_follow_the_status() {
+        let t = |s: u16| anthropic_type(StatusCode::from_u16(s).unwrap());
+        assert_eq!(t(400), "invalid_request_error");
+        assert_eq!(t(401), "authentication_error");
+        assert_eq!(t(403), "permission_error");
+        assert_eq!(t(404), "not_found_error");
+        assert_eq!(t(405), "invalid_request_error");
+        assert_eq!(t(413), "request_too_large");
+        assert_eq!(t(429), "rate_limit_error");
+        assert_eq!(t(500), "api_error");
+        assert_eq!(t(502), "api_error");
+        assert_eq!(t(503), "overloaded_error");
+        assert_eq!(t(529), "overloaded_error");
+    }
+
+    #[test]
+    fn the_dialect_of_a_path() {
+        assert_eq!(Dialect::of_path("/v1/messages"), Dialect::Anthropic);
+        assert_eq!(
+            Dialect::of_path("/v1/messages/count_tokens"),
+            Dialect::Anthropic
+        );
+        assert_eq!(Dialect::of_path("/v1/messagesx"), Dialect::OpenAi);
+        assert_eq!(Dialect::of_path("/v1/chat/completions"), Dialect::OpenAi);
     }
 }

@@ -1,11 +1,15 @@
-//! Simulated generation: how many tokens, when each is due, and the OpenAI response shapes.
+//! Simulated generation: how many tokens, when each is due, what a stream is made of, and the
+//! OpenAI chat and text completion shapes.
 //!
 //! The shapes follow what the official `openai` SDKs parse: `chat.completion` and
 //! `text_completion` objects with `usage`, and for streams `chat.completion.chunk` /
-//! `text_completion` chunks framed as server-sent events. Timing is a schedule (first token
-//! after `ttft` plus the prefill of the prompt tokens the prefix cache did not hold, then one per
-//! `1 / tokens_per_sec`) measured from one start instant, so slow polling never makes a stream
-//! drift later than the profile says.
+//! `text_completion` chunks framed as server-sent events. The Responses and Messages APIs'
+//! shapes are in `responses.rs` and `messages.rs`; every surface shares the [`Plan`], its
+//! tokens and their text, and a stream's layout of opening events, one event per token and
+//! closing events ([`Step`]). Timing is a schedule (first token after `ttft` plus the prefill
+//! of the prompt tokens the prefix cache did not hold, then one per `1 / tokens_per_sec`)
+//! measured from one start instant, so slow polling never makes a stream drift later than the
+//! profile says.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -14,7 +18,8 @@ use serde_json::{json, Value};
 use spillway_config::MockProfile;
 use tokio::time::Instant;
 
-use crate::request::{Endpoint, Generation};
+use crate::request::{Generation, Surface};
+use crate::{messages, responses};
 
 /// The longest single wait the schedule computes; beyond it a profile is effectively "never".
 const LONGEST_WAIT: Duration = Duration::from_secs(365 * 24 * 3600);
@@ -28,48 +33,157 @@ const WORDS: [&str; 16] = [
 /// The reply one request gets, fixed before the first token.
 #[derive(Debug, Clone)]
 pub(crate) struct Plan {
-    chat: bool,
-    id: String,
-    created: u64,
-    model: String,
+    pub(crate) surface: Surface,
+    pub(crate) id: String,
+    /// The Responses API's output message id (empty on the other surfaces).
+    pub(crate) item_id: String,
+    /// Unix seconds.
+    pub(crate) created: u64,
+    pub(crate) model: String,
     pub(crate) tokens: u32,
-    finish_reason: &'static str,
-    prompt_tokens: u32,
+    /// Generation stops at the request's own limit, not where the model would stop anyway.
+    pub(crate) at_limit: bool,
+    pub(crate) prompt_tokens: u32,
+    /// The prompt tokens found in the prefix cache (at most `prompt_tokens`).
+    pub(crate) cached_tokens: u32,
+    /// Chat and completions streams: a usage chunk before `[DONE]`.
+    include_usage: bool,
+}
+
+/// One event of a stream, by its place in the stream's layout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Step {
+    /// The `i`th event before the first token: chat's role chunk, the Responses and Messages
+    /// streams' opening events. All are due with the first token.
+    Open(u32),
+    /// The event carrying token `i`.
+    Token(u32),
+    /// The `i`th event after the last token; the first is due with the last token, and the last
+    /// ends the stream (`[DONE]`, `response.completed`, `message_stop`).
+    Close(u32),
 }
 
 impl Plan {
-    /// The request's limit caps the profile's; stopping at the request's own limit is
-    /// `"length"`, stopping where the server would anyway is `"stop"`.
+    /// The request's limit caps the profile's; the reply stops at the request's own limit
+    /// ("length", "max_tokens", "incomplete") or where the server would anyway.
+    /// `cached_tokens` is the prompt's start the prefix cache held.
     pub(crate) fn new(
-        endpoint: Endpoint,
+        surface: Surface,
         model: &str,
         g: &Generation,
         profile: &MockProfile,
+        cached_tokens: u32,
     ) -> Self {
-        let (tokens, finish_reason) = output_length(g, profile);
-        let chat = endpoint == Endpoint::Chat;
-        let prefix = if chat { "chatcmpl" } else { "cmpl" };
+        let (tokens, at_limit) = output_length(g, profile);
+        let hex = || format!("{:032x}", rand::random::<u128>());
+        let (id, item_id) = match surface {
+            Surface::Chat => (format!("chatcmpl-{}", &hex()[8..]), String::new()),
+            Surface::Completions => (format!("cmpl-{}", &hex()[8..]), String::new()),
+            Surface::Responses => (format!("resp_{}", hex()), format!("msg_{}", hex())),
+            Surface::Messages => (format!("msg_{}", &hex()[8..]), String::new()),
+        };
         Self {
-            chat,
-            id: format!("{prefix}-{:024x}", rand::random::<u128>() >> 32),
+            surface,
+            id,
+            item_id,
             created: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
             model: model.to_owned(),
             tokens,
-            finish_reason,
+            at_limit,
             prompt_tokens: g.prompt_tokens,
+            cached_tokens: cached_tokens.min(g.prompt_tokens),
+            include_usage: g.include_usage,
         }
     }
 
     /// The whole non-streaming response.
     pub(crate) fn completion(&self) -> Value {
-        let text = (0..self.tokens).map(token_text).collect::<String>();
-        let choice = if self.chat {
-            json!({"index": 0, "message": {"role": "assistant", "content": text, "refusal": null},
-                   "logprobs": null, "finish_reason": self.finish_reason})
+        match self.surface {
+            Surface::Chat | Surface::Completions => self.openai_completion(),
+            Surface::Responses => responses::response(self, true),
+            Surface::Messages => messages::message(self),
+        }
+    }
+
+    /// The whole generated text.
+    pub(crate) fn text(&self) -> String {
+        (0..self.tokens).map(token_text).collect()
+    }
+
+    /// Events in the whole stream.
+    pub(crate) fn events(&self) -> u32 {
+        let (open, close) = self.layout();
+        open.saturating_add(self.tokens).saturating_add(close)
+    }
+
+    /// The event at place `i` of the stream, from 0; `None` past its end.
+    pub(crate) fn step(&self, i: u32) -> Option<Step> {
+        let (open, close) = self.layout();
+        if i < open {
+            return Some(Step::Open(i));
+        }
+        let i = i - open;
+        if i < self.tokens {
+            return Some(Step::Token(i));
+        }
+        let i = i - self.tokens;
+        (i < close).then_some(Step::Close(i))
+    }
+
+    /// The place of the event `break_stream_after: Some(n)` breaks the stream off before: after
+    /// `n` events of a chat or completions stream, after the opening events and `n` tokens of a
+    /// Responses or Messages stream, and never later than before the event that ends it.
+    pub(crate) fn break_point(&self, n: u32) -> u32 {
+        let uncounted = match self.surface {
+            Surface::Chat | Surface::Completions => 0,
+            Surface::Responses | Surface::Messages => self.layout().0,
+        };
+        uncounted
+            .saturating_add(n)
+            .min(self.events().saturating_sub(1))
+    }
+
+    /// The bytes of event `step`, which is at place `seq` of the stream.
+    pub(crate) fn frame(&self, step: Step, seq: u32) -> Bytes {
+        match self.surface {
+            Surface::Chat | Surface::Completions => self.openai_frame(step),
+            Surface::Responses => responses::frame(self, step, seq),
+            Surface::Messages => messages::frame(self, step),
+        }
+    }
+
+    /// Events before the first token and after the last.
+    fn layout(&self) -> (u32, u32) {
+        match self.surface {
+            Surface::Chat => (1, 2 + u32::from(self.include_usage)),
+            Surface::Completions => (0, 2 + u32::from(self.include_usage)),
+            Surface::Responses => (responses::OPENING, responses::CLOSING),
+            Surface::Messages => (messages::OPENING, messages::CLOSING),
+        }
+    }
+
+    fn chat(&self) -> bool {
+        self.surface == Surface::Chat
+    }
+
+    fn finish_reason(&self) -> &'static str {
+        if self.at_limit {
+            "length"
         } else {
-            json!({"index": 0, "text": text, "logprobs": null, "finish_reason": self.finish_reason})
+            "stop"
+        }
+    }
+
+    fn openai_completion(&self) -> Value {
+        let text = self.text();
+        let choice = if self.chat() {
+            json!({"index": 0, "message": {"role": "assistant", "content": text, "refusal": null},
+                   "logprobs": null, "finish_reason": self.finish_reason()})
+        } else {
+            let finish = self.finish_reason();
+            json!({"index": 0, "text": text, "logprobs": null, "finish_reason": finish})
         };
         json!({
             "id": self.id, "object": self.object(false), "created": self.created, "model": self.model,
@@ -77,26 +191,23 @@ impl Plan {
         })
     }
 
-    /// Whether streams begin with a chunk carrying only the assistant role (chat does).
-    pub(crate) fn has_role_chunk(&self) -> bool {
-        self.chat
-    }
-
-    pub(crate) fn role_chunk(&self) -> Bytes {
-        self.chunk(json!({"role": "assistant", "content": ""}), "", None)
-    }
-
-    pub(crate) fn token_chunk(&self, i: u32) -> Bytes {
-        let text = token_text(i);
-        self.chunk(json!({"content": text}), text, None)
-    }
-
-    pub(crate) fn finish_chunk(&self) -> Bytes {
-        self.chunk(json!({}), "", Some(self.finish_reason))
+    /// Chat and completions: the role chunk (chat only), tokens, finish, the usage chunk (if asked
+    /// for), `[DONE]`.
+    fn openai_frame(&self, step: Step) -> Bytes {
+        match step {
+            Step::Open(_) => self.chunk(json!({"role": "assistant", "content": ""}), "", None),
+            Step::Token(i) => {
+                let text = token_text(i);
+                self.chunk(json!({"content": text}), text, None)
+            }
+            Step::Close(0) => self.chunk(json!({}), "", Some(self.finish_reason())),
+            Step::Close(1) if self.include_usage => self.usage_chunk(),
+            Step::Close(_) => Bytes::from_static(b"data: [DONE]\n\n"),
+        }
     }
 
     /// The chunk `stream_options.include_usage` asks for: no choices, only usage.
-    pub(crate) fn usage_chunk(&self) -> Bytes {
+    fn usage_chunk(&self) -> Bytes {
         sse(&json!({
             "id": self.id, "object": self.object(true), "created": self.created, "model": self.model,
             "system_fingerprint": "fp_spillway_mock", "choices": [], "usage": self.usage(),
@@ -104,7 +215,7 @@ impl Plan {
     }
 
     fn chunk(&self, delta: Value, text: &str, finish: Option<&str>) -> Bytes {
-        let choice = if self.chat {
+        let choice = if self.chat() {
             json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish})
         } else {
             json!({"index": 0, "text": text, "logprobs": null, "finish_reason": finish})
@@ -116,7 +227,7 @@ impl Plan {
     }
 
     fn object(&self, chunk: bool) -> &'static str {
-        match (self.chat, chunk) {
+        match (self.chat(), chunk) {
             (true, false) => "chat.completion",
             (true, true) => "chat.completion.chunk",
             (false, _) => "text_completion",
@@ -132,11 +243,11 @@ impl Plan {
     }
 }
 
-/// How many tokens a request gets and why it stops there.
-pub(crate) fn output_length(g: &Generation, profile: &MockProfile) -> (u32, &'static str) {
+/// How many tokens a request gets, and whether that is the request's own limit.
+pub(crate) fn output_length(g: &Generation, profile: &MockProfile) -> (u32, bool) {
     match g.max_tokens {
-        Some(limit) if limit <= profile.max_output_tokens => (limit, "length"),
-        _ => (profile.max_output_tokens, "stop"),
+        Some(limit) if limit <= profile.max_output_tokens => (limit, true),
+        _ => (profile.max_output_tokens, false),
     }
 }
 
@@ -184,7 +295,7 @@ impl Pace {
 }
 
 /// Token `i` as text; the first drops its leading space so the reply does not start with one.
-fn token_text(i: u32) -> &'static str {
+pub(crate) fn token_text(i: u32) -> &'static str {
     let word = WORDS[i as usize % WORDS.len()];
     if i == 0 {
         word.trim_start()
@@ -195,7 +306,23 @@ fn token_text(i: u32) -> &'static str {
 
 /// One server-sent event: `data: JSON` and a blank line.
 pub(crate) fn sse(v: &Value) -> Bytes {
-    let mut out = b"data: ".to_vec();
+    sse_event(None, v)
+}
+
+/// One server-sent event, named as the Responses and Messages streams name theirs: `event:
+/// NAME`, `data: JSON` and a blank line.
+pub(crate) fn sse_named(name: &str, v: &Value) -> Bytes {
+    sse_event(Some(name), v)
+}
+
+fn sse_event(name: Option<&str>, v: &Value) -> Bytes {
+    let mut out = Vec::new();
+    if let Some(name) = name {
+        out.extend_from_slice(b"event: ");
+        out.extend_from_slice(name.as_bytes());
+        out.push(b'\n');
+    }
+    out.extend_from_slice(b"data: ");
     // Writing a `Value` into a Vec cannot fail: every key is a string and there is no I/O.
     if serde_json::to_writer(&mut out, v).is_err() {
         out.extend_from_slice(b"{}");
@@ -223,12 +350,12 @@ mod tests {
             max_output_tokens: 10,
             ..MockProfile::default()
         };
-        let plan = Plan::new(Endpoint::Chat, "m", &gen(Some(3)), &p);
+        let plan = Plan::new(Surface::Chat, "m", &gen(Some(3)), &p, 0);
         let v = plan.completion();
         assert_eq!(v["choices"][0]["message"]["content"], "the quick mock");
         assert_eq!(v["choices"][0]["finish_reason"], "length");
         assert_eq!(v["usage"]["total_tokens"], 8);
-        let plan = Plan::new(Endpoint::Completions, "m", &gen(Some(50)), &p);
+        let plan = Plan::new(Surface::Completions, "m", &gen(Some(50)), &p, 0);
         let v = plan.completion();
         assert_eq!(v["object"], "text_completion");
         assert_eq!(v["choices"][0]["finish_reason"], "stop");
@@ -237,8 +364,8 @@ mod tests {
 
     #[test]
     fn chunks_are_single_sse_events() {
-        let plan = Plan::new(Endpoint::Chat, "m", &gen(None), &MockProfile::default());
-        let c = plan.token_chunk(1);
+        let plan = Plan::new(Surface::Chat, "m", &gen(None), &MockProfile::default(), 0);
+        let c = plan.frame(Step::Token(1), 2);
         let text = std::str::from_utf8(&c).unwrap();
         assert!(
             text.starts_with("data: {") && text.ends_with("}\n\n"),
@@ -247,6 +374,54 @@ mod tests {
         let v: Value = serde_json::from_str(&text[6..]).unwrap();
         assert_eq!(v["object"], "chat.completion.chunk");
         assert_eq!(v["choices"][0]["delta"]["content"], " quick");
+    }
+
+    #[test]
+    fn streams_are_opening_events_tokens_and_closing_events() {
+        let p = MockProfile::default();
+        let layout = |surface, include_usage| {
+            let g = Generation {
+                include_usage,
+                ..gen(Some(2))
+            };
+            let plan = Plan::new(surface, "m", &g, &p, 0);
+            let steps: Vec<Step> = (0..).map_while(|i| plan.step(i)).collect();
+            assert_eq!(steps.len() as u32, plan.events());
+            steps
+        };
+        use Step::{Close, Open, Token};
+        assert_eq!(
+            layout(Surface::Chat, true),
+            [Open(0), Token(0), Token(1), Close(0), Close(1), Close(2)]
+        );
+        assert_eq!(
+            layout(Surface::Completions, false),
+            [Token(0), Token(1), Close(0), Close(1)]
+        );
+        assert_eq!(layout(Surface::Responses, true).len(), 4 + 2 + 4);
+        assert_eq!(layout(Surface::Messages, false).len(), 3 + 2 + 3);
+    }
+
+    #[test]
+    fn breaks_count_every_chat_event_but_only_tokens_elsewhere() {
+        let p = MockProfile::default();
+        let plan = |surface| Plan::new(surface, "m", &gen(Some(5)), &p, 0);
+        // Chat: role, 5 tokens, finish, [DONE].
+        assert_eq!(plan(Surface::Chat).break_point(3), 3);
+        assert_eq!(plan(Surface::Chat).break_point(100), 7);
+        assert_eq!(plan(Surface::Responses).break_point(0), 4);
+        assert_eq!(plan(Surface::Responses).break_point(3), 7);
+        // Never past the event that ends the stream, which is withheld.
+        assert_eq!(plan(Surface::Responses).break_point(u32::MAX), 12);
+        assert_eq!(plan(Surface::Messages).break_point(2), 5);
+        assert_eq!(plan(Surface::Messages).break_point(9), 10);
+    }
+
+    #[test]
+    fn named_events_carry_their_type_line() {
+        let e = sse_named("ping", &json!({"type": "ping"}));
+        assert_eq!(&e[..], b"event: ping\ndata: {\"type\":\"ping\"}\n\n");
+        assert_eq!(&sse(&json!(1))[..], b"data: 1\n\n");
     }
 
     #[test]

@@ -1,8 +1,9 @@
-//! spillway-mock: a simulated OpenAI-compatible inference server.
+//! spillway-mock: a simulated OpenAI- and Anthropic-compatible inference server.
 //!
 //! A gateway is only as trustworthy as the failures it has been tested against, and real
 //! backends fail rarely and never on demand. This server answers chat, completions, embeddings
-//! and models like vLLM or OpenAI (also under Azure deployment paths), and a
+//! and models like vLLM or OpenAI (also under Azure deployment paths), OpenAI's Responses API,
+//! and Anthropic's Messages API (with `count_tokens`) in Anthropic's shapes and errors, and a
 //! [`MockProfile`] makes it slow, saturated or broken on purpose: limited generation slots and a
 //! bounded queue, time to first token and tokens per second, injected error statuses, stalls,
 //! connection resets and streams broken off mid-way. The profile can be swapped while it runs
@@ -30,9 +31,11 @@ mod embeddings;
 mod error;
 mod faults;
 mod generate;
+mod messages;
 mod metrics;
 mod prefix;
 mod request;
+mod responses;
 mod routes;
 mod server;
 mod slots;
@@ -91,8 +94,9 @@ impl MockServer {
         }
     }
 
-    /// Requires inference and model requests to carry `Authorization: Bearer KEY` or
-    /// `api-key: KEY`, as a real upstream does; others get 401. `None` accepts any request.
+    /// Requires inference and model requests to carry `Authorization: Bearer KEY`, `api-key:
+    /// KEY` or `x-api-key: KEY`, as a real upstream does; others get 401. `None` accepts any
+    /// request.
     /// Like the profile, the key is shared by every clone of this server.
     pub fn with_required_key(self, key: Option<String>) -> MockServer {
         self.replace_live(|live| Live {

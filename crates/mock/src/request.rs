@@ -3,42 +3,68 @@
 //! The body is kept as a `serde_json::Value` (it is also what `/stats` shows as the last request),
 //! and only the few fields that change the answer are read from it. Fields the mock does not know
 //! are ignored, as a real server ignores vendor extensions; fields it knows but cannot use are
-//! refused with the OpenAI error a real server gives.
+//! refused with the error a real server gives. Chat and text completions are read here; the
+//! Responses and Messages APIs read their own prompt fields (`responses.rs`, `messages.rs`) and
+//! share the rest: one token estimate for every prompt, one reading of `stream` and of limits.
 
 use serde_json::{Map, Value};
 
-use crate::error::ApiError;
+use crate::error::{ApiError, Dialect};
+use crate::{messages, responses};
 
-/// The three inference endpoints, reachable under `/v1` and under Azure deployment paths.
+/// The inference endpoints. Chat, completions and embeddings are reachable under `/v1` and
+/// under Azure deployment paths; the Responses and Anthropic endpoints under `/v1` only.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Endpoint {
-    Chat,
-    Completions,
+    /// Text generation, answered in one API's shapes.
+    Generate(Surface),
     Embeddings,
+    /// Anthropic's `/v1/messages/count_tokens`: the prompt's size, nothing generated.
+    CountTokens,
 }
 
-/// What a chat or text completion request asks of the generator.
+impl Endpoint {
+    /// The API whose conventions this endpoint's answers, errors included, follow.
+    pub(crate) fn dialect(self) -> Dialect {
+        match self {
+            Endpoint::Generate(Surface::Messages) | Endpoint::CountTokens => Dialect::Anthropic,
+            Endpoint::Generate(_) | Endpoint::Embeddings => Dialect::OpenAi,
+        }
+    }
+}
+
+/// The APIs a generated reply can be asked for in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Surface {
+    /// OpenAI chat completions (`messages`).
+    Chat,
+    /// OpenAI text completions (`prompt`).
+    Completions,
+    /// The OpenAI Responses API (`input`, `instructions`).
+    Responses,
+    /// The Anthropic Messages API (`messages`, `system`).
+    Messages,
+}
+
+/// What a generation request asks of the generator.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Generation {
     pub(crate) stream: bool,
-    /// `stream_options.include_usage`: send a usage chunk before `[DONE]`.
+    /// `stream_options.include_usage` (chat and completions): send a usage chunk before `[DONE]`.
     pub(crate) include_usage: bool,
-    /// `max_completion_tokens` or `max_tokens`, whichever the request set (the former wins).
+    /// The request's own output limit: `max_completion_tokens` or `max_tokens` for chat and
+    /// completions (the former wins), `max_output_tokens` for Responses, `max_tokens` (required)
+    /// for Messages.
     pub(crate) max_tokens: Option<u32>,
     pub(crate) prompt_tokens: u32,
 }
 
-/// Reads a chat (`messages`) or text completion (`prompt`) request.
+/// Reads a generation request in `surface`'s shape.
 pub(crate) fn generation(
-    endpoint: Endpoint,
+    surface: Surface,
     body: &Map<String, Value>,
 ) -> Result<Generation, ApiError> {
-    let prompt_tokens = match endpoint {
-        Endpoint::Chat => chat_prompt_tokens(body)?,
-        Endpoint::Completions | Endpoint::Embeddings => {
-            text_prompt_tokens(body.get("prompt"), "prompt")?
-        }
-    };
+    let prompt_tokens = prompt_tokens(surface, body)?;
     let stream = match body.get("stream") {
         None | Some(Value::Null) => false,
         Some(Value::Bool(b)) => *b,
@@ -49,22 +75,29 @@ pub(crate) fn generation(
             ))
         }
     };
-    let include_usage = match body.get("stream_options") {
-        None | Some(Value::Null) => false,
-        Some(Value::Object(o)) => o
+    let include_usage = match (surface, body.get("stream_options")) {
+        (Surface::Responses | Surface::Messages, _) | (_, None | Some(Value::Null)) => false,
+        (_, Some(Value::Object(o))) => o
             .get("include_usage")
             .and_then(Value::as_bool)
             .unwrap_or(false),
-        Some(_) => {
+        (_, Some(_)) => {
             return Err(ApiError::invalid_param(
                 "stream_options",
                 "`stream_options` must be an object",
             ))
         }
     };
-    let max_tokens = match token_limit(body, "max_completion_tokens")? {
-        Some(n) => Some(n),
-        None => token_limit(body, "max_tokens")?,
+    let max_tokens = match surface {
+        Surface::Chat | Surface::Completions => match token_limit(body, "max_completion_tokens")? {
+            Some(n) => Some(n),
+            None => token_limit(body, "max_tokens")?,
+        },
+        Surface::Responses => token_limit(body, "max_output_tokens")?,
+        Surface::Messages => Some(
+            token_limit(body, "max_tokens")?
+                .ok_or_else(|| ApiError::invalid_param("max_tokens", "`max_tokens` is required"))?,
+        ),
     };
     Ok(Generation {
         stream,
@@ -72,6 +105,22 @@ pub(crate) fn generation(
         max_tokens,
         prompt_tokens,
     })
+}
+
+/// The prompt's tokens by the mock's estimate, once its prompt fields are checked: what usage
+/// reports, what prefill takes, and what Anthropic's `count_tokens` answers.
+pub(crate) fn prompt_tokens(surface: Surface, body: &Map<String, Value>) -> Result<u32, ApiError> {
+    match surface {
+        Surface::Chat => check_chat(body)?,
+        Surface::Completions => return text_prompt_tokens(body.get("prompt"), "prompt"),
+        Surface::Responses => responses::check_prompt(body)?,
+        Surface::Messages => messages::check_prompt(body)?,
+    }
+    let mut chars = 0usize;
+    for_each_prompt_text(surface, body, |s| {
+        chars = chars.saturating_add(s.chars().count());
+    });
+    Ok(tokens_for_chars(chars))
 }
 
 /// Characters per token, as tokenizers roughly count English.
@@ -85,38 +134,53 @@ pub(crate) fn tokens_for_chars(chars: usize) -> u32 {
 }
 
 /// Calls `f` with each piece of a checked request's prompt text, in order: the chat messages'
-/// contents (strings and text parts), or a completion's string prompt or prompts. Prompts given
-/// as token ids have no text. These are the characters [`tokens_for_chars`] counts.
+/// contents (strings and text parts), a completion's string prompt or prompts, or what the
+/// Responses and Messages APIs read (instructions or system prompt first). Prompts given as
+/// token ids have no text. These are the characters [`tokens_for_chars`] counts.
 pub(crate) fn for_each_prompt_text<'a>(
-    endpoint: Endpoint,
+    surface: Surface,
     body: &'a Map<String, Value>,
     mut f: impl FnMut(&'a str),
 ) {
-    match endpoint {
-        Endpoint::Chat => {
+    match surface {
+        Surface::Chat => {
             let messages = body.get("messages").and_then(Value::as_array);
             for content in messages
                 .into_iter()
                 .flatten()
                 .filter_map(|m| m.get("content"))
             {
-                match content {
-                    Value::String(s) => f(s),
-                    Value::Array(parts) => parts
-                        .iter()
-                        .filter_map(|p| p.get("text").and_then(Value::as_str))
-                        .for_each(&mut f),
-                    _ => {}
-                }
+                for_each_content_text(content, &mut f);
             }
         }
-        Endpoint::Completions => match body.get("prompt") {
+        Surface::Completions => match body.get("prompt") {
             Some(Value::String(s)) => f(s),
             Some(Value::Array(items)) => items.iter().filter_map(Value::as_str).for_each(f),
             _ => {}
         },
-        Endpoint::Embeddings => {}
+        Surface::Responses => responses::for_each_prompt_text(body, f),
+        Surface::Messages => messages::for_each_prompt_text(body, f),
     }
+}
+
+/// The text of one message's content: a string, or the `text` of each part of an array (chat's
+/// `text` parts, the Responses API's `input_text`, Anthropic's `text` blocks). Other parts, and
+/// content of any other type, have none.
+pub(crate) fn for_each_content_text<'a>(content: &'a Value, f: &mut impl FnMut(&'a str)) {
+    match content {
+        Value::String(s) => f(s),
+        Value::Array(parts) => parts
+            .iter()
+            .filter_map(|p| p.get("text").and_then(Value::as_str))
+            .for_each(f),
+        _ => {}
+    }
+}
+
+/// Whether `field` is a non-empty array of objects, as every API's message list must be.
+pub(crate) fn is_object_list(body: &Map<String, Value>, field: &str) -> bool {
+    let list = body.get(field).and_then(Value::as_array);
+    list.is_some_and(|m| !m.is_empty() && m.iter().all(Value::is_object))
 }
 
 /// Tokens of a completion `prompt` or an embeddings `input`: a string, strings, token ids, or
@@ -145,21 +209,14 @@ pub(crate) fn text_prompt_tokens(v: Option<&Value>, param: &'static str) -> Resu
     }
 }
 
-fn chat_prompt_tokens(body: &Map<String, Value>) -> Result<u32, ApiError> {
-    match body.get("messages") {
-        Some(Value::Array(m)) if !m.is_empty() && m.iter().all(Value::is_object) => {}
-        _ => {
-            return Err(ApiError::invalid_param(
-                "messages",
-                "`messages` must be a non-empty array of message objects",
-            ))
-        }
+fn check_chat(body: &Map<String, Value>) -> Result<(), ApiError> {
+    if is_object_list(body, "messages") {
+        return Ok(());
     }
-    let mut chars = 0usize;
-    for_each_prompt_text(Endpoint::Chat, body, |s| {
-        chars = chars.saturating_add(s.chars().count());
-    });
-    Ok(tokens_for_chars(chars))
+    Err(ApiError::invalid_param(
+        "messages",
+        "`messages` must be a non-empty array of message objects",
+    ))
 }
 
 fn token_limit(body: &Map<String, Value>, field: &'static str) -> Result<Option<u32>, ApiError> {
@@ -183,14 +240,14 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn parse(endpoint: Endpoint, v: Value) -> Result<Generation, ApiError> {
-        generation(endpoint, v.as_object().unwrap())
+    fn parse(surface: Surface, v: Value) -> Result<Generation, ApiError> {
+        generation(surface, v.as_object().unwrap())
     }
 
     #[test]
     fn chat_reads_limits_stream_and_usage_options() {
         let g = parse(
-            Endpoint::Chat,
+            Surface::Chat,
             json!({"messages": [{"role": "user", "content": "12345678"}], "stream": true,
                    "stream_options": {"include_usage": true}, "max_tokens": 9, "max_completion_tokens": 3}),
         )
@@ -209,7 +266,7 @@ mod tests {
     #[test]
     fn content_parts_count_towards_the_prompt() {
         let g = parse(
-            Endpoint::Chat,
+            Surface::Chat,
             json!({"messages": [{"role": "user", "content": [{"type": "text", "text": "x".repeat(40)}]},
                                 {"role": "assistant", "tool_calls": []}]}),
         )
@@ -228,17 +285,17 @@ mod tests {
             json!({"messages": [{"content": "x"}], "max_tokens": -1}),
             json!({"messages": [{"content": "x"}], "stream_options": true}),
         ] {
-            assert!(parse(Endpoint::Chat, body.clone()).is_err(), "{body}");
+            assert!(parse(Surface::Chat, body.clone()).is_err(), "{body}");
         }
-        assert!(parse(Endpoint::Completions, json!({})).is_err());
-        assert!(parse(Endpoint::Completions, json!({"prompt": [{"a": 1}]})).is_err());
+        assert!(parse(Surface::Completions, json!({})).is_err());
+        assert!(parse(Surface::Completions, json!({"prompt": [{"a": 1}]})).is_err());
     }
 
     #[test]
     fn prompt_text_is_what_the_token_estimate_counts() {
-        let texts = |endpoint, v: Value| {
+        let texts = |surface, v: Value| {
             let mut out = Vec::new();
-            for_each_prompt_text(endpoint, v.as_object().unwrap(), |s| out.push(s.to_owned()));
+            for_each_prompt_text(surface, v.as_object().unwrap(), |s| out.push(s.to_owned()));
             out
         };
         let chat = json!({"messages": [
@@ -246,18 +303,18 @@ mod tests {
             {"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "image_url"}]},
             {"role": "assistant", "tool_calls": []},
         ]});
-        assert_eq!(texts(Endpoint::Chat, chat), ["be brief", "hi"]);
+        assert_eq!(texts(Surface::Chat, chat), ["be brief", "hi"]);
         assert_eq!(
-            texts(Endpoint::Completions, json!({"prompt": ["a", "b"]})),
+            texts(Surface::Completions, json!({"prompt": ["a", "b"]})),
             ["a", "b"]
         );
-        assert!(texts(Endpoint::Completions, json!({"prompt": [1, 2]})).is_empty());
+        assert!(texts(Surface::Completions, json!({"prompt": [1, 2]})).is_empty());
     }
 
     #[test]
     fn completion_prompts_in_every_shape() {
         let tokens = |p: Value| {
-            parse(Endpoint::Completions, json!({"prompt": p}))
+            parse(Surface::Completions, json!({"prompt": p}))
                 .unwrap()
                 .prompt_tokens
         };

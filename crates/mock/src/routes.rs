@@ -1,22 +1,34 @@
-//! The URL map: OpenAI `/v1` paths, Azure OpenAI deployment paths, vLLM's `/metrics`, and the
-//! mock's own `/health`, `/stats` and `/control`.
+//! The URL map: OpenAI `/v1` paths, Anthropic's Messages paths, Azure OpenAI deployment paths,
+//! vLLM's `/metrics`, and the mock's own `/health`, `/stats` and `/control`.
 //!
-//! Azure paths name the model in the URL (`/openai/deployments/{deployment}/...`) and require
-//! `?api-version=`; they serve the same handlers so a gateway's Azure backend kind can be tested
-//! against the same server as its OpenAI kind.
+//! - `POST /v1/chat/completions`, `POST /v1/completions`, `POST /v1/embeddings`: OpenAI's
+//!   inference endpoints; `GET /v1/models`: the profile's models.
+//! - `POST /v1/responses`: the OpenAI Responses API.
+//! - `POST /v1/messages`, `POST /v1/messages/count_tokens`: the Anthropic Messages API, whose
+//!   answers (errors included, and those of unknown paths or methods under `/v1/messages`)
+//!   follow Anthropic's conventions.
+//! - `POST /openai/deployments/{deployment}/{chat/completions,completions,embeddings}`: Azure
+//!   paths, which name the model in the URL and require `?api-version=`; they serve the same
+//!   handlers so a gateway's Azure backend kind can be tested against the same server as its
+//!   OpenAI kind.
+//! - `GET /metrics` (vLLM's load), `GET /health`, `GET /stats`, `POST /stats/reset`, and
+//!   `GET`/`PUT`/`PATCH /control` (the profile).
+//!
+//! Every inference endpoint is served by the one pipeline in `api.rs`.
 
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, Request, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use http::Uri;
 use serde_json::json;
 
 use crate::api::{self, authorize};
 use crate::control;
-use crate::error::ApiError;
+use crate::error::{ApiError, Dialect};
 use crate::metrics;
-use crate::request::Endpoint;
+use crate::request::{Endpoint, Surface};
 use crate::{MockServer, MockStats};
 
 /// Every route of the mock server.
@@ -25,6 +37,9 @@ pub(crate) fn router(server: MockServer) -> Router {
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .route("/v1/embeddings", post(embeddings))
+        .route("/v1/responses", post(responses))
+        .route("/v1/messages", post(messages))
+        .route("/v1/messages/count_tokens", post(count_tokens))
         .route(
             "/openai/deployments/{deployment}/chat/completions",
             post(azure_chat),
@@ -48,31 +63,50 @@ pub(crate) fn router(server: MockServer) -> Router {
                 .put(control::put_profile)
                 .patch(control::patch_profile),
         )
-        .fallback(|| async { ApiError::route_not_found() })
-        .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
+        .fallback(|uri: Uri| async move {
+            Dialect::of_path(uri.path()).answer(ApiError::route_not_found())
+        })
+        .method_not_allowed_fallback(|uri: Uri| async move {
+            Dialect::of_path(uri.path()).answer(ApiError::method_not_allowed())
+        })
         .with_state(server)
 }
 
+const CHAT: Endpoint = Endpoint::Generate(Surface::Chat);
+const COMPLETIONS: Endpoint = Endpoint::Generate(Surface::Completions);
+
 async fn chat(State(s): State<MockServer>, req: Request) -> Response {
-    api::infer(s, Endpoint::Chat, None, req).await
+    api::infer(s, CHAT, None, req).await
 }
 
 async fn completions(State(s): State<MockServer>, req: Request) -> Response {
-    api::infer(s, Endpoint::Completions, None, req).await
+    api::infer(s, COMPLETIONS, None, req).await
 }
 
 async fn embeddings(State(s): State<MockServer>, req: Request) -> Response {
     api::infer(s, Endpoint::Embeddings, None, req).await
 }
 
+async fn responses(State(s): State<MockServer>, req: Request) -> Response {
+    api::infer(s, Endpoint::Generate(Surface::Responses), None, req).await
+}
+
+async fn messages(State(s): State<MockServer>, req: Request) -> Response {
+    api::infer(s, Endpoint::Generate(Surface::Messages), None, req).await
+}
+
+async fn count_tokens(State(s): State<MockServer>, req: Request) -> Response {
+    api::infer(s, Endpoint::CountTokens, None, req).await
+}
+
 type Deployment = Result<Path<String>, PathRejection>;
 
 async fn azure_chat(State(s): State<MockServer>, d: Deployment, req: Request) -> Response {
-    azure(s, Endpoint::Chat, d, req).await
+    azure(s, CHAT, d, req).await
 }
 
 async fn azure_completions(State(s): State<MockServer>, d: Deployment, req: Request) -> Response {
-    azure(s, Endpoint::Completions, d, req).await
+    azure(s, COMPLETIONS, d, req).await
 }
 
 async fn azure_embeddings(State(s): State<MockServer>, d: Deployment, req: Request) -> Response {

@@ -13,13 +13,14 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 /// A snapshot of the server's counters. Counters cover inference requests only (chat,
-/// completions, embeddings, on `/v1` or Azure paths), never `/stats`, `/control`, `/health` or
-/// `/metrics`.
+/// completions, embeddings, on `/v1` or Azure paths; responses; Anthropic messages and
+/// `count_tokens`), never `/models`, `/stats`, `/control`, `/health` or `/metrics`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct MockStats {
     /// Inference requests that reached the server, whatever became of them.
     pub received: u64,
-    /// Requests answered completely and successfully (a stream through `[DONE]`).
+    /// Requests answered completely and successfully (a stream through its last event: `[DONE]`,
+    /// `response.completed` or `message_stop`).
     pub served: u64,
     /// Requests answered with a 4xx before generation: bad JSON, unknown model, missing key.
     pub rejected_invalid: u64,
@@ -62,7 +63,8 @@ pub struct LastRequest {
     pub model: Option<String>,
     /// The `x-request-id` header.
     pub request_id: Option<String>,
-    /// How a key was presented: `"bearer"`, `"api-key"` or `"none"`.
+    /// How a key was presented: `"bearer"`, `"api-key"`, `"x-api-key"` or `"none"` (the first
+    /// of these headers the request carried).
     pub auth: String,
     /// The JSON body as parsed (`null` when it was not JSON).
     pub body: Value,

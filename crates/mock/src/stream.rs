@@ -1,18 +1,22 @@
-//! A streamed completion as a response body: one server-sent event per frame, each produced
-//! when its token is due.
+//! A streamed reply as a response body: one server-sent event per frame, each produced when its
+//! token is due.
 //!
-//! The body owns the request's generation slot and its outcome, so a client that goes away
-//! mid-stream frees the slot and counts as cancelled the moment hyper drops the body. A profile
-//! with `break_stream_after` ends the body with an error instead of `[DONE]`; hyper then aborts
-//! the chunked response without its terminating chunk, which is what a crashed upstream looks
-//! like to the gateway.
+//! The events and their order are the [`Plan`]'s (chat and completions chunks ending in
+//! `[DONE]`, the Responses and Messages APIs' named events); this module only paces them: the
+//! events before the first token are due with it, each token's event when that token is, and
+//! the first event after the last token with the last token. The body owns the request's
+//! generation slot and its outcome, so a client that goes away mid-stream frees the slot and
+//! counts as cancelled the moment hyper drops the body. A profile with `break_stream_after` ends
+//! the body with an error instead of the stream's last event (`[DONE]`, `response.completed`,
+//! `message_stop`); hyper then aborts the chunked response without its terminating chunk, which
+//! is what a crashed upstream looks like to the gateway.
 
 use std::fmt;
 
 use axum::body::Body;
 use bytes::Bytes;
 
-use crate::generate::{Pace, Plan};
+use crate::generate::{Pace, Plan, Step};
 use crate::slots::SlotPermit;
 use crate::stats::{Event, Outcome};
 
@@ -20,9 +24,8 @@ use crate::stats::{Event, Outcome};
 pub(crate) struct StreamParts {
     pub(crate) plan: Plan,
     pub(crate) pace: Pace,
-    pub(crate) include_usage: bool,
     pub(crate) break_after: Option<u32>,
-    pub(crate) permit: SlotPermit,
+    pub(crate) permit: Option<SlotPermit>,
     pub(crate) outcome: Outcome,
 }
 
@@ -38,16 +41,15 @@ impl fmt::Display for StreamBroken {
 
 impl std::error::Error for StreamBroken {}
 
-/// The body of a streamed completion.
+/// The body of a streamed reply.
 pub(crate) fn body(parts: StreamParts) -> Body {
     let state = TokenStream {
         sent: 0,
         ended: false,
-        permit: Some(parts.permit),
+        break_at: parts.break_after.map(|n| parts.plan.break_point(n)),
+        permit: parts.permit,
         plan: parts.plan,
         pace: parts.pace,
-        include_usage: parts.include_usage,
-        break_after: parts.break_after,
         outcome: parts.outcome,
     };
     Body::from_stream(futures_util::stream::unfold(state, |mut s| async move {
@@ -56,26 +58,16 @@ pub(crate) fn body(parts: StreamParts) -> Body {
     }))
 }
 
-/// The events of a stream, in order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Step {
-    Role,
-    Token(u32),
-    Finish,
-    Usage,
-    Done,
-    End,
-}
-
 struct TokenStream {
     plan: Plan,
     pace: Pace,
-    include_usage: bool,
-    break_after: Option<u32>,
+    /// The place of the event the profile breaks the stream off before.
+    break_at: Option<u32>,
     /// Events sent so far.
     sent: u32,
     ended: bool,
-    /// Dropped as soon as the stream ends, so `in_flight` is down before the client sees `[DONE]`.
+    /// Dropped as soon as the stream ends, so `in_flight` is down before the client sees the
+    /// last event.
     permit: Option<SlotPermit>,
     outcome: Outcome,
 }
@@ -85,39 +77,26 @@ impl TokenStream {
         if self.ended {
             return None;
         }
-        let step = self.step(self.sent);
-        if let Some(n) = self.break_after {
-            if self.sent >= n || step == Step::Done {
-                // Give hyper one pending poll so it flushes the events already produced; an
-                // error on the very next poll would otherwise discard them unsent.
-                tokio::task::yield_now().await;
-                self.end(Event::StreamBroken);
-                return Some(Err(StreamBroken));
-            }
+        let step = self.plan.step(self.sent)?;
+        if self.break_at.is_some_and(|at| self.sent >= at) {
+            // Give hyper one pending poll so it flushes the events already produced; an
+            // error on the very next poll would otherwise discard them unsent.
+            tokio::task::yield_now().await;
+            self.end(Event::StreamBroken);
+            return Some(Err(StreamBroken));
         }
-        let plan = &self.plan;
-        let frame = match step {
-            Step::Role => {
-                tokio::time::sleep_until(self.pace.due(0)).await;
-                plan.role_chunk()
-            }
-            Step::Token(i) => {
-                tokio::time::sleep_until(self.pace.due(i)).await;
-                plan.token_chunk(i)
-            }
-            Step::Finish => {
-                // With no tokens at all, the first (and only) event still waits for ttft.
-                tokio::time::sleep_until(self.pace.done(plan.tokens)).await;
-                plan.finish_chunk()
-            }
-            Step::Usage => plan.usage_chunk(),
-            Step::Done => {
-                self.end(Event::Served);
-                Bytes::from_static(b"data: [DONE]\n\n")
-            }
-            Step::End => return None,
-        };
+        match step {
+            Step::Open(_) => tokio::time::sleep_until(self.pace.due(0)).await,
+            Step::Token(i) => tokio::time::sleep_until(self.pace.due(i)).await,
+            // With no tokens at all, this still waits for the first-token time.
+            Step::Close(0) => tokio::time::sleep_until(self.pace.done(self.plan.tokens)).await,
+            Step::Close(_) => {}
+        }
+        let frame = self.plan.frame(step, self.sent);
         self.sent = self.sent.saturating_add(1);
+        if self.sent >= self.plan.events() {
+            self.end(Event::Served);
+        }
         Some(Ok(frame))
     }
 
@@ -126,25 +105,97 @@ impl TokenStream {
         self.permit = None;
         self.outcome.settle(Some(event));
     }
+}
 
-    /// The event at position `i`: [role], tokens, finish, [usage], `[DONE]`.
-    fn step(&self, mut i: u32) -> Step {
-        if self.plan.has_role_chunk() {
-            if i == 0 {
-                return Step::Role;
-            }
-            i -= 1;
-        }
-        let tokens = self.plan.tokens;
-        if i < tokens {
-            return Step::Token(i);
-        }
-        i -= tokens;
-        let tail: &[Step] = if self.include_usage {
-            &[Step::Finish, Step::Usage, Step::Done]
-        } else {
-            &[Step::Finish, Step::Done]
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use spillway_config::MockProfile;
+    use tokio::time::Instant;
+
+    use super::*;
+    use crate::request::{Generation, Surface};
+    use crate::stats::Recorder;
+
+    /// Each event of a stream with when it came, on the paused clock, from the pace's start.
+    async fn timed_events(surface: Surface, break_after: Option<u32>) -> Vec<(Step, Duration)> {
+        let profile = MockProfile {
+            ttft: Duration::from_millis(100),
+            tokens_per_sec: 10.0,
+            ..MockProfile::default()
         };
-        tail.get(i as usize).copied().unwrap_or(Step::End)
+        let g = Generation {
+            stream: true,
+            include_usage: false,
+            max_tokens: Some(3),
+            prompt_tokens: 1,
+        };
+        let recorder = Arc::new(Recorder::default());
+        let start = Instant::now();
+        let mut s = TokenStream {
+            plan: Plan::new(surface, "m", &g, &profile, 0),
+            pace: Pace::start(&profile, 0),
+            break_at: None,
+            sent: 0,
+            ended: false,
+            permit: None,
+            outcome: recorder.arrive("/"),
+        };
+        s.break_at = break_after.map(|n| s.plan.break_point(n));
+        let mut out = Vec::new();
+        while let Some(frame) = s.next_frame().await {
+            if frame.is_err() {
+                break;
+            }
+            let step = s.plan.step(s.sent - 1).unwrap();
+            out.push((step, start.elapsed()));
+        }
+        let stats = recorder.snapshot(0, 0);
+        let counted = if break_after.is_some() {
+            stats.streams_broken
+        } else {
+            stats.served
+        };
+        assert_eq!(counted, 1, "{stats:?}");
+        out
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn every_surface_paces_its_token_events_as_chat_does() {
+        let ms = Duration::from_millis;
+        for surface in [Surface::Chat, Surface::Responses, Surface::Messages] {
+            let events = timed_events(surface, None).await;
+            let tokens: Vec<Duration> = events
+                .iter()
+                .filter(|(step, _)| matches!(step, Step::Token(_)))
+                .map(|&(_, at)| at)
+                .collect();
+            assert_eq!(tokens, [ms(100), ms(200), ms(300)], "{surface:?}");
+            for (step, at) in &events {
+                match step {
+                    Step::Open(_) => assert_eq!(*at, ms(100), "{surface:?}"),
+                    Step::Close(_) => assert_eq!(*at, ms(300), "{surface:?}"),
+                    Step::Token(_) => {}
+                }
+            }
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_break_withholds_the_rest_and_counts_as_broken() {
+        let events = timed_events(Surface::Messages, Some(2)).await;
+        let steps: Vec<Step> = events.into_iter().map(|(s, _)| s).collect();
+        assert_eq!(
+            steps,
+            [
+                Step::Open(0),
+                Step::Open(1),
+                Step::Open(2),
+                Step::Token(0),
+                Step::Token(1)
+            ]
+        );
     }
 }

@@ -407,3 +407,29 @@ async fn required_key_is_checked_in_either_header() {
     serving.await.unwrap().unwrap();
     assert!(client().get(url("/health")).send().await.is_err());
 }
+
+#[tokio::test]
+async fn x_api_key_carries_the_key_on_chat_too() {
+    let mock = start_with_key(profile(|_| {}), "sk-up").await;
+    let c = client();
+    let chat = mock.url("/v1/chat/completions");
+    let send = |key: &str| {
+        c.post(&chat)
+            .header("x-api-key", key)
+            .json(&chat_body(false, 1))
+            .send()
+    };
+    assert_eq!(send("sk-up").await.unwrap().status(), 200);
+    assert_eq!(mock.stats().await["last_request"]["auth"], "x-api-key");
+    // A wrong key is refused in OpenAI's shape on an OpenAI path, whichever header it came in.
+    let r = send("sk-no").await.unwrap();
+    let headers = expect_openai_error(r, 401, "invalid_api_key").await;
+    assert!(!headers.contains_key("request-id"));
+    let models = c
+        .get(mock.url("/v1/models"))
+        .header("x-api-key", "sk-up")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(models.status(), 200);
+}

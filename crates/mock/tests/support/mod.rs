@@ -5,6 +5,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use futures_util::StreamExt;
 use serde_json::{json, Value};
 use spillway_mock::{MockProfile, MockServer};
 use spillway_testkit::http::{client, get_json};
@@ -43,6 +44,69 @@ pub async fn start(profile: MockProfile) -> Mock {
         .await
         .expect("mock server binds");
     Mock { addr, server }
+}
+
+/// A mock that requires `key` of its clients, served until the runtime shuts down.
+pub async fn start_with_key(profile: MockProfile, key: &str) -> Mock {
+    let server = MockServer::new(profile).with_required_key(Some(key.to_owned()));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(server.clone().serve(listener, std::future::pending()));
+    Mock { addr, server }
+}
+
+/// Posts `body` to `path` on the mock.
+pub async fn post(mock: &Mock, path: &str, body: &Value) -> reqwest::Response {
+    client()
+        .post(mock.url(path))
+        .json(body)
+        .send()
+        .await
+        .unwrap()
+}
+
+/// A streamed body read to its end: its text, and whether it ended in an error rather than
+/// in order.
+pub async fn read_stream(r: reqwest::Response) -> (String, bool) {
+    let mut stream = r.bytes_stream();
+    let mut bytes = Vec::new();
+    let mut failed = false;
+    while let Some(chunk) = stream.next().await {
+        match chunk {
+            Ok(b) => bytes.extend_from_slice(&b),
+            Err(_) => {
+                failed = true;
+                break;
+            }
+        }
+    }
+    (String::from_utf8(bytes).unwrap(), failed)
+}
+
+/// The events of a stream whose events are named (`event: NAME` then `data: JSON`), in order;
+/// panics on any other line, so a stray `data: [DONE]` or an unnamed event fails the test.
+pub fn named_events(text: &str) -> Vec<(String, Value)> {
+    text.split("\n\n")
+        .filter(|block| !block.is_empty())
+        .map(|block| {
+            let mut lines = block.lines();
+            let (Some(name), Some(data), None) = (
+                lines.next().and_then(|l| l.strip_prefix("event: ")),
+                lines.next().and_then(|l| l.strip_prefix("data: ")),
+                lines.next(),
+            ) else {
+                panic!("not one named event: {block:?} in {text}");
+            };
+            let data: Value = serde_json::from_str(data)
+                .unwrap_or_else(|e| panic!("data is not JSON ({e}): {block:?}"));
+            (name.to_owned(), data)
+        })
+        .collect()
+}
+
+/// The names of `events`, in order.
+pub fn names(events: &[(String, Value)]) -> Vec<&str> {
+    events.iter().map(|(n, _)| n.as_str()).collect()
 }
 
 /// Posts `body` to the mock's chat completions endpoint.

@@ -81,6 +81,14 @@ name = "sdk-model"
 name = "mock"
 url = "{mock_backend.url}/v1"
 
+# Every stream of this model breaks off after two chunks.
+[[models]]
+name = "broken-model"
+[[models.backends]]
+name = "breaks"
+kind = "mock"
+mock = {{ ttft = "0ms", tokens_per_sec = 0.0, fault = {{ break_stream_after = 2 }} }}
+
 # Every backend of this model is out of capacity.
 [[models]]
 name = "full-model"

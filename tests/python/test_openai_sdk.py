@@ -90,3 +90,35 @@ def test_sdk_with_default_retries_does_not_retry_when_told_not_to(gateway):
         assert "retry-after" in e.response.headers
     # One request reached spillway: the SDK did not stack its two retries on spillway's.
     assert metric(gateway, requests) - before == 1
+
+
+def test_responses_create(gateway, mock_backend):
+    r = client(gateway).responses.create(model="sdk-model", input="Say hi", max_output_tokens=5)
+    assert r.object == "response"
+    assert r.output_text
+    assert r.usage.output_tokens == 5
+    assert backend_stats(mock_backend)["last_request"]["path"] == "/v1/responses"
+
+
+def test_streamed_responses_create(gateway):
+    events = list(
+        client(gateway).responses.create(model="sdk-model", input="Count", max_output_tokens=6, stream=True)
+    )
+    types = [e.type for e in events]
+    assert types[0] == "response.created"
+    assert types[-1] == "response.completed"
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert len(text.split()) == 6
+    assert events[-1].response.usage.output_tokens == 6
+
+
+def test_a_cut_responses_stream_ends_with_an_error_event_not_completed(gateway):
+    events = list(
+        client(gateway, max_retries=0).responses.create(
+            model="broken-model", input="Count", max_output_tokens=8, stream=True
+        )
+    )
+    types = [e.type for e in events]
+    assert types[-1] == "error", types
+    assert "response.completed" not in types
+    assert events[-1].code == "upstream_unavailable"

@@ -28,21 +28,17 @@ pub struct RequestSummary {
     pub choices: u64,
 }
 
+/// The fields read; a missing one is `None`.
 #[derive(Deserialize)]
 struct Peek<'a> {
     #[serde(borrow)]
     model: Option<std::borrow::Cow<'a, str>>,
-    #[serde(default)]
     stream: Option<bool>,
     // Any JSON value: a field of the wrong type is the backend's to refuse, not ours.
-    #[serde(default)]
     max_tokens: Option<serde_json::Value>,
-    #[serde(default)]
     max_completion_tokens: Option<serde_json::Value>,
     /// The Responses API's name for it.
-    #[serde(default)]
     max_output_tokens: Option<serde_json::Value>,
-    #[serde(default)]
     n: Option<serde_json::Value>,
 }
 

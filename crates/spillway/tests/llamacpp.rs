@@ -214,3 +214,133 @@ async fn llamacpp_a_concurrent_burst_on_healthy_engines_is_all_served() {
     let page = metrics(&gw).await;
     assert_eq!(sample_sum(&page, "spillway_throttled_total"), 0.0, "{page}");
 }
+
+/// The `event:` names of an SSE body in order, each run of one name (the deltas) as one.
+fn event_kinds(text: &str) -> Vec<String> {
+    let mut kinds: Vec<String> = Vec::new();
+    for name in text.lines().filter_map(|l| l.strip_prefix("event:")) {
+        let name = name.trim();
+        if kinds.last().map(String::as_str) != Some(name) {
+            kinds.push(name.to_owned());
+        }
+    }
+    kinds
+}
+
+/// Prompt and output tokens of a Responses or Messages answer, plain or streamed, as a caller
+/// adds them up (the Messages API counts prompt-cache reads apart).
+fn tokens(text: &str) -> (u64, u64) {
+    let docs: Vec<serde_json::Value> = if text.trim_start().starts_with('{') {
+        vec![serde_json::from_str(text).unwrap()]
+    } else {
+        text.lines()
+            .filter_map(|l| l.strip_prefix("data:"))
+            .filter_map(|d| serde_json::from_str(d.trim()).ok())
+            .collect()
+    };
+    let (mut input, mut output) = (0, 0);
+    for doc in &docs {
+        for usage in [
+            &doc["usage"],
+            &doc["message"]["usage"],
+            &doc["response"]["usage"],
+        ] {
+            let n = |f: &str| usage[f].as_u64();
+            if let Some(i) = n("input_tokens") {
+                input = i + n("cache_read_input_tokens").unwrap_or(0);
+            }
+            if let Some(o) = n("output_tokens") {
+                output = o;
+            }
+        }
+    }
+    (input, output)
+}
+
+#[tokio::test]
+async fn llamacpp_responses_and_messages_through_spillway_answer_as_direct() {
+    let Some(engine) = llama(2) else { return };
+    let gw = gateway(&format!(
+        "[upstream]\nresponse_timeout = \"120s\"\n\n\
+         [[models]]\nname = \"m\"\n\
+         [[models.backends]]\nname = \"a\"\nurl = \"{}/v1\"\nengine = \"llamacpp\"\n\n\
+         [[tenants]]\nname = \"metered\"\nkeys = [{{ sha256 = \"{}\" }}]\ntokens_per_min = 1000000\n",
+        engine.url,
+        sha256_hex("sk-metered")
+    ));
+    let prompt = "Name a colour.";
+    let mut charged = 0;
+    let calls = [
+        (
+            "/v1/responses",
+            serde_json::json!({"model": "m", "input": prompt, "max_output_tokens": 6, "temperature": 0}),
+        ),
+        (
+            "/v1/responses",
+            serde_json::json!({"model": "m", "input": prompt, "max_output_tokens": 6, "temperature": 0, "stream": true}),
+        ),
+        (
+            "/v1/messages",
+            serde_json::json!({"model": "m", "max_tokens": 6, "temperature": 0, "messages": [{"role": "user", "content": prompt}]}),
+        ),
+        (
+            "/v1/messages",
+            serde_json::json!({"model": "m", "max_tokens": 6, "temperature": 0, "stream": true, "messages": [{"role": "user", "content": prompt}]}),
+        ),
+        (
+            "/v1/messages/count_tokens",
+            serde_json::json!({"model": "m", "messages": [{"role": "user", "content": prompt}]}),
+        ),
+    ];
+    let c = client();
+    for (path, body) in calls {
+        let send = |url: String, key: bool| {
+            let mut req = c.post(url).timeout(Duration::from_secs(120)).json(&body);
+            if key {
+                req = req
+                    .header("x-api-key", "sk-metered")
+                    .header("anthropic-version", "2023-06-01");
+            }
+            async move {
+                let r = req.send().await.unwrap();
+                (r.status().as_u16(), r.text().await.unwrap())
+            }
+        };
+        let (direct_status, direct) = send(format!("{}{path}", engine.url), false).await;
+        let (status, through) = send(gw.url(path), true).await;
+        assert_eq!(
+            status, direct_status,
+            "{path}: {through} / direct: {direct}"
+        );
+        assert_eq!(status, 200, "{path}: {through}");
+        if body["stream"] == true {
+            assert_eq!(
+                event_kinds(&through),
+                event_kinds(&direct),
+                "{path}: {through}"
+            );
+        }
+        if path.ends_with("count_tokens") {
+            let n = |t: &str| {
+                serde_json::from_str::<serde_json::Value>(t).unwrap()["input_tokens"].as_u64()
+            };
+            assert_eq!(n(&through), n(&direct), "{through} / {direct}");
+            assert!(n(&through).unwrap() > 0);
+        } else {
+            // Greedy decoding: the same tokens, however much of the prompt was cached.
+            assert_eq!(
+                tokens(&through),
+                tokens(&direct),
+                "{path}: {through} / direct: {direct}"
+            );
+            assert!(tokens(&through).1 > 0, "{path}: {through}");
+            charged += tokens(&through).0 + tokens(&through).1;
+        }
+    }
+    // Each answer's usage, as the engine reported it, was what the tenant was charged.
+    eventually(Duration::from_secs(10), "usage settled", || async {
+        let page = metrics(&gw).await;
+        sample(&page, r#"spillway_tokens_reported_total{tenant="metered"}"#) == Some(charged as f64)
+    })
+    .await;
+}

@@ -12,6 +12,7 @@ use std::time::Duration;
 mod admission;
 mod balance;
 mod engine;
+mod fallbacks;
 mod metadata;
 mod resilience;
 mod routing;
@@ -301,6 +302,7 @@ fn check_models(raw: Vec<RawModel>, p: &mut Problems) -> Vec<ModelConfig> {
             p.add(format!("{at}.backends"), "no backends: add at least one");
         }
         let balance = balance::check_balance(&m, &at, p);
+        let fallbacks = fallbacks::check_fallbacks(&m, &at, p);
         let mut names = HashSet::new();
         let backends = m
             .backends
@@ -320,8 +322,10 @@ fn check_models(raw: Vec<RawModel>, p: &mut Problems) -> Vec<ModelConfig> {
             name: m.name,
             backends,
             balance,
+            fallbacks,
         });
     }
+    fallbacks::check_fallback_models(&models, p);
     models
 }
 

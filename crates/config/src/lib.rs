@@ -22,7 +22,9 @@ use std::time::Duration;
 pub use cache::CacheConfig;
 pub use check::{Problem, DEFAULT_STORE_URL};
 pub use mock::{MockFault, MockProfile};
-pub use spillway_policy::{BudgetConfig, OutlierConfig, RetryPolicy, Rules, ThrottleConfig};
+pub use spillway_policy::{
+    BudgetConfig, Fallback, OutlierConfig, RetryPolicy, Rules, ThrottleConfig, Trigger,
+};
 pub use surface::{Surface, Surfaces};
 
 /// The quickstart configuration `spillway serve` runs when no file is given: two in-process mock
@@ -189,6 +191,8 @@ pub struct ModelConfig {
     pub name: String,
     pub backends: Vec<BackendConfig>,
     pub balance: BalanceConfig,
+    /// Other models a request goes to, in order, when this one cannot answer it.
+    pub fallbacks: Vec<Fallback<String>>,
 }
 
 /// How a model's requests are spread over its backends (`[[models]]` `balance` and the

@@ -180,6 +180,15 @@ pub struct RawModel {
     pub affinity_load_factor: Option<f64>,
     pub session_header: Option<String>,
     pub session_from_user: Option<bool>,
+    #[serde(default)]
+    pub fallbacks: Vec<RawFallback>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawFallback {
+    pub model: String,
+    pub on: Option<Vec<String>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -583,3 +583,46 @@ fn surfaces_default_per_kind_and_a_declared_list_is_checked() {
     let p = problems(&format!("{azure}\nsurfaces = [\"chat\", \"messages\"]"));
     assert!(p.iter().any(|p| p.message.contains("deployment")), "{p:?}");
 }
+
+#[test]
+fn fallbacks_name_other_configured_models_and_known_triggers() {
+    let two = format!(
+        "{MINIMAL}\n[[models]]\nname = \"small\"\n[[models.backends]]\nname = \"s\"\nurl = \"http://127.0.0.1:8001/v1\"\n"
+    );
+    let with = |line: &str| two.replacen("name = \"m\"\n", &format!("name = \"m\"\n{line}\n"), 1);
+    let c = Config::from_toml(&with(r#"fallbacks = [{ model = "small" }]"#)).unwrap();
+    let f = &c.models[0].fallbacks;
+    assert_eq!(f.len(), 1);
+    assert_eq!(
+        (f[0].model.as_str(), f[0].on.as_slice()),
+        ("small", &Trigger::ALL[..])
+    );
+    let c = Config::from_toml(&with(
+        r#"fallbacks = [{ model = "small", on = ["context_window"] }]"#,
+    ))
+    .unwrap();
+    assert_eq!(c.models[0].fallbacks[0].on, [Trigger::ContextWindow]);
+    for (line, says) in [
+        (r#"fallbacks = [{ model = "nope" }]"#, "no model \"nope\""),
+        (r#"fallbacks = [{ model = "m" }]"#, "itself"),
+        (
+            r#"fallbacks = [{ model = "small" }, { model = "small" }]"#,
+            "listed twice",
+        ),
+        (
+            r#"fallbacks = [{ model = "small", on = ["slow"] }]"#,
+            "unknown trigger \"slow\"",
+        ),
+        (
+            r#"fallbacks = [{ model = "small", on = [] }]"#,
+            "at least one",
+        ),
+    ] {
+        let p = problems(&with(line));
+        assert!(
+            p.iter()
+                .any(|p| p.location.contains("fallbacks") && p.message.contains(says)),
+            "{line}: {p:?}"
+        );
+    }
+}

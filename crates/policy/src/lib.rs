@@ -17,6 +17,7 @@ pub mod budget;
 pub mod classify;
 pub mod concurrency;
 pub mod fair;
+pub mod fallback;
 pub mod outlier;
 pub mod pause;
 pub mod rate;
@@ -30,6 +31,7 @@ pub use budget::{BudgetConfig, Refusal, RetryBudget};
 pub use classify::{classify, Class, Outcome, Pushback, Rules};
 pub use concurrency::{Aimd, AimdConfig};
 pub use fair::{FairQueue, Offer, Priority, QueueBounds, Rejection, Released, Ticket, Waiter};
+pub use fallback::{Fallback, Trigger};
 pub use outlier::{may_eject, panic_mode, Health, Outlier, OutlierConfig};
 pub use pause::{PauseAfterErrors, PauseError};
 pub use rate::{

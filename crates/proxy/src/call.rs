@@ -56,6 +56,8 @@ pub(crate) struct Call {
     /// `x-request-id`: the caller's, or one made for it.
     pub id: Option<HeaderValue>,
     pub endpoint: Endpoint,
+    /// The query string the caller sent, passed on to the backend.
+    pub query: Option<Box<str>>,
     pub started: Instant,
     /// No attempt starts after this (`retry.deadline` from `started`).
     pub deadline: Instant,

@@ -28,6 +28,7 @@ pub const ATTEMPTS: &str = "spillway_attempts_per_request";
 pub const UPSTREAM_ATTEMPTS: &str = "spillway_upstream_attempts_total";
 pub const RETRIES: &str = "spillway_retries_total";
 pub const BUDGET_EXHAUSTED: &str = "spillway_retry_budget_exhausted_total";
+pub const FALLBACKS: &str = "spillway_fallbacks_total";
 pub const AFFINITY: &str = "spillway_affinity_total";
 pub const THROTTLED: &str = "spillway_throttled_total";
 pub const CLIENT_RETRIES: &str = "spillway_client_retries_total";
@@ -154,6 +155,10 @@ fn describe() {
     describe_counter!(
         CLIENT_RETRIES_SHED,
         "Callers' retries refused while the model's backends were failing."
+    );
+    describe_counter!(
+        FALLBACKS,
+        "Requests moved to a fallback model, by their own model, the fallback and the trigger."
     );
 }
 
@@ -377,6 +382,7 @@ impl RequestLabels {
 
 /// One model's retry series, registered when its pool is built.
 pub struct PoolMetrics {
+    model: Arc<str>,
     attempts: Histogram,
     retries: [Counter; 5],
     budget_exhausted: [Counter; 2],
@@ -399,6 +405,7 @@ impl PoolMetrics {
         recorder();
         let m = || vec![Label::new("model", model.clone())];
         Self {
+            model: model.clone(),
             attempts: histogram!(ATTEMPTS, m()),
             retries: Self::RETRIED.map(|c| {
                 let mut labels = m();
@@ -431,6 +438,13 @@ impl PoolMetrics {
 
     pub fn throttled(&self) {
         self.throttled.increment(1);
+    }
+
+    /// A request of this model moved on to the fallback model `to` after `trigger` (rare: the
+    /// series is looked up when it happens).
+    pub fn fell_back(&self, to: &str, trigger: spillway_policy::Trigger) {
+        counter!(FALLBACKS, "model" => self.model.to_string(), "to" => to.to_owned(), "trigger" => trigger.as_str())
+            .increment(1);
     }
 
     pub fn budget_exhausted(&self, why: Refusal) {

@@ -36,6 +36,8 @@ pub type HttpClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 /// One attempt, as the attempt loop hands it to the upstream.
 pub(crate) struct Attempt<'a> {
     pub endpoint: Endpoint,
+    /// The caller's query string, if any ([`with_query`]).
+    pub query: Option<&'a str>,
     /// The client's request headers that travel upstream ([`outbound_headers`]).
     pub headers: &'a HeaderMap,
     /// The body as this backend gets it (renamed model, priority field).
@@ -95,7 +97,7 @@ impl Upstream for HyperUpstream {
         let build = || {
             request(
                 backend,
-                attempt.endpoint,
+                (attempt.endpoint, attempt.query),
                 attempt.headers,
                 attempt.body.clone(),
             )
@@ -235,6 +237,47 @@ pub(crate) fn outbound_headers(headers: &mut HeaderMap, skip: &HeaderName) {
     headers.remove(skip);
 }
 
+/// `uri` with the caller's `query` added: after the backend's own query (an Azure backend's
+/// `api-version`), whose parameters win over the caller's of the same name. `None` when the
+/// caller's query adds nothing or cannot be part of a URI.
+pub(crate) fn with_query(uri: &http::Uri, query: &str) -> Option<http::Uri> {
+    let own = uri.query();
+    let own_names: Vec<&str> = own
+        .into_iter()
+        .flat_map(|q| q.split('&'))
+        .map(|pair| pair.split('=').next().unwrap_or(pair))
+        .collect();
+    let added: Vec<&str> = query
+        .split('&')
+        .filter(|pair| !pair.is_empty())
+        .filter(|pair| !own_names.contains(&pair.split('=').next().unwrap_or(pair)))
+        .collect();
+    if added.is_empty() {
+        return None;
+    }
+    let joined = own.into_iter().chain(added).collect::<Vec<_>>().join("&");
+    let mut parts = uri.clone().into_parts();
+    parts.path_and_query = Some(format!("{}?{joined}", uri.path()).parse().ok()?);
+    http::Uri::from_parts(parts).ok()
+}
+
+/// The response header that carries the backend's own id for a request, moved there from the
+/// backend's `x-request-id` or `request-id` (the Anthropic API's), which name spillway's.
+pub(crate) const X_UPSTREAM_REQUEST_ID: HeaderName =
+    HeaderName::from_static("x-upstream-request-id");
+
+/// Moves the backend's own request id to [`X_UPSTREAM_REQUEST_ID`], so the caller's
+/// `x-request-id` (and the Messages API's `request-id`) can be spillway's without losing it.
+pub(crate) fn keep_upstream_request_id(headers: &mut HeaderMap) -> Option<HeaderValue> {
+    let theirs = headers
+        .remove(crate::call::X_REQUEST_ID)
+        .into_iter()
+        .chain(headers.remove("request-id"))
+        .next()?;
+    headers.insert(X_UPSTREAM_REQUEST_ID, theirs.clone());
+    Some(theirs)
+}
+
 /// Removes the hop-by-hop headers of an upstream response before it is relayed.
 pub(crate) fn strip_response_headers(headers: &mut HeaderMap) {
     for name in [
@@ -254,14 +297,17 @@ pub(crate) fn strip_response_headers(headers: &mut HeaderMap) {
 /// headers minus those that must not cross ([`outbound_headers`]).
 fn request(
     backend: &Backend,
-    endpoint: Endpoint,
+    (endpoint, query): (Endpoint, Option<&str>),
     outbound: &HeaderMap,
     body: Bytes,
 ) -> Request<Full<Bytes>> {
     let length = body.len();
     let mut req = Request::new(Full::new(body));
     *req.method_mut() = Method::POST;
-    *req.uri_mut() = backend.uri(endpoint).clone();
+    let uri = backend.uri(endpoint);
+    *req.uri_mut() = query
+        .and_then(|q| with_query(uri, q))
+        .unwrap_or_else(|| uri.clone());
     *req.headers_mut() = outbound.clone();
     let headers = req.headers_mut();
     headers.insert(
@@ -273,4 +319,39 @@ fn request(
         headers.insert(name.clone(), value.clone());
     }
     req
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_callers_query_follows_the_backends_own_whose_names_win() {
+        let plain: http::Uri = "http://b:8000/v1/responses".parse().unwrap();
+        let q = with_query(&plain, "include[]=x&limit=2").unwrap();
+        assert_eq!(
+            q.to_string(),
+            "http://b:8000/v1/responses?include[]=x&limit=2"
+        );
+        let azure: http::Uri = "https://r.openai.azure.com/openai/deployments/d/chat/completions?api-version=2024-10-21"
+            .parse()
+            .unwrap();
+        let q = with_query(&azure, "api-version=1999-01-01&x=1").unwrap();
+        assert_eq!(
+            q.to_string(),
+            "https://r.openai.azure.com/openai/deployments/d/chat/completions?api-version=2024-10-21&x=1"
+        );
+        assert_eq!(with_query(&azure, "api-version=1999-01-01"), None);
+        assert_eq!(with_query(&plain, "&&"), None);
+    }
+
+    #[test]
+    fn the_backends_request_id_is_kept_under_its_own_name() {
+        let mut h = HeaderMap::new();
+        h.insert("request-id", HeaderValue::from_static("req_upstream"));
+        assert_eq!(keep_upstream_request_id(&mut h).unwrap(), "req_upstream");
+        assert_eq!(h[X_UPSTREAM_REQUEST_ID], "req_upstream");
+        assert!(!h.contains_key("request-id"));
+        assert_eq!(keep_upstream_request_id(&mut HeaderMap::new()), None);
+    }
 }

@@ -35,6 +35,11 @@ impl Drop for Llama {
 /// Starts a llama.cpp server with `slots` slots, or `None` (with a note) when none can be run
 /// here and none is required.
 fn llama(slots: u32) -> Option<Llama> {
+    llama_ctx(slots, 2048 * slots)
+}
+
+/// Like [`llama`], with `ctx` tokens of context split across the slots.
+fn llama_ctx(slots: u32, ctx: u32) -> Option<Llama> {
     let Ok(python) = std::env::var("SPILLWAY_LLAMACPP_PYTHON") else {
         assert!(
             std::env::var("SPILLWAY_REQUIRE_LLAMACPP").as_deref() != Ok("1"),
@@ -44,7 +49,7 @@ fn llama(slots: u32) -> Option<Llama> {
         return None;
     };
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/llamacpp/serve.py");
-    let ctx = (2048 * slots).to_string();
+    let ctx = ctx.to_string();
     let mut child = Command::new(python)
         .args([
             script,
@@ -343,4 +348,56 @@ async fn llamacpp_responses_and_messages_through_spillway_answer_as_direct() {
         sample(&page, r#"spillway_tokens_reported_total{tenant="metered"}"#) == Some(charged as f64)
     })
     .await;
+}
+
+#[tokio::test]
+async fn llamacpp_a_prompt_over_a_models_context_falls_back_to_one_with_room() {
+    let Some(short) = llama_ctx(1, 256) else {
+        return;
+    };
+    let Some(long) = llama(1) else { return };
+    let gw = gateway(&format!(
+        "[upstream]\nresponse_timeout = \"120s\"\n\n\
+         [[models]]\nname = \"long\"\n\
+         [[models.backends]]\nname = \"l\"\nurl = \"{}/v1\"\nengine = \"llamacpp\"\n\
+         [[models]]\nname = \"short\"\nfallbacks = [{{ model = \"long\", on = [\"context_window\"] }}]\n\
+         [[models.backends]]\nname = \"s\"\nurl = \"{}/v1\"\nengine = \"llamacpp\"\n",
+        long.url, short.url
+    ));
+    let prompt = "Tell me about lighthouses and the sea. ".repeat(60);
+    let body = serde_json::json!({
+        "model": "short", "max_tokens": 4,
+        "messages": [{"role": "user", "content": prompt}],
+    });
+    // Directly, the short-context engine refuses the prompt.
+    let direct = client()
+        .post(format!("{}/v1/chat/completions", short.url))
+        .timeout(Duration::from_secs(120))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(direct.status(), 400);
+    let why = direct.text().await.unwrap();
+    assert!(why.contains("exceed_context_size"), "{why}");
+    // Through spillway, the request moves on to the model with room.
+    let r = client()
+        .post(gw.url("/v1/chat/completions"))
+        .bearer_auth(KEY)
+        .timeout(Duration::from_secs(120))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["x-spillway-model"], "long");
+    let page = metrics(&gw).await;
+    assert_eq!(
+        sample(
+            &page,
+            r#"spillway_fallbacks_total{model="short",to="long",trigger="context_window"}"#
+        ),
+        Some(1.0),
+        "{page}"
+    );
 }

@@ -14,6 +14,10 @@
 //! response head, before a byte of the body reaches the client.
 
 mod answer;
+mod fallback;
+#[cfg(test)]
+mod fallback_tests;
+mod peek;
 #[cfg(test)]
 mod tests;
 
@@ -21,17 +25,19 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use http::{header, HeaderMap};
 use spillway_config::{RetryConfig, UpstreamConfig};
-use spillway_policy::{classify, Class, Decision, Outcome, Pushback, RetryPolicy};
+use spillway_policy::{classify, Class, Decision, Outcome, Pushback, RetryPolicy, Trigger};
 use tracing::{debug, warn};
 
 use crate::call::Call;
 use crate::error::ApiError;
-use crate::pool::{Acquired, Ask, Backend, InFlight};
+use crate::pool::{Acquired, Ask, Backend, InFlight, ModelPool, Models};
 use crate::request::with_fields;
 use crate::upstream::{self, Upstream};
 use answer::Failure;
+pub(crate) use peek::Peeked;
 
 /// How often a call waiting for a backend looks again when none frees up (an ejection may
 /// end, or a cooldown, without a request finishing).
@@ -70,7 +76,7 @@ impl Retries {
 
 /// The response chosen to be relayed, with the hold on its backend.
 pub(crate) struct Chosen<B> {
-    pub response: http::Response<B>,
+    pub response: http::Response<Peeked<B>>,
     pub hold: InFlight,
 }
 
@@ -79,13 +85,18 @@ pub(crate) struct Attempted<B> {
     pub result: Result<Chosen<B>, ApiError>,
     /// The last backend tried, if any.
     pub backend: Option<Arc<str>>,
+    /// The model that answered, when a fallback did.
+    pub fallback: Option<Arc<str>>,
 }
 
-/// Runs the attempts of `call` until one is chosen or the call gives up.
+/// Runs the attempts of `call` until one is chosen or the call gives up, on its own model and
+/// then, if its model cannot answer it, on the model's fallbacks (`fallback.rs`), all within the
+/// one budget and attempt cap of the call's own model.
 pub(crate) async fn run<U: Upstream>(
     call: &Call,
     retries: &Retries,
     upstream: &U,
+    models: &Models,
 ) -> Attempted<U::Body> {
     let pool = &*call.pool;
     let now = crate::clock::now();
@@ -97,12 +108,21 @@ pub(crate) async fn run<U: Upstream>(
     let mut attempts = Loop {
         call,
         retries,
+        models,
+        pool: call.pool.clone(),
+        body: call.body.clone(),
+        on_fallback: None,
+        trigger: None,
+        spare_retry: false,
         made: 0,
         tried: Vec::with_capacity(3),
         refused: Vec::new(),
         wait_until: now + retries.queue_wait,
     };
-    let result = attempts.run(upstream).await;
+    let mut result = attempts.run(upstream).await;
+    while attempts.fall_back() {
+        result = attempts.run(upstream).await;
+    }
     pool.metrics.attempts(attempts.made);
     call.labels.attempted(attempts.made);
     Attempted {
@@ -110,7 +130,8 @@ pub(crate) async fn run<U: Upstream>(
         backend: attempts
             .tried
             .last()
-            .map(|&i| pool.backends[i].name.clone()),
+            .map(|&i| attempts.pool.backends[i].name.clone()),
+        fallback: attempts.on_fallback.map(|_| attempts.pool.name.clone()),
     }
 }
 
@@ -118,6 +139,21 @@ pub(crate) async fn run<U: Upstream>(
 struct Loop<'a> {
     call: &'a Call,
     retries: &'a Retries,
+    /// Every model, for the fallbacks.
+    models: &'a Models,
+    /// The model whose backends are tried: the call's own, or the fallback it is on. Retries
+    /// are drawn from the call's own model's budget whichever it is.
+    pool: Arc<ModelPool>,
+    /// The body as this model's backends get it (a fallback's names its model).
+    body: Bytes,
+    /// The fallback it is on, by index in its own model's list.
+    on_fallback: Option<usize>,
+    /// Why the last run on a model ended without an answer from it, if a fallback may help.
+    trigger: Option<Trigger>,
+    /// A retry the budget granted that no attempt has used yet (the run then found no backend
+    /// to send it to): a fallback uses it rather than drawing another.
+    spare_retry: bool,
+    /// Attempts made, on every model.
     made: u32,
     /// The backends tried, by index in the pool, in order.
     tried: Vec<usize>,
@@ -131,7 +167,11 @@ struct Loop<'a> {
 impl Loop<'_> {
     async fn run<U: Upstream>(&mut self, upstream: &U) -> Result<Chosen<U::Body>, ApiError> {
         let call = self.call;
-        let pool = &*call.pool;
+        // Its retries are drawn from, and counted in, the call's own model.
+        let own = &*call.pool;
+        let current = self.pool.clone();
+        let pool = &*current;
+        self.trigger = None;
         let mut avoid_region: Option<String> = None;
         let mut last: Option<Failure> = None;
         let mut retrying: Option<Counted<'_>> = None;
@@ -144,11 +184,15 @@ impl Loop<'_> {
                 affinity_key: call.affinity_key,
                 surface: call.endpoint.surface(),
             };
+            // Once every backend of this model has failed it, a fallback for that is better
+            // than another try on one of them.
+            let failed_everywhere = last.is_some() && self.fallback_waits(Trigger::Unavailable);
             // A retry goes to a backend not tried yet...
             let acquired = pool.acquire(now, ask, &self.tried).or_else(|| {
                 // ...and after a transient failure, failing that, to one tried before; never to
                 // one that gave a capacity answer or refused the credential.
-                let fallback = last.as_ref().is_some_and(|f| f.same_backend_ok());
+                let fallback =
+                    !failed_everywhere && last.as_ref().is_some_and(|f| f.same_backend_ok());
                 let again = Ask {
                     avoid_region: None,
                     ..ask
@@ -173,14 +217,21 @@ impl Loop<'_> {
                 let unsent = last
                     .as_ref()
                     .is_none_or(|f| f.outcome == Outcome::ConnectFailed);
-                if unsent && now < until && pool.seats(ask.bulkhead, now) > 0 {
+                let seats = pool.seats(ask.bulkhead, now);
+                if unsent && !failed_everywhere && now < until && seats > 0 {
                     pool.freed(until.duration_since(now).min(RECHECK_EVERY))
                         .await;
                     continue;
                 }
+                self.trigger = if failed_everywhere {
+                    Some(Trigger::Unavailable)
+                } else {
+                    fallback::trigger_without_backend(last.as_ref(), seats)
+                };
                 return Err(self.spent().no_backend(last));
             };
             self.made += 1;
+            self.spare_retry = false;
             self.tried.push(index);
             let backend = hold.backend().clone();
             if self.made == 1 {
@@ -224,29 +275,33 @@ impl Loop<'_> {
                 Decision::Retry { after, .. } => {
                     // This call's own earlier retry is not another call retrying.
                     let others =
-                        pool.retrying.load(Ordering::Relaxed) - u64::from(retrying.is_some());
-                    let granted = pool
+                        own.retrying.load(Ordering::Relaxed) - u64::from(retrying.is_some());
+                    let granted = own
                         .budget
                         .lock()
                         .unwrap_or_else(|e| e.into_inner())
-                        .try_withdraw(now, pool.in_flight.load(Ordering::Relaxed), others);
+                        .try_withdraw(now, own.in_flight.load(Ordering::Relaxed), others);
                     if let Err(refusal) = granted {
-                        pool.metrics.budget_exhausted(refusal);
+                        own.metrics.budget_exhausted(refusal);
                         debug!(
                             request_id = ?call.id,
                             class = class.as_str(),
                             refusal = refusal.as_str(),
                             "retry budget refused a retry"
                         );
+                        // No fallback either: the budget has no attempt left for this call.
                         return Err(answer::budget_refused(&pool.name, class, refusal));
                     }
+                    self.spare_retry = true;
                     after
                 }
                 Decision::Stop(stop) => {
                     debug!(request_id = ?call.id, class = class.as_str(), ?stop, attempts = self.made, "no retry");
+                    self.trigger = fallback::trigger_of(&failure);
                     return match response {
                         Some(response) if failure.is_relayed() => {
-                            if spilled_over {
+                            let response = self.peek(response, outcome).await;
+                            if spilled_over && self.trigger.is_none() {
                                 backend.metrics.spilled_over();
                             }
                             Ok(Chosen { response, hold })
@@ -255,8 +310,8 @@ impl Loop<'_> {
                     };
                 }
             };
-            pool.metrics.retried(class);
-            retrying.get_or_insert_with(|| Counted::new(&pool.retrying));
+            own.metrics.retried(class);
+            retrying.get_or_insert_with(|| Counted::new(&own.retrying));
             drop(response);
             drop(hold);
             if !failure.same_backend_ok() {
@@ -273,7 +328,7 @@ impl Loop<'_> {
     /// What the call's answer says of its attempts when they end without a response.
     fn spent(&self) -> answer::Spent<'_> {
         answer::Spent {
-            model: &self.call.pool.name,
+            model: &self.pool.name,
             made: self.made,
             started: self.call.started,
             response_timeout: self.retries.response_timeout,
@@ -288,12 +343,13 @@ impl Loop<'_> {
             .forward_priority
             .then(|| call.priority.engine_value());
         let body = match (&backend.rename_to, priority) {
-            (None, None) => call.body.clone(),
-            (name, priority) => with_fields(&call.body, name.as_deref(), priority)
-                .unwrap_or_else(|_| call.body.clone()),
+            (None, None) => self.body.clone(),
+            (name, priority) => with_fields(&self.body, name.as_deref(), priority)
+                .unwrap_or_else(|_| self.body.clone()),
         };
         upstream::Attempt {
             endpoint: call.endpoint,
+            query: call.query.as_deref(),
             headers: &call.headers,
             body,
             until: call.deadline,
@@ -313,7 +369,7 @@ impl Loop<'_> {
         in_flight: u32,
         response: Option<&http::Response<B>>,
     ) {
-        let pool = &*self.call.pool;
+        let pool = &*self.pool;
         pool.record(backend, now, class, in_flight);
         if outcome != Outcome::ConnectFailed {
             // A connection never made put no load on a backend.

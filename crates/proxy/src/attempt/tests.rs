@@ -24,36 +24,38 @@ use crate::upstream::{Attempt, Upstream};
 
 /// What the scripted upstream does with one attempt.
 #[derive(Debug, Clone)]
-enum Step {
+pub(super) enum Step {
     /// Answers with this status after `after`.
     Status(u16, Duration),
     /// Gives no response head: the outcome, after `after`.
     Fail(Outcome, Duration),
+    /// Answers with this status and body at once.
+    Body(u16, &'static str),
 }
 
 /// One attempt as the upstream saw it.
 #[derive(Debug, Clone)]
-struct Sent {
-    backend: Arc<str>,
-    at: Instant,
+pub(super) struct Sent {
+    pub(super) backend: Arc<str>,
+    pub(super) at: Instant,
 }
 
 /// An upstream that plays its script, one step per attempt, and then answers 200.
 #[derive(Default)]
-struct Scripted {
+pub(super) struct Scripted {
     steps: Mutex<VecDeque<Step>>,
     sent: Mutex<Vec<Sent>>,
 }
 
 impl Scripted {
-    fn new(steps: impl IntoIterator<Item = Step>) -> Self {
+    pub(super) fn new(steps: impl IntoIterator<Item = Step>) -> Self {
         Scripted {
             steps: Mutex::new(steps.into_iter().collect()),
             sent: Mutex::default(),
         }
     }
 
-    fn sent(&self) -> Vec<Sent> {
+    pub(super) fn sent(&self) -> Vec<Sent> {
         self.sent.lock().unwrap().clone()
     }
 }
@@ -75,13 +77,18 @@ impl Upstream for Scripted {
         });
         let step = self.steps.lock().unwrap().pop_front();
         let step = step.unwrap_or(Step::Status(200, Duration::ZERO));
-        let (Step::Status(_, after) | Step::Fail(_, after)) = &step;
-        tokio::time::sleep(*after).await;
-        match step {
-            Step::Status(status, _) => Ok(http::Response::builder()
+        if let Step::Status(_, after) | Step::Fail(_, after) = &step {
+            tokio::time::sleep(*after).await;
+        }
+        let answer = |status, body| {
+            Ok(http::Response::builder()
                 .status(status)
-                .body(Full::new(Bytes::from_static(b"{}")))
-                .unwrap()),
+                .body(Full::new(Bytes::from_static(body)))
+                .unwrap())
+        };
+        match step {
+            Step::Status(status, _) => answer(status, b"{}"),
+            Step::Body(status, body) => answer(status, body.as_bytes()),
             Step::Fail(outcome, _) => Err(outcome),
         }
     }
@@ -122,13 +129,19 @@ impl EndObserver for Ending {
     }
 }
 
-const BUDGET_RATIO: f64 = 0.1;
-const BUDGET_MIN_PER_SEC: f64 = 1.0;
-const BUDGET_WINDOW_SECS: u64 = 60;
+pub(super) const BUDGET_RATIO: f64 = 0.1;
+pub(super) const BUDGET_MIN_PER_SEC: f64 = 1.0;
+pub(super) const BUDGET_WINDOW_SECS: u64 = 60;
 
 /// Three backends of one model, with the retry settings of the test.
 fn pool(extra: &str) -> (Models, Retries) {
-    let config = Config::from_toml(&format!(
+    pool_with(extra, "")
+}
+
+/// Three backends of model `m`, whose `fallbacks` line is `fallbacks` (none when empty), and
+/// model `f` with one backend, `x`.
+pub(super) fn pool_with(extra: &str, fallbacks: &str) -> (Models, Retries) {
+    models_from(&format!(
         r#"
 [retry]
 max_attempts = 5
@@ -138,7 +151,14 @@ budget_window = "{BUDGET_WINDOW_SECS}s"
 deadline = "120s"
 {extra}
 [[models]]
+name = "f"
+[[models.backends]]
+name = "x"
+url = "http://127.0.0.1:9/v1"
+engine = "none"
+[[models]]
 name = "m"
+{fallbacks}
 [[models.backends]]
 name = "a"
 url = "http://127.0.0.1:9/v1"
@@ -153,7 +173,11 @@ url = "http://127.0.0.1:9/v1"
 engine = "none"
 "#
     ))
-    .unwrap();
+}
+
+/// The models and retry settings of a configuration.
+pub(super) fn models_from(toml: &str) -> (Models, Retries) {
+    let config = Config::from_toml(toml).unwrap();
     let models = Models::new(&config, |_, b| match &b.kind {
         BackendKind::OpenAi { url } => Ok(url.clone()),
         other => Err(format!("unexpected {other:?}")),
@@ -163,11 +187,12 @@ engine = "none"
     (models, retries)
 }
 
-fn call(models: &Models, retries: &Retries) -> Call {
+pub(super) fn call(models: &Models, retries: &Retries) -> Call {
     let started = crate::clock::now();
     Call {
         id: None,
         endpoint: Endpoint::ChatCompletions,
+        query: None,
         started,
         deadline: started + retries.deadline,
         tenant: Arc::new(Tenant {
@@ -194,7 +219,7 @@ fn call(models: &Models, retries: &Retries) -> Call {
 
 /// Runs `f` on a current-thread runtime whose clock is paused: sleeps and timeouts pass at
 /// once, in order, as the loop's backoffs and the script's latencies ask.
-fn paused<F: std::future::Future>(f: F) -> F::Output {
+pub(super) fn paused<F: std::future::Future>(f: F) -> F::Output {
     tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .start_paused(true)
@@ -203,7 +228,7 @@ fn paused<F: std::future::Future>(f: F) -> F::Output {
         .block_on(f)
 }
 
-fn step() -> impl Strategy<Value = Step> {
+pub(super) fn step() -> impl Strategy<Value = Step> {
     let after = (0u64..20).prop_map(Duration::from_millis);
     prop_oneof![
         (
@@ -243,7 +268,7 @@ proptest! {
             for _ in 0..callers {
                 for _ in 0..=caller_retries {
                     requests += 1;
-                    let ok = run(&call(&models, &retries), &retries, &upstream)
+                    let ok = run(&call(&models, &retries), &retries, &upstream, &models)
                         .await
                         .result
                         .is_ok_and(|c| c.response.status().is_success());
@@ -282,7 +307,7 @@ proptest! {
         let deadline = paused(async {
             let call = call(&models, &retries);
             let deadline = Instant::from_std(call.deadline);
-            let _ = run(&call, &retries, &upstream).await;
+            let _ = run(&call, &retries, &upstream, &models).await;
             deadline
         });
         for s in upstream.sent() {
@@ -302,7 +327,7 @@ proptest! {
         let (models, retries) = pool("");
         let upstream = Scripted::new(steps.clone());
         paused(async {
-            let _ = run(&call(&models, &retries), &retries, &upstream).await;
+            let _ = run(&call(&models, &retries), &retries, &upstream, &models).await;
         });
         let sent = upstream.sent();
         for (i, (s, step)) in sent.iter().zip(&steps).enumerate() {
@@ -324,7 +349,7 @@ fn a_client_error_is_never_retried() {
     // are about the backend, not the request, and tried elsewhere.
     for status in (400u16..500).filter(|s| ![401, 403, 429].contains(s)) {
         let upstream = Scripted::new([Step::Status(status, Duration::ZERO)]);
-        let chosen = paused(run(&call(&models, &retries), &retries, &upstream))
+        let chosen = paused(run(&call(&models, &retries), &retries, &upstream, &models))
             .result
             .unwrap_or_else(|e| panic!("{status}: {}", e.message));
         assert_eq!(chosen.response.status(), status, "relayed as it came");
@@ -338,7 +363,7 @@ fn nothing_is_retried_after_the_first_streamed_byte() {
     let upstream = BreaksMidStream::default();
     let ending = Arc::new(Mutex::new(None));
     let frames = paused(async {
-        let chosen = run(&call(&models, &retries), &retries, &upstream)
+        let chosen = run(&call(&models, &retries), &retries, &upstream, &models)
             .await
             .result
             .unwrap_or_else(|e| panic!("{}", e.message));
@@ -383,7 +408,7 @@ fn refused_connections_move_on_without_drawing_on_the_budget() {
         Step::Status(200, Duration::ZERO),
     ]);
     paused(async {
-        let chosen = run(&call(&models, &retries), &retries, &upstream)
+        let chosen = run(&call(&models, &retries), &retries, &upstream, &models)
             .await
             .result
             .unwrap_or_else(|e| panic!("{}", e.message));
@@ -405,7 +430,7 @@ fn a_failure_after_sending_draws_one_retry_from_the_budget() {
     let (models, retries) = pool("");
     let upstream = Scripted::new([Step::Status(502, Duration::ZERO)]);
     paused(async {
-        let chosen = run(&call(&models, &retries), &retries, &upstream)
+        let chosen = run(&call(&models, &retries), &retries, &upstream, &models)
             .await
             .result
             .unwrap_or_else(|e| panic!("{}", e.message));

@@ -30,6 +30,10 @@ use crate::metrics::RequestLabels;
 
 pub(crate) use read::authenticate;
 
+/// The response header naming the model that answered, when a fallback did.
+pub(crate) const X_SPILLWAY_MODEL: http::HeaderName =
+    http::HeaderName::from_static("x-spillway-model");
+
 pub(crate) async fn chat_completions(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
     handle(&gw, Endpoint::ChatCompletions, req).await
 }
@@ -78,11 +82,18 @@ async fn handle(gw: &Gateway, endpoint: Endpoint, req: Request) -> Response {
 
 async fn admit_attempt_respond(gw: &Gateway, call: &mut Call) -> Result<Response, ApiError> {
     let ticket = gw.admission.admit(call).await?;
-    let attempted = crate::attempt::run(call, &gw.retries, &gw.upstream).await;
+    let attempted = crate::attempt::run(call, &gw.retries, &gw.upstream, &gw.models).await;
     if let Some(backend) = attempted.backend {
         call.labels.backend = backend;
     }
-    Ok(respond::respond(gw, call, ticket, attempted.result?))
+    let mut response = respond::respond(gw, call, ticket, attempted.result?);
+    if let Some(model) = attempted.fallback {
+        // The model that answered, when it was not the one asked for.
+        if let Ok(value) = http::HeaderValue::from_str(&model) {
+            response.headers_mut().insert(X_SPILLWAY_MODEL, value);
+        }
+    }
+    Ok(response)
 }
 
 fn refused(e: ApiError, dialect: Dialect) -> Response {

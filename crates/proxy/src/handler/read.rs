@@ -97,6 +97,7 @@ async fn build(
     Ok(Call {
         id,
         endpoint,
+        query: parts.uri.query().map(Box::from),
         started,
         deadline: started + gw.retries.deadline,
         affinity_key,

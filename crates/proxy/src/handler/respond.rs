@@ -10,6 +10,7 @@ use axum::body::Body;
 use axum::response::Response;
 use bytes::Bytes;
 use http::{header, HeaderMap, HeaderValue};
+use tracing::debug;
 
 use crate::admission::{insert_rate_headers, Ticket};
 use crate::attempt::Chosen;
@@ -27,6 +28,14 @@ where
     let Chosen { response, hold } = chosen;
     let (mut head, body) = response.into_parts();
     upstream::strip_response_headers(&mut head.headers);
+    let theirs = upstream::keep_upstream_request_id(&mut head.headers);
+    debug!(
+        request_id = ?call.id,
+        upstream_request_id = ?theirs,
+        backend = %hold.backend().name,
+        status = head.status.as_u16(),
+        "relaying the backend's response"
+    );
     if head.status.is_server_error() && gw.relay.discourage_caller_retries {
         head.headers
             .insert("x-should-retry", HeaderValue::from_static("false"));

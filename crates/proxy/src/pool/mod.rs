@@ -331,6 +331,8 @@ pub struct ModelPool {
     pub balance: spillway_config::BalanceConfig,
     /// When an engine's load counts as saturated.
     pub saturation: Saturation,
+    /// The models its requests go to, in order, when it cannot answer them.
+    pub fallbacks: Vec<spillway_policy::Fallback<String>>,
     /// The next turn of `round_robin`.
     turn: AtomicU64,
 }
@@ -528,6 +530,7 @@ impl Models {
                     max_queue: config.engine_metrics.max_queue,
                     max_kv_usage: config.engine_metrics.max_kv_usage,
                 },
+                fallbacks: m.fallbacks.clone(),
                 turn: AtomicU64::new(0),
             };
             out.pools.insert(m.name.clone(), Arc::new(pool));

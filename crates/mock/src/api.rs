@@ -334,8 +334,20 @@ fn remembered(parts: &Parts, model: Option<String>, body: Arc<Value>) -> Remembe
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned),
         auth,
+        anthropic_version: header_text(h, "anthropic-version"),
+        anthropic_beta: header_text(h, "anthropic-beta"),
         body,
     }
+}
+
+/// Every value of header `name` that is text, joined with commas; `None` without any.
+fn header_text(headers: &HeaderMap, name: &str) -> Option<String> {
+    let values: Vec<&str> = headers
+        .get_all(name)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .collect();
+    (!values.is_empty()).then(|| values.join(","))
 }
 
 fn has_api_version(query: Option<&str>) -> bool {

@@ -66,6 +66,12 @@ pub struct LastRequest {
     /// How a key was presented: `"bearer"`, `"api-key"`, `"x-api-key"` or `"none"` (the first
     /// of these headers the request carried).
     pub auth: String,
+    /// The `anthropic-version` header.
+    #[serde(default)]
+    pub anthropic_version: Option<String>,
+    /// The `anthropic-beta` header (several such headers joined with commas).
+    #[serde(default)]
+    pub anthropic_beta: Option<String>,
     /// The JSON body as parsed (`null` when it was not JSON).
     pub body: Value,
 }
@@ -117,6 +123,8 @@ pub(crate) struct Remembered {
     pub(crate) model: Option<String>,
     pub(crate) request_id: Option<String>,
     pub(crate) auth: &'static str,
+    pub(crate) anthropic_version: Option<String>,
+    pub(crate) anthropic_beta: Option<String>,
     pub(crate) body: Arc<Value>,
 }
 
@@ -128,6 +136,8 @@ impl From<&Remembered> for LastRequest {
             model: r.model.clone(),
             request_id: r.request_id.clone(),
             auth: r.auth.to_owned(),
+            anthropic_version: r.anthropic_version.clone(),
+            anthropic_beta: r.anthropic_beta.clone(),
             body: Value::clone(&r.body),
         }
     }

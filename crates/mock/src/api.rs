@@ -11,9 +11,11 @@
 //! takes this one path; the endpoint decides only how the request is read, what the reply
 //! looks like, and the [`Dialect`](crate::error::Dialect) its errors and headers follow.
 //! Anthropic's `count_tokens` takes it too, through the checks, and is answered at once,
-//! without a generation slot, prefix-cache lookup or pacing. A Responses create that names a
-//! `previous_response_id` is checked against the stored responses before the model (whose name
-//! it may supply), and a create to be stored is stored when it is answered (`responses.rs`). The stored-response routes (`lifecycle.rs`) share the first
+//! without a generation slot, prefix-cache lookup or pacing. A Responses compaction holds a
+//! slot and is paced as a plain reply is, without a prefix-cache lookup. A Responses create or
+//! compaction that names a `previous_response_id` is checked against the stored responses
+//! before the model (whose name it may supply), and a create to be stored is stored when it is
+//! answered (`responses.rs`). The stored-response routes (`lifecycle.rs`) share the first
 //! steps: remembering, faults, the key.
 
 use std::sync::Arc;
@@ -28,6 +30,7 @@ use http::{HeaderMap, HeaderValue};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde_json::Value;
 
+use crate::compact::{self, Compaction};
 use crate::embeddings::Embedding;
 use crate::error::{ApiError, Dialect};
 use crate::faults::{self, Injected};
@@ -161,6 +164,8 @@ enum Work {
     Embed(Embedding),
     /// Anthropic's `count_tokens`: the prompt's tokens, counted without a generation slot.
     Count(u32),
+    /// A Responses compaction.
+    Compact(Compaction),
 }
 
 /// A request that passed every check and holds a generation slot if its work needs one.
@@ -208,7 +213,9 @@ async fn admit(
         return Err(invalid(ApiError::invalid("invalid_json", message)));
     };
     let earlier = match endpoint {
-        Endpoint::Generate(Surface::Responses) => earlier(server, fields).map_err(invalid)?,
+        Endpoint::Generate(Surface::Responses) | Endpoint::Compact => {
+            earlier(server, fields).map_err(invalid)?
+        }
         _ => None,
     };
     let model = model
@@ -229,6 +236,11 @@ async fn admit(
         Endpoint::CountTokens => {
             let n = request::prompt_tokens(Surface::Messages, fields).map_err(invalid)?;
             (Work::Count(n), None)
+        }
+        Endpoint::Compact => {
+            let c = Compaction::read(fields, earlier.as_ref(), profile).map_err(invalid)?;
+            let kv = u64::from(c.input_tokens) + u64::from(c.output_tokens);
+            (Work::Compact(c), Some(kv))
         }
         Endpoint::Generate(surface) => {
             let mut g = request::generation(surface, fields).map_err(invalid)?;
@@ -281,6 +293,11 @@ async fn reply(server: &MockServer, a: Admitted, live: &Live, mut outcome: Outco
             Json(embedding.response(&a.model)).into_response()
         }
         Work::Count(input_tokens) => Json(messages::token_count(input_tokens)).into_response(),
+        Work::Compact(c) => {
+            let pace = Pace::start(profile, c.input_tokens);
+            tokio::time::sleep_until(pace.done(c.output_tokens)).await;
+            Json(compact::object(&c)).into_response()
+        }
         Work::Generate {
             surface,
             g,
@@ -320,7 +337,7 @@ async fn reply(server: &MockServer, a: Admitted, live: &Live, mut outcome: Outco
     response
 }
 
-/// The stored response a Responses create continues, if it names one.
+/// The stored response a Responses create or compaction continues, if it names one.
 fn earlier(
     server: &MockServer,
     fields: &serde_json::Map<String, Value>,

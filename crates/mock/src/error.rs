@@ -123,7 +123,7 @@ impl ApiError {
         }
     }
 
-    /// A create whose `previous_response_id` names no response this server holds.
+    /// A create or compaction whose `previous_response_id` names no response this server holds.
     pub(crate) fn previous_response_not_found(id: &str) -> Self {
         Self {
             param: Some("previous_response_id"),

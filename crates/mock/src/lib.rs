@@ -3,13 +3,13 @@
 //! A gateway is only as trustworthy as the failures it has been tested against, and real backends
 //! fail rarely and never on demand. This server answers chat, completions, embeddings and models
 //! like vLLM or OpenAI (also under Azure deployment paths), OpenAI's Responses API (with the
-//! responses it stores: retrieve, delete, cancel, input items and `previous_response_id`), and
-//! Anthropic's Messages API (with `count_tokens`) in Anthropic's shapes and errors, and a
-//! [`MockProfile`] makes it slow, saturated or broken on purpose: limited generation slots and a
-//! bounded queue, time to first token and tokens per second, injected error statuses, stalls,
-//! connection resets and streams broken off mid-way. The profile can be swapped while it runs
-//! (`PUT`/`PATCH /control`), and `/stats` reports what it saw and did, so a test or an incident
-//! replay can flip a healthy backend into a failure mode and then check what reached it.
+//! responses it stores: retrieve, delete, cancel, input items, `previous_response_id`, and
+//! compaction), and Anthropic's Messages API (with `count_tokens`) in Anthropic's shapes and
+//! errors, and a [`MockProfile`] makes it slow, saturated or broken on purpose: limited generation
+//! slots and a bounded queue, time to first token and tokens per second, injected error statuses,
+//! stalls, connection resets and streams broken off mid-way. The profile can be swapped while it
+//! runs (`PUT`/`PATCH /control`), and `/stats` reports what it saw and did, so a test or an
+//! incident replay can flip a healthy backend into a failure mode and then check what reached it.
 //!
 //! It also gives the load signals a gateway reads from a real vLLM, from its own state: `GET
 //! /metrics` in vLLM's Prometheus names (requests running and waiting, KV-cache usage, prefix
@@ -27,6 +27,7 @@
 
 mod api;
 mod cli;
+mod compact;
 mod control;
 mod embeddings;
 mod error;

@@ -111,7 +111,7 @@ impl Keep {
     }
 }
 
-/// The `previous_response_id` a create names, if any.
+/// The `previous_response_id` a create or compaction names, if any.
 pub(crate) fn previous_response_id(body: &Map<String, Value>) -> Result<Option<&str>, ApiError> {
     match body.get("previous_response_id") {
         None | Some(Value::Null) => Ok(None),

@@ -4,7 +4,7 @@
 //! - `POST /v1/chat/completions`, `POST /v1/completions`, `POST /v1/embeddings`: OpenAI's
 //!   inference endpoints; `GET /v1/models`: the profile's models.
 //! - `POST /v1/responses`: the OpenAI Responses API's create, which stores the response unless
-//!   told not to.
+//!   told not to; `POST /v1/responses/compact`: its compaction. Both are inference requests.
 //! - `GET`/`DELETE /v1/responses/{id}`, `POST /v1/responses/{id}/cancel`, `GET
 //!   /v1/responses/{id}/input_items`: the responses this server stored (`lifecycle.rs`).
 //! - `POST /v1/messages`, `POST /v1/messages/count_tokens`: the Anthropic Messages API, whose
@@ -43,6 +43,7 @@ pub(crate) fn router(server: MockServer) -> Router {
         .route("/v1/completions", post(completions))
         .route("/v1/embeddings", post(embeddings))
         .route("/v1/responses", post(responses))
+        .route("/v1/responses/compact", post(compact))
         .route(
             "/v1/responses/{id}",
             get(retrieve_response).delete(delete_response),
@@ -100,6 +101,10 @@ async fn embeddings(State(s): State<MockServer>, req: Request) -> Response {
 
 async fn responses(State(s): State<MockServer>, req: Request) -> Response {
     api::infer(s, Endpoint::Generate(Surface::Responses), None, req).await
+}
+
+async fn compact(State(s): State<MockServer>, req: Request) -> Response {
+    api::infer(s, Endpoint::Compact, None, req).await
 }
 
 async fn retrieve_response(State(s): State<MockServer>, id: ResponseId, req: Request) -> Response {

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 /// A snapshot of the server's counters. Counters cover inference requests (chat,
-/// completions, embeddings, on `/v1` or Azure paths; Responses creates;
+/// completions, embeddings, on `/v1` or Azure paths; Responses creates and compactions;
 /// Anthropic messages and `count_tokens`) and the Responses API's stored-response routes (get,
 /// delete, cancel, input items), never `/models`, `/stats`, `/control`, `/health` or
 /// `/metrics`.

@@ -11,7 +11,12 @@
 //! takes this one path; the endpoint decides only how the request is read, what the reply
 //! looks like, and the [`Dialect`](crate::error::Dialect) its errors and headers follow.
 //! Anthropic's `count_tokens` takes it too, through the checks, and is answered at once,
-//! without a generation slot, prefix-cache lookup or pacing.
+//! without a generation slot, prefix-cache lookup or pacing. A Responses compaction holds a
+//! slot and is paced as a plain reply is, without a prefix-cache lookup. A Responses create or
+//! compaction that names a `previous_response_id` is checked against the stored responses
+//! before the model (whose name it may supply), and a create to be stored is stored when it is
+//! answered (`responses.rs`). The stored-response routes (`lifecycle.rs`) share the first
+//! steps: remembering, faults, the key.
 
 use std::sync::Arc;
 
@@ -25,15 +30,18 @@ use http::{HeaderMap, HeaderValue};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde_json::Value;
 
+use crate::compact::{self, Compaction};
 use crate::embeddings::Embedding;
-use crate::error::ApiError;
+use crate::error::{ApiError, Dialect};
 use crate::faults::{self, Injected};
 use crate::generate::{self, Pace, Plan};
 use crate::messages;
 use crate::prefix::{Chunker, PromptBlocks};
 use crate::request::{self, Endpoint, Generation, Surface, CHARS_PER_TOKEN};
+use crate::responses::{self, Create};
 use crate::slots::SlotPermit;
 use crate::stats::{Event, Outcome, Remembered};
+use crate::store::Earlier;
 use crate::stream::{self, StreamParts};
 use crate::{Live, MockServer};
 
@@ -53,7 +61,7 @@ pub(crate) async fn infer(
 ) -> Response {
     let (parts, body) = req.into_parts();
     let live = server.live();
-    let mut outcome = server.recorder().arrive(parts.uri.path());
+    let outcome = server.recorder().arrive(parts.uri.path());
     let dialect = endpoint.dialect();
     match admit(&server, &live, endpoint, deployment, &parts, body, &outcome).await {
         Ok(admitted) => {
@@ -61,21 +69,48 @@ pub(crate) async fn infer(
             dialect.stamp(&mut response);
             response
         }
-        Err(Refusal::Reset) => {
+        Err(refusal) => refuse(outcome, refusal, dialect),
+    }
+}
+
+/// Settles a refused request's outcome and answers it: a reset, or the error in `dialect`.
+pub(crate) fn refuse(mut outcome: Outcome, refusal: Refusal, dialect: Dialect) -> Response {
+    match refusal {
+        Refusal::Reset => {
             outcome.settle(Some(Event::ResetInjected));
             let mut r = Response::new(Body::empty());
             r.extensions_mut().insert(ResetConnection);
             r
         }
-        Err(Refusal::Error(error, event)) => {
+        Refusal::Error(error, event) => {
             outcome.settle(Some(event));
             dialect.answer(error)
         }
     }
 }
 
-/// The key check shared by inference and `/v1/models`: the key may come as `Authorization:
-/// Bearer KEY` (OpenAI), `api-key: KEY` (Azure) or `x-api-key: KEY` (Anthropic).
+/// The profile's faults, drawn for one request: a stall is waited out (and noted), a reset or
+/// an injected error refuses the request.
+pub(crate) async fn strike(live: &Live, outcome: &Outcome) -> Result<(), Refusal> {
+    let draw = faults::draw(&live.profile.fault, &mut rand::rng());
+    if let Some(stall) = draw.stall {
+        outcome.note(Event::StallInjected);
+        tokio::time::sleep(stall).await;
+    }
+    match draw.outcome {
+        Injected::Reset => Err(Refusal::Reset),
+        Injected::Error => {
+            let f = &live.profile.fault;
+            let error = ApiError::injected(f.error_status, f.retry_after);
+            Err(Refusal::Error(error, Event::ErrorInjected))
+        }
+        Injected::None => Ok(()),
+    }
+}
+
+/// The key check shared by inference, the stored-response routes and `/v1/models`: the key may
+/// come as `Authorization: Bearer KEY` (OpenAI), `api-key: KEY` (Azure) or `x-api-key: KEY`
+/// (Anthropic).
 pub(crate) fn authorize(live: &Live, headers: &HeaderMap) -> Result<(), ApiError> {
     let Some(required) = live.required_key.as_deref() else {
         return Ok(());
@@ -105,26 +140,32 @@ pub(crate) fn authorize(live: &Live, headers: &HeaderMap) -> Result<(), ApiError
     }
 }
 
-enum Refusal {
+/// Why a request is answered without its work being done.
+pub(crate) enum Refusal {
     Reset,
     Error(ApiError, Event),
 }
 
-fn invalid(error: ApiError) -> Refusal {
+/// A refusal for a request the server cannot use, counted as rejected.
+pub(crate) fn invalid(error: ApiError) -> Refusal {
     Refusal::Error(error, Event::RejectedInvalid)
 }
 
 /// What a checked request asks for.
 enum Work {
     /// `prompt` is the prompt's blocks for the prefix cache, unless the cache is off.
+    /// `create` is a Responses create's stored state.
     Generate {
         surface: Surface,
         g: Generation,
         prompt: Option<PromptBlocks>,
+        create: Option<Create>,
     },
     Embed(Embedding),
     /// Anthropic's `count_tokens`: the prompt's tokens, counted without a generation slot.
     Count(u32),
+    /// A Responses compaction.
+    Compact(Compaction),
 }
 
 /// A request that passed every check and holds a generation slot if its work needs one.
@@ -144,6 +185,7 @@ async fn admit(
     outcome: &Outcome,
 ) -> Result<Admitted, Refusal> {
     let read = read_body(&parts.headers, body).await;
+    let body_bytes = read.as_ref().map_or(0, bytes::Bytes::len);
     let (body, json_error) = match read.as_ref().map(|b| serde_json::from_slice::<Value>(b)) {
         Ok(Ok(v)) => (Arc::new(v), None),
         Ok(Err(e)) => (Arc::new(Value::Null), Some(e)),
@@ -154,21 +196,7 @@ async fn admit(
         .recorder()
         .remember(remembered(parts, model.clone(), Arc::clone(&body)));
     read.map_err(invalid)?;
-
-    let draw = faults::draw(&live.profile.fault, &mut rand::rng());
-    if let Some(stall) = draw.stall {
-        outcome.note(Event::StallInjected);
-        tokio::time::sleep(stall).await;
-    }
-    match draw.outcome {
-        Injected::Reset => return Err(Refusal::Reset),
-        Injected::Error => {
-            let f = &live.profile.fault;
-            let error = ApiError::injected(f.error_status, f.retry_after);
-            return Err(Refusal::Error(error, Event::ErrorInjected));
-        }
-        Injected::None => {}
-    }
+    strike(live, outcome).await?;
 
     authorize(live, &parts.headers).map_err(invalid)?;
     if parts.uri.path().starts_with("/openai/") && !has_api_version(parts.uri.query()) {
@@ -184,8 +212,15 @@ async fn admit(
         };
         return Err(invalid(ApiError::invalid("invalid_json", message)));
     };
-    let model =
-        model.ok_or_else(|| invalid(ApiError::invalid_param("model", "`model` is required")))?;
+    let earlier = match endpoint {
+        Endpoint::Generate(Surface::Responses) | Endpoint::Compact => {
+            earlier(server, fields).map_err(invalid)?
+        }
+        _ => None,
+    };
+    let model = model
+        .or_else(|| earlier.as_ref().map(|e| e.model.clone()))
+        .ok_or_else(|| invalid(ApiError::invalid_param("model", "`model` is required")))?;
     if !live.profile.models.contains(&model) {
         return Err(invalid(ApiError::model_not_found(&model)));
     }
@@ -202,8 +237,21 @@ async fn admit(
             let n = request::prompt_tokens(Surface::Messages, fields).map_err(invalid)?;
             (Work::Count(n), None)
         }
+        Endpoint::Compact => {
+            let c = Compaction::read(fields, earlier.as_ref(), profile).map_err(invalid)?;
+            let kv = u64::from(c.input_tokens) + u64::from(c.output_tokens);
+            (Work::Compact(c), Some(kv))
+        }
         Endpoint::Generate(surface) => {
-            let g = request::generation(surface, fields).map_err(invalid)?;
+            let mut g = request::generation(surface, fields).map_err(invalid)?;
+            let create = if surface == Surface::Responses {
+                let create = Create::read(fields, earlier.as_ref(), body_bytes).map_err(invalid)?;
+                let earlier_tokens = earlier.as_ref().map_or(0, |e| e.conversation_tokens);
+                g.prompt_tokens = g.prompt_tokens.saturating_add(earlier_tokens);
+                Some(create)
+            } else {
+                None
+            };
             let output = generate::output_length(&g, profile).0;
             let kv = u64::from(g.prompt_tokens) + u64::from(output);
             let entries = profile.prefix_cache_entries as usize;
@@ -212,7 +260,13 @@ async fn admit(
                 request::for_each_prompt_text(surface, fields, |text| blocks.push(text));
                 blocks.finish()
             });
-            (Work::Generate { surface, g, prompt }, Some(kv))
+            let work = Work::Generate {
+                surface,
+                g,
+                prompt,
+                create,
+            };
+            (work, Some(kv))
         }
     };
 
@@ -239,10 +293,25 @@ async fn reply(server: &MockServer, a: Admitted, live: &Live, mut outcome: Outco
             Json(embedding.response(&a.model)).into_response()
         }
         Work::Count(input_tokens) => Json(messages::token_count(input_tokens)).into_response(),
-        Work::Generate { surface, g, prompt } => {
+        Work::Compact(c) => {
+            let pace = Pace::start(profile, c.input_tokens);
+            tokio::time::sleep_until(pace.done(c.output_tokens)).await;
+            Json(compact::object(&c)).into_response()
+        }
+        Work::Generate {
+            surface,
+            g,
+            prompt,
+            create,
+        } => {
             let cached = cached_tokens(server, &g, prompt.as_ref(), profile);
             let pace = Pace::start(profile, g.prompt_tokens.saturating_sub(cached));
-            let plan = Plan::new(surface, &a.model, &g, profile, cached);
+            let mut plan = Plan::new(surface, &a.model, &g, profile, cached);
+            let keep = create.and_then(|c| {
+                plan.store = c.store;
+                plan.previous_response_id = c.previous_response_id.clone();
+                c.keep(server.responses())
+            });
             if g.stream {
                 return event_stream(StreamParts {
                     plan,
@@ -250,10 +319,15 @@ async fn reply(server: &MockServer, a: Admitted, live: &Live, mut outcome: Outco
                     break_after: profile.fault.break_stream_after,
                     permit: a.permit,
                     outcome,
+                    keep,
                 });
             }
             tokio::time::sleep_until(pace.done(plan.tokens)).await;
-            Json(plan.completion()).into_response()
+            let body = match keep {
+                Some(keep) => keep.commit(&plan),
+                None => plan.completion(),
+            };
+            Json(body).into_response()
         }
     };
     // The slot is free before the outcome is counted, so a client that sees `served` rise
@@ -261,6 +335,20 @@ async fn reply(server: &MockServer, a: Admitted, live: &Live, mut outcome: Outco
     drop(a.permit);
     outcome.settle(Some(Event::Served));
     response
+}
+
+/// The stored response a Responses create or compaction continues, if it names one.
+fn earlier(
+    server: &MockServer,
+    fields: &serde_json::Map<String, Value>,
+) -> Result<Option<Earlier>, ApiError> {
+    let Some(id) = responses::previous_response_id(fields)? else {
+        return Ok(None);
+    };
+    match server.responses().earlier(id) {
+        Some(earlier) => Ok(Some(earlier)),
+        None => Err(ApiError::previous_response_not_found(id)),
+    }
 }
 
 /// The prompt tokens the prefix cache holds, at most all of them; the rest must be prefilled.
@@ -314,7 +402,8 @@ async fn read_body(headers: &HeaderMap, body: Body) -> Result<bytes::Bytes, ApiE
     }
 }
 
-fn remembered(parts: &Parts, model: Option<String>, body: Arc<Value>) -> Remembered {
+/// What `/stats` shows of a request: its path, query, model, some headers and its body.
+pub(crate) fn remembered(parts: &Parts, model: Option<String>, body: Arc<Value>) -> Remembered {
     let h = &parts.headers;
     let auth = if h.contains_key(AUTHORIZATION) {
         "bearer"
@@ -334,8 +423,20 @@ fn remembered(parts: &Parts, model: Option<String>, body: Arc<Value>) -> Remembe
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned),
         auth,
+        anthropic_version: header_text(h, "anthropic-version"),
+        anthropic_beta: header_text(h, "anthropic-beta"),
         body,
     }
+}
+
+/// Every value of header `name` that is text, joined with commas; `None` without any.
+fn header_text(headers: &HeaderMap, name: &str) -> Option<String> {
+    let values: Vec<&str> = headers
+        .get_all(name)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .collect();
+    (!values.is_empty()).then(|| values.join(","))
 }
 
 fn has_api_version(query: Option<&str>) -> bool {

@@ -123,6 +123,27 @@ impl ApiError {
         }
     }
 
+    /// A create or compaction whose `previous_response_id` names no response this server holds.
+    pub(crate) fn previous_response_not_found(id: &str) -> Self {
+        Self {
+            param: Some("previous_response_id"),
+            ..Self::invalid(
+                "previous_response_not_found",
+                format!("Previous response with id '{}' not found.", shown(id)),
+            )
+        }
+    }
+
+    /// A stored-response route whose id names no response this server holds.
+    pub(crate) fn response_not_found(id: &str) -> Self {
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            "response_not_found",
+            format!("Response with id '{}' not found.", shown(id)),
+        )
+    }
+
     pub(crate) fn unauthorized(code: &'static str, message: &str) -> Self {
         Self::new(
             StatusCode::UNAUTHORIZED,
@@ -207,6 +228,15 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// An id from the client as an error message quotes it: whole unless it is absurdly long.
+fn shown(id: &str) -> &str {
+    const MAX_CHARS: usize = 128;
+    match id.char_indices().nth(MAX_CHARS) {
+        Some((end, _)) => &id[..end],
+        None => id,
+    }
+}
+
 /// Anthropic's error `type` for a status, as its API documents them; statuses it does not
 /// list take the type of their class.
 fn anthropic_type(status: StatusCode) -> &'static str {
@@ -278,6 +308,26 @@ mod tests {
         assert_eq!(v.as_object().unwrap().len(), 2, "{v}");
         let r = Dialect::OpenAi.answer(ApiError::route_not_found());
         assert!(!r.headers().contains_key("request-id"));
+    }
+
+    #[tokio::test]
+    async fn unknown_responses_name_their_id_and_field() {
+        let r = ApiError::previous_response_not_found("resp_1").into_response();
+        assert_eq!(r.status(), 400);
+        let v = body(r).await;
+        assert_eq!(
+            v["error"],
+            json!({"message": "Previous response with id 'resp_1' not found.",
+                   "type": "invalid_request_error", "param": "previous_response_id",
+                   "code": "previous_response_not_found"})
+        );
+        let long = "é".repeat(1000);
+        let r = ApiError::response_not_found(&long).into_response();
+        assert_eq!(r.status(), 404);
+        let v = body(r).await;
+        assert_eq!(v["error"]["code"], "response_not_found");
+        let message = v["error"]["message"].as_str().unwrap();
+        assert!(message.len() < 400, "{message}");
     }
 
     #[test]

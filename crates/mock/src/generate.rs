@@ -48,6 +48,10 @@ pub(crate) struct Plan {
     pub(crate) cached_tokens: u32,
     /// Chat and completions streams: a usage chunk before `[DONE]`.
     include_usage: bool,
+    /// The Responses API: the stored response this one continues.
+    pub(crate) previous_response_id: Option<String>,
+    /// The Responses API: whether the response is stored.
+    pub(crate) store: bool,
 }
 
 /// One event of a stream, by its place in the stream's layout.
@@ -95,6 +99,8 @@ impl Plan {
             prompt_tokens: g.prompt_tokens,
             cached_tokens: cached_tokens.min(g.prompt_tokens),
             include_usage: g.include_usage,
+            previous_response_id: None,
+            store: true,
         }
     }
 

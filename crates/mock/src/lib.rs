@@ -1,14 +1,15 @@
 //! spillway-mock: a simulated OpenAI- and Anthropic-compatible inference server.
 //!
-//! A gateway is only as trustworthy as the failures it has been tested against, and real
-//! backends fail rarely and never on demand. This server answers chat, completions, embeddings
-//! and models like vLLM or OpenAI (also under Azure deployment paths), OpenAI's Responses API,
-//! and Anthropic's Messages API (with `count_tokens`) in Anthropic's shapes and errors, and a
-//! [`MockProfile`] makes it slow, saturated or broken on purpose: limited generation slots and a
-//! bounded queue, time to first token and tokens per second, injected error statuses, stalls,
-//! connection resets and streams broken off mid-way. The profile can be swapped while it runs
-//! (`PUT`/`PATCH /control`), and `/stats` reports what it saw and did, so a test or an incident
-//! replay can flip a healthy backend into a failure mode and then check what reached it.
+//! A gateway is only as trustworthy as the failures it has been tested against, and real backends
+//! fail rarely and never on demand. This server answers chat, completions, embeddings and models
+//! like vLLM or OpenAI (also under Azure deployment paths), OpenAI's Responses API (with the
+//! responses it stores: retrieve, delete, cancel, input items, `previous_response_id`, and
+//! compaction), and Anthropic's Messages API (with `count_tokens`) in Anthropic's shapes and
+//! errors, and a [`MockProfile`] makes it slow, saturated or broken on purpose: limited generation
+//! slots and a bounded queue, time to first token and tokens per second, injected error statuses,
+//! stalls, connection resets and streams broken off mid-way. The profile can be swapped while it
+//! runs (`PUT`/`PATCH /control`), and `/stats` reports what it saw and did, so a test or an
+//! incident replay can flip a healthy backend into a failure mode and then check what reached it.
 //!
 //! It also gives the load signals a gateway reads from a real vLLM, from its own state: `GET
 //! /metrics` in vLLM's Prometheus names (requests running and waiting, KV-cache usage, prefix
@@ -26,11 +27,13 @@
 
 mod api;
 mod cli;
+mod compact;
 mod control;
 mod embeddings;
 mod error;
 mod faults;
 mod generate;
+mod lifecycle;
 mod messages;
 mod metrics;
 mod prefix;
@@ -40,6 +43,7 @@ mod routes;
 mod server;
 mod slots;
 mod stats;
+mod store;
 mod stream;
 
 use std::fmt;
@@ -54,6 +58,7 @@ pub use stats::{LastRequest, MockStats};
 use prefix::PrefixCache;
 use slots::Slots;
 use stats::Recorder;
+use store::ResponseStore;
 
 /// A simulated inference server. Cheap to clone; clones share the profile and the counters.
 #[derive(Clone)]
@@ -66,6 +71,7 @@ struct Shared {
     slots: Arc<Slots>,
     stats: Arc<Recorder>,
     prefix: PrefixCache,
+    responses: Arc<ResponseStore>,
 }
 
 /// The settings requests read when they arrive; replaced whole, never edited in place, so a
@@ -90,13 +96,14 @@ impl MockServer {
                 slots: Arc::new(slots),
                 stats: Arc::new(Recorder::default()),
                 prefix: PrefixCache::default(),
+                responses: Arc::new(ResponseStore::default()),
             }),
         }
     }
 
-    /// Requires inference and model requests to carry `Authorization: Bearer KEY`, `api-key:
-    /// KEY` or `x-api-key: KEY`, as a real upstream does; others get 401. `None` accepts any
-    /// request.
+    /// Requires inference, stored-response and model requests to carry `Authorization: Bearer
+    /// KEY`, `api-key: KEY` or `x-api-key: KEY`, as a real upstream does; others get 401.
+    /// `None` accepts any request.
     /// Like the profile, the key is shared by every clone of this server.
     pub fn with_required_key(self, key: Option<String>) -> MockServer {
         self.replace_live(|live| Live {
@@ -184,6 +191,11 @@ impl MockServer {
 
     pub(crate) fn prefix_cache(&self) -> &PrefixCache {
         &self.shared.prefix
+    }
+
+    /// The Responses API's stored responses, shared by every clone.
+    pub(crate) fn responses(&self) -> &Arc<ResponseStore> {
+        &self.shared.responses
     }
 
     fn replace_live(&self, next: impl FnOnce(&Live) -> Live) {

@@ -13,7 +13,8 @@ use crate::error::{ApiError, Dialect};
 use crate::{messages, responses};
 
 /// The inference endpoints. Chat, completions and embeddings are reachable under `/v1` and
-/// under Azure deployment paths; the Responses and Anthropic endpoints under `/v1` only.
+/// under Azure deployment paths; the Responses (create and compact) and Anthropic endpoints
+/// under `/v1` only.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Endpoint {
     /// Text generation, answered in one API's shapes.
@@ -21,6 +22,8 @@ pub(crate) enum Endpoint {
     Embeddings,
     /// Anthropic's `/v1/messages/count_tokens`: the prompt's size, nothing generated.
     CountTokens,
+    /// The Responses API's `/v1/responses/compact`: a conversation compacted into one item.
+    Compact,
 }
 
 impl Endpoint {
@@ -28,7 +31,7 @@ impl Endpoint {
     pub(crate) fn dialect(self) -> Dialect {
         match self {
             Endpoint::Generate(Surface::Messages) | Endpoint::CountTokens => Dialect::Anthropic,
-            Endpoint::Generate(_) | Endpoint::Embeddings => Dialect::OpenAi,
+            Endpoint::Generate(_) | Endpoint::Embeddings | Endpoint::Compact => Dialect::OpenAi,
         }
     }
 }

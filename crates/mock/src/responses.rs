@@ -10,6 +10,18 @@
 //! `response.output_text.delta` per token, and four closing events ending with
 //! `response.completed`, which carries the whole response (its status `incomplete` when the
 //! reply stopped at `max_output_tokens`). There is no `[DONE]` line.
+//!
+//! A create is stored unless it sets `store: false` (the API's default is to store): a plain
+//! response when it is answered, a stream when its last event is sent (one broken off or left
+//! by its client is not). What is stored is the response object and the create's `input` as a
+//! list of items ([`input_items`]), kept in the server's
+//! [`ResponseStore`](crate::store::ResponseStore). A create that names a stored response as
+//! `previous_response_id` continues its conversation: that response's prompt and output count
+//! into the new prompt's tokens, its model serves when `model` is omitted, and the new response
+//! carries the id. `background` is accepted and ignored: every response is generated while the
+//! request waits.
+
+use std::sync::Arc;
 
 use bytes::Bytes;
 use serde_json::{json, Map, Value};
@@ -17,6 +29,151 @@ use serde_json::{json, Map, Value};
 use crate::error::ApiError;
 use crate::generate::{sse_named, token_text, Plan, Step};
 use crate::request::{for_each_content_text, is_object_list};
+use crate::store::{Earlier, ResponseStore, Stored};
+
+/// Memory a stored response is reckoned to hold besides its request body and output text.
+const STORED_OVERHEAD_BYTES: usize = 1024;
+
+/// What a create asks of the stored state, read with its other fields.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Create {
+    /// `store`: keep the response once answered.
+    pub(crate) store: bool,
+    /// The stored response this one continues, checked to exist.
+    pub(crate) previous_response_id: Option<String>,
+    /// The input as stored items; empty when the response is not to be stored.
+    pub(crate) input_items: Vec<Value>,
+    /// The size of the request body, the stored entry's main cost.
+    pub(crate) body_bytes: usize,
+}
+
+impl Create {
+    /// Reads `store` and the input items of a create whose body was `body_bytes` long and whose
+    /// `previous_response_id`, if any, names `earlier`.
+    pub(crate) fn read(
+        body: &Map<String, Value>,
+        earlier: Option<&Earlier>,
+        body_bytes: usize,
+    ) -> Result<Self, ApiError> {
+        let store = match body.get("store") {
+            None | Some(Value::Null) => true,
+            Some(Value::Bool(b)) => *b,
+            Some(_) => {
+                return Err(ApiError::invalid_param(
+                    "store",
+                    "`store` must be a boolean",
+                ))
+            }
+        };
+        Ok(Self {
+            store,
+            previous_response_id: earlier.map(|e| e.id.clone()),
+            input_items: if store { input_items(body) } else { Vec::new() },
+            body_bytes,
+        })
+    }
+
+    /// What storing this create's response takes, if it is to be stored.
+    pub(crate) fn keep(self, store: &Arc<ResponseStore>) -> Option<Keep> {
+        self.store.then(|| Keep {
+            store: Arc::clone(store),
+            input_items: self.input_items,
+            body_bytes: self.body_bytes,
+        })
+    }
+}
+
+/// A response to be stored once it is complete.
+#[derive(Debug)]
+pub(crate) struct Keep {
+    store: Arc<ResponseStore>,
+    input_items: Vec<Value>,
+    body_bytes: usize,
+}
+
+impl Keep {
+    /// Stores the whole response of `plan` and returns it.
+    pub(crate) fn commit(self, plan: &Plan) -> Value {
+        let response = response(plan, true);
+        let bytes = self
+            .body_bytes
+            .saturating_add(plan.text().len())
+            .saturating_add(STORED_OVERHEAD_BYTES);
+        let stored = Stored {
+            response: response.clone(),
+            input_items: Arc::new(self.input_items),
+            model: plan.model.clone(),
+            conversation_tokens: plan.prompt_tokens.saturating_add(plan.tokens),
+            bytes,
+        };
+        self.store.insert(plan.id.clone(), stored);
+        response
+    }
+}
+
+/// The `previous_response_id` a create or compaction names, if any.
+pub(crate) fn previous_response_id(body: &Map<String, Value>) -> Result<Option<&str>, ApiError> {
+    match body.get("previous_response_id") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(id)) => Ok(Some(id)),
+        Some(_) => Err(ApiError::invalid_param(
+            "previous_response_id",
+            "`previous_response_id` must be a string",
+        )),
+    }
+}
+
+/// The request's `input` as the list of items the server stores and `input_items` lists: a
+/// string is one user message; an item without a `type` but with a `role` is a message; a
+/// message's string `content` becomes one text part (`input_text`, or `output_text` for the
+/// assistant); each message gets `status: completed`, and each item without an `id` one of
+/// its own (`msg_` and 32 hex digits). Items are otherwise kept as sent.
+pub(crate) fn input_items(body: &Map<String, Value>) -> Vec<Value> {
+    match body.get("input") {
+        Some(Value::String(text)) => {
+            let item = json!({"type": "message", "role": "user",
+                              "content": [{"type": "input_text", "text": text}]});
+            vec![stored_item(&item)]
+        }
+        Some(Value::Array(items)) => items.iter().map(stored_item).collect(),
+        _ => Vec::new(),
+    }
+}
+
+fn stored_item(item: &Value) -> Value {
+    let Some(fields) = item.as_object() else {
+        return item.clone();
+    };
+    let mut out = Map::new();
+    let id = fields
+        .get("id")
+        .cloned()
+        .unwrap_or_else(|| format!("msg_{:032x}", rand::random::<u128>()).into());
+    out.insert("id".to_owned(), id);
+    let message = match fields.get("type") {
+        None => fields.contains_key("role"),
+        Some(t) => t == "message",
+    };
+    if message {
+        out.insert("type".to_owned(), "message".into());
+    }
+    for (k, v) in fields {
+        out.entry(k.as_str()).or_insert_with(|| v.clone());
+    }
+    if message {
+        if let Some(Value::String(text)) = fields.get("content") {
+            let assistant = fields.get("role").and_then(Value::as_str) == Some("assistant");
+            let part = if assistant {
+                output_text(text)
+            } else {
+                json!({"type": "input_text", "text": text})
+            };
+            out.insert("content".to_owned(), json!([part]));
+        }
+        out.entry("status").or_insert_with(|| "completed".into());
+    }
+    Value::Object(out)
+}
 
 /// Events before the first token: `response.created`, `response.in_progress`,
 /// `response.output_item.added`, `response.content_part.added`.
@@ -85,6 +242,7 @@ pub(crate) fn response(plan: &Plan, done: bool) -> Value {
         "id": plan.id, "object": "response", "created_at": plan.created, "status": status,
         "model": plan.model, "output": output, "usage": usage,
         "incomplete_details": incomplete, "error": null,
+        "previous_response_id": plan.previous_response_id, "store": plan.store,
     })
 }
 
@@ -230,6 +388,57 @@ mod tests {
             (g.max_tokens, g.stream, g.include_usage),
             (Some(3), true, false)
         );
+    }
+
+    #[test]
+    fn input_is_stored_as_items_each_with_an_id() {
+        let items = input_items(&fields(json!({"input": "hi"})));
+        assert_eq!(items.len(), 1);
+        let id = items[0]["id"].as_str().unwrap();
+        assert!(
+            id.strip_prefix("msg_").is_some_and(|h| h.len() == 32),
+            "{id}"
+        );
+        assert_eq!(
+            items[0],
+            json!({"id": id, "type": "message", "role": "user",
+                   "content": [{"type": "input_text", "text": "hi"}], "status": "completed"})
+        );
+        let items = input_items(&fields(json!({"input": [
+            {"role": "assistant", "content": "before"},
+            {"id": "msg_mine", "type": "message", "role": "user", "status": "completed",
+             "content": [{"type": "input_text", "text": "x"}]},
+            {"type": "function_call_output", "call_id": "c", "output": "{}"},
+        ]})));
+        assert_eq!(
+            items[0]["content"],
+            json!([{"type": "output_text", "text": "before", "annotations": []}])
+        );
+        assert_eq!(items[0]["type"], "message");
+        assert_eq!(items[1]["id"], "msg_mine");
+        assert_eq!(items[1]["content"][0]["text"], "x");
+        assert_eq!(items[2]["type"], "function_call_output");
+        assert!(items[2]["id"].as_str().unwrap().starts_with("msg_"));
+        assert!(items[2].get("status").is_none());
+        assert_ne!(items[0]["id"], items[2]["id"]);
+    }
+
+    #[test]
+    fn store_and_previous_response_id_are_checked() {
+        let read = |v: Value| Create::read(&fields(v), None, 0);
+        assert!(read(json!({"input": "a"})).unwrap().store);
+        assert!(read(json!({"input": "a", "store": null})).unwrap().store);
+        let off = read(json!({"input": "a", "store": false})).unwrap();
+        assert!(!off.store && off.input_items.is_empty());
+        assert!(read(json!({"input": "a", "store": "no"})).is_err());
+        let id = |v: Value| previous_response_id(&fields(v)).map(|o| o.map(str::to_owned));
+        assert_eq!(id(json!({})).unwrap(), None);
+        assert_eq!(id(json!({"previous_response_id": null})).unwrap(), None);
+        assert_eq!(
+            id(json!({"previous_response_id": "resp_1"})).unwrap(),
+            Some("resp_1".to_owned())
+        );
+        assert!(id(json!({"previous_response_id": 1})).is_err());
     }
 
     #[test]

@@ -3,7 +3,10 @@
 //!
 //! - `POST /v1/chat/completions`, `POST /v1/completions`, `POST /v1/embeddings`: OpenAI's
 //!   inference endpoints; `GET /v1/models`: the profile's models.
-//! - `POST /v1/responses`: the OpenAI Responses API.
+//! - `POST /v1/responses`: the OpenAI Responses API's create, which stores the response unless
+//!   told not to; `POST /v1/responses/compact`: its compaction. Both are inference requests.
+//! - `GET`/`DELETE /v1/responses/{id}`, `POST /v1/responses/{id}/cancel`, `GET
+//!   /v1/responses/{id}/input_items`: the responses this server stored (`lifecycle.rs`).
 //! - `POST /v1/messages`, `POST /v1/messages/count_tokens`: the Anthropic Messages API, whose
 //!   answers (errors included, and those of unknown paths or methods under `/v1/messages`)
 //!   follow Anthropic's conventions.
@@ -14,7 +17,8 @@
 //! - `GET /metrics` (vLLM's load), `GET /health`, `GET /stats`, `POST /stats/reset`, and
 //!   `GET`/`PUT`/`PATCH /control` (the profile).
 //!
-//! Every inference endpoint is served by the one pipeline in `api.rs`.
+//! Every inference endpoint is served by the one pipeline in `api.rs`; the stored-response
+//! routes share its first steps (counting, faults, the key) and then answer at once.
 
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, Request, State};
@@ -27,6 +31,7 @@ use serde_json::json;
 use crate::api::{self, authorize};
 use crate::control;
 use crate::error::{ApiError, Dialect};
+use crate::lifecycle::{self, Action, ResponseId};
 use crate::metrics;
 use crate::request::{Endpoint, Surface};
 use crate::{MockServer, MockStats};
@@ -38,6 +43,13 @@ pub(crate) fn router(server: MockServer) -> Router {
         .route("/v1/completions", post(completions))
         .route("/v1/embeddings", post(embeddings))
         .route("/v1/responses", post(responses))
+        .route("/v1/responses/compact", post(compact))
+        .route(
+            "/v1/responses/{id}",
+            get(retrieve_response).delete(delete_response),
+        )
+        .route("/v1/responses/{id}/cancel", post(cancel_response))
+        .route("/v1/responses/{id}/input_items", get(input_items))
         .route("/v1/messages", post(messages))
         .route("/v1/messages/count_tokens", post(count_tokens))
         .route(
@@ -89,6 +101,26 @@ async fn embeddings(State(s): State<MockServer>, req: Request) -> Response {
 
 async fn responses(State(s): State<MockServer>, req: Request) -> Response {
     api::infer(s, Endpoint::Generate(Surface::Responses), None, req).await
+}
+
+async fn compact(State(s): State<MockServer>, req: Request) -> Response {
+    api::infer(s, Endpoint::Compact, None, req).await
+}
+
+async fn retrieve_response(State(s): State<MockServer>, id: ResponseId, req: Request) -> Response {
+    lifecycle::serve(s, Action::Retrieve, id, req).await
+}
+
+async fn delete_response(State(s): State<MockServer>, id: ResponseId, req: Request) -> Response {
+    lifecycle::serve(s, Action::Delete, id, req).await
+}
+
+async fn cancel_response(State(s): State<MockServer>, id: ResponseId, req: Request) -> Response {
+    lifecycle::serve(s, Action::Cancel, id, req).await
+}
+
+async fn input_items(State(s): State<MockServer>, id: ResponseId, req: Request) -> Response {
+    lifecycle::serve(s, Action::InputItems, id, req).await
 }
 
 async fn messages(State(s): State<MockServer>, req: Request) -> Response {

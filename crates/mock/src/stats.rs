@@ -12,9 +12,11 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-/// A snapshot of the server's counters. Counters cover inference requests only (chat,
-/// completions, embeddings, on `/v1` or Azure paths; responses; Anthropic messages and
-/// `count_tokens`), never `/models`, `/stats`, `/control`, `/health` or `/metrics`.
+/// A snapshot of the server's counters. Counters cover inference requests (chat,
+/// completions, embeddings, on `/v1` or Azure paths; Responses creates and compactions;
+/// Anthropic messages and `count_tokens`) and the Responses API's stored-response routes (get,
+/// delete, cancel, input items), never `/models`, `/stats`, `/control`, `/health` or
+/// `/metrics`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct MockStats {
     /// Inference requests that reached the server, whatever became of them.
@@ -22,7 +24,8 @@ pub struct MockStats {
     /// Requests answered completely and successfully (a stream through its last event: `[DONE]`,
     /// `response.completed` or `message_stop`).
     pub served: u64,
-    /// Requests answered with a 4xx before generation: bad JSON, unknown model, missing key.
+    /// Requests answered with a 4xx before generation: bad JSON, unknown model, missing key,
+    /// unknown stored response.
     pub rejected_invalid: u64,
     /// Requests refused with 429 because every slot and the queue were taken.
     pub rejected_queue_full: u64,
@@ -48,9 +51,10 @@ pub struct MockStats {
     pub in_flight: u64,
     /// Requests waiting for a generation slot right now.
     pub queued: u64,
-    /// Inference requests received per URL path.
+    /// Requests received per URL path; the stored-response routes count under their route,
+    /// with `{id}` for the id (`/v1/responses/{id}/cancel`), so every id does not take a key.
     pub by_path: BTreeMap<String, u64>,
-    /// The most recent inference request, as received.
+    /// The most recent counted request, as received.
     pub last_request: Option<LastRequest>,
 }
 
@@ -66,7 +70,13 @@ pub struct LastRequest {
     /// How a key was presented: `"bearer"`, `"api-key"`, `"x-api-key"` or `"none"` (the first
     /// of these headers the request carried).
     pub auth: String,
-    /// The JSON body as parsed (`null` when it was not JSON).
+    /// The `anthropic-version` header.
+    #[serde(default)]
+    pub anthropic_version: Option<String>,
+    /// The `anthropic-beta` header (several such headers joined with commas).
+    #[serde(default)]
+    pub anthropic_beta: Option<String>,
+    /// The JSON body as parsed (`null` when it was not JSON, or the route reads no body).
     pub body: Value,
 }
 
@@ -117,6 +127,8 @@ pub(crate) struct Remembered {
     pub(crate) model: Option<String>,
     pub(crate) request_id: Option<String>,
     pub(crate) auth: &'static str,
+    pub(crate) anthropic_version: Option<String>,
+    pub(crate) anthropic_beta: Option<String>,
     pub(crate) body: Arc<Value>,
 }
 
@@ -128,6 +140,8 @@ impl From<&Remembered> for LastRequest {
             model: r.model.clone(),
             request_id: r.request_id.clone(),
             auth: r.auth.to_owned(),
+            anthropic_version: r.anthropic_version.clone(),
+            anthropic_beta: r.anthropic_beta.clone(),
             body: Value::clone(&r.body),
         }
     }
@@ -147,7 +161,8 @@ pub(crate) enum Event {
 }
 
 impl Recorder {
-    /// Counts an arriving inference request and starts tracking its outcome.
+    /// Counts an arriving request under `path` (its URL path, or the route of a path that
+    /// carries an id) and starts tracking its outcome.
     pub(crate) fn arrive(self: &Arc<Self>, path: &str) -> Outcome {
         self.received.fetch_add(1, Ordering::Relaxed);
         let mut seen = self.lock();

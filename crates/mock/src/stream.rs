@@ -9,7 +9,9 @@
 //! counts as cancelled the moment hyper drops the body. A profile with `break_stream_after` ends
 //! the body with an error instead of the stream's last event (`[DONE]`, `response.completed`,
 //! `message_stop`); hyper then aborts the chunked response without its terminating chunk, which
-//! is what a crashed upstream looks like to the gateway.
+//! is what a crashed upstream looks like to the gateway. A Responses stream to be stored is
+//! stored as its last event is produced, so a client that has read the whole stream finds the
+//! response stored; one broken off or left by its client is not.
 
 use std::fmt;
 
@@ -17,6 +19,7 @@ use axum::body::Body;
 use bytes::Bytes;
 
 use crate::generate::{Pace, Plan, Step};
+use crate::responses::Keep;
 use crate::slots::SlotPermit;
 use crate::stats::{Event, Outcome};
 
@@ -27,6 +30,8 @@ pub(crate) struct StreamParts {
     pub(crate) break_after: Option<u32>,
     pub(crate) permit: Option<SlotPermit>,
     pub(crate) outcome: Outcome,
+    /// Where the response is stored once the stream completes, if it is to be.
+    pub(crate) keep: Option<Keep>,
 }
 
 /// The body error that aborts a stream the profile breaks off.
@@ -51,6 +56,7 @@ pub(crate) fn body(parts: StreamParts) -> Body {
         plan: parts.plan,
         pace: parts.pace,
         outcome: parts.outcome,
+        keep: parts.keep,
     };
     Body::from_stream(futures_util::stream::unfold(state, |mut s| async move {
         let frame = s.next_frame().await?;
@@ -70,6 +76,7 @@ struct TokenStream {
     /// last event.
     permit: Option<SlotPermit>,
     outcome: Outcome,
+    keep: Option<Keep>,
 }
 
 impl TokenStream {
@@ -95,6 +102,9 @@ impl TokenStream {
         let frame = self.plan.frame(step, self.sent);
         self.sent = self.sent.saturating_add(1);
         if self.sent >= self.plan.events() {
+            if let Some(keep) = self.keep.take() {
+                keep.commit(&self.plan);
+            }
             self.end(Event::Served);
         }
         Some(Ok(frame))
@@ -142,6 +152,7 @@ mod tests {
             ended: false,
             permit: None,
             outcome: recorder.arrive("/"),
+            keep: None,
         };
         s.break_at = break_after.map(|n| s.plan.break_point(n));
         let mut out = Vec::new();

@@ -1,6 +1,7 @@
 //! The Anthropic Messages API (`POST /v1/messages`, `POST /v1/messages/count_tokens`): the
 //! message and its usage, the event stream, the prefix cache in `cache_read_input_tokens`, and
-//! every refusal in Anthropic's error shape with a `request-id`.
+//! every refusal in Anthropic's error shape with a `request-id`, and the Anthropic headers
+//! `/stats` remembers.
 
 // Tests time real processes and sockets on the system clock (see clippy.toml).
 #![allow(clippy::disallowed_methods)]
@@ -398,4 +399,34 @@ async fn count_tokens_answers_the_prompt_estimate_and_grows_with_it() {
     );
     // Counting holds no slot and prefills nothing, so it never touches the prefix cache.
     assert_eq!(s["prefix_cache_query_tokens"], 6, "{s}");
+}
+
+#[tokio::test]
+async fn anthropic_version_and_beta_headers_are_remembered() {
+    let mock = start(profile(|_| {})).await;
+    let body = json!({"model": "m", "max_tokens": 2,
+                      "messages": [{"role": "user", "content": "hi"}]});
+    let r = client()
+        .post(mock.url(PATH))
+        .header("anthropic-version", "2023-06-01")
+        .header("anthropic-beta", "prompt-caching-2024-07-31")
+        .header("anthropic-beta", "token-counting-2024-11-01")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let last = &mock.stats().await["last_request"];
+    assert_eq!(last["anthropic_version"], "2023-06-01");
+    // Several beta headers read as one comma-separated list, as the API reads them.
+    assert_eq!(
+        last["anthropic_beta"],
+        "prompt-caching-2024-07-31,token-counting-2024-11-01"
+    );
+
+    let r = post(&mock, PATH, &body).await;
+    assert_eq!(r.status(), 200);
+    let last = &mock.stats().await["last_request"];
+    assert_eq!(last["anthropic_version"], Value::Null);
+    assert_eq!(last["anthropic_beta"], Value::Null);
 }

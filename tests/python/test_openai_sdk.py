@@ -122,3 +122,20 @@ def test_a_cut_responses_stream_ends_with_an_error_event_not_completed(gateway):
     assert types[-1] == "error", types
     assert "response.completed" not in types
     assert events[-1].code == "upstream_unavailable"
+
+
+def test_a_stored_response_is_retrieved_continued_and_deleted(gateway):
+    sdk = client(gateway)
+    first = sdk.responses.create(model="sdk-model", input="Say hi", max_output_tokens=3)
+    assert sdk.responses.retrieve(first.id).id == first.id
+    items = sdk.responses.input_items.list(first.id)
+    assert len(items.data) >= 1
+    # A continuation names no model: spillway routes it to the backend that has the response.
+    second = sdk.responses.create(previous_response_id=first.id, input="And then?", max_output_tokens=3)
+    assert second.previous_response_id == first.id
+    sdk.responses.delete(first.id)
+    try:
+        client(gateway, max_retries=0).responses.retrieve(first.id)
+        raise AssertionError("expected a not-found error")
+    except openai.NotFoundError as e:
+        assert e.code == "response_not_found"

@@ -73,6 +73,8 @@ pub(crate) struct Call {
     pub priority: Priority,
     /// Its affinity key, if its model balances by affinity.
     pub affinity_key: Option<u64>,
+    /// The backend (by index in `pool`) of the stored response it continues, if any.
+    pub home: Option<usize>,
     /// The caller marked it as its own retry.
     pub client_retry: bool,
     /// Its labels in `spillway_requests_total`, filled in as it goes.

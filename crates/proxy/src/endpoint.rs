@@ -16,6 +16,8 @@ pub enum Endpoint {
     Completions,
     Embeddings,
     Responses,
+    /// `POST /v1/responses/compact`.
+    ResponsesCompact,
     Messages,
     CountTokens,
 }
@@ -32,11 +34,12 @@ pub enum Dialect {
 }
 
 impl Endpoint {
-    pub const ALL: [Endpoint; 6] = [
+    pub const ALL: [Endpoint; 7] = [
         Endpoint::ChatCompletions,
         Endpoint::Completions,
         Endpoint::Embeddings,
         Endpoint::Responses,
+        Endpoint::ResponsesCompact,
         Endpoint::Messages,
         Endpoint::CountTokens,
     ];
@@ -48,6 +51,7 @@ impl Endpoint {
             Endpoint::Completions => "/completions",
             Endpoint::Embeddings => "/embeddings",
             Endpoint::Responses => "/responses",
+            Endpoint::ResponsesCompact => "/responses/compact",
             Endpoint::Messages => "/messages",
             Endpoint::CountTokens => "/messages/count_tokens",
         }
@@ -59,9 +63,15 @@ impl Endpoint {
             Endpoint::ChatCompletions => Surface::Chat,
             Endpoint::Completions => Surface::Completions,
             Endpoint::Embeddings => Surface::Embeddings,
-            Endpoint::Responses => Surface::Responses,
+            Endpoint::Responses | Endpoint::ResponsesCompact => Surface::Responses,
             Endpoint::Messages | Endpoint::CountTokens => Surface::Messages,
         }
+    }
+
+    /// Whether a request may continue a stored response (`previous_response_id`), whose home
+    /// backend it then goes to.
+    pub fn continues_responses(self) -> bool {
+        matches!(self, Endpoint::Responses | Endpoint::ResponsesCompact)
     }
 
     pub fn dialect(self) -> Dialect {

@@ -34,6 +34,8 @@ pub enum ErrorKind {
     ModelNotAllowed,
     /// No backend of the model serves the request's API surface.
     SurfaceNotServed,
+    /// The Responses API: no stored response with this id is known for this caller.
+    ResponseNotFound,
     RouteNotFound,
     MethodNotAllowed,
     /// Every backend of the model is full or unreachable.
@@ -190,6 +192,11 @@ impl ApiError {
                 StatusCode::NOT_FOUND,
                 "invalid_request_error",
                 "surface_not_served",
+            ),
+            ResponseNotFound => (
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                "response_not_found",
             ),
             RouteNotFound => (
                 StatusCode::NOT_FOUND,

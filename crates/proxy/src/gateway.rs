@@ -58,6 +58,8 @@ pub struct Gateway {
     /// The API listener's client connections (`server.max_connections`).
     pub(crate) connections: Arc<Connections>,
     pub(crate) body_budget: Arc<BodyBudget>,
+    /// The backend each stored response lives on (the Responses API).
+    pub(crate) homes: Arc<crate::homes::Homes>,
 }
 
 /// How chosen responses are relayed.
@@ -129,6 +131,7 @@ impl Gateway {
                 config.admission.max_buffered_body_bytes,
                 config.admission.max_buffered_body_bytes_per_tenant,
             ),
+            homes: Arc::default(),
         })
     }
 }

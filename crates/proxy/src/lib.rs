@@ -22,6 +22,7 @@ pub mod error;
 mod gateway;
 mod handler;
 mod health;
+pub mod homes;
 pub mod metrics;
 mod models;
 mod page;

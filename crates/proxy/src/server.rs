@@ -210,6 +210,19 @@ fn api_router(gw: Arc<Gateway>) -> Router {
         .route("/v1/completions", post(handler::completions))
         .route("/v1/embeddings", post(handler::embeddings))
         .route("/v1/responses", post(handler::responses))
+        .route("/v1/responses/compact", post(handler::compact))
+        .route(
+            "/v1/responses/{id}",
+            get(handler::lifecycle::get).delete(handler::lifecycle::delete),
+        )
+        .route(
+            "/v1/responses/{id}/cancel",
+            post(handler::lifecycle::cancel),
+        )
+        .route(
+            "/v1/responses/{id}/input_items",
+            get(handler::lifecycle::input_items),
+        )
         .route("/v1/messages", post(handler::messages))
         .route("/v1/messages/count_tokens", post(handler::count_tokens))
         .route("/v1/models", get(crate::models::list))

@@ -154,6 +154,68 @@ impl Upstream for HyperUpstream {
     }
 }
 
+impl HyperUpstream {
+    /// Sends a call on a stored resource (`uri`) to `backend` as it is, once: no retry, no
+    /// second connection. A head later than `upstream.response_timeout` is a 504.
+    pub(crate) async fn forward(
+        &self,
+        backend: &Backend,
+        method: Method,
+        uri: http::Uri,
+        mut headers: HeaderMap,
+    ) -> Result<http::Response<Incoming>, crate::error::ApiError> {
+        use crate::error::{ApiError, ErrorKind};
+        let mut req = Request::new(Full::new(Bytes::new()));
+        *req.method_mut() = method;
+        *req.uri_mut() = uri;
+        if let Some((name, value)) = &backend.auth_header {
+            headers.insert(name.clone(), value.clone());
+        }
+        *req.headers_mut() = headers;
+        match tokio::time::timeout(self.response_timeout, self.client.request(req)).await {
+            Ok(Ok(response)) => Ok(response),
+            Ok(Err(e)) => {
+                warn!(backend = %backend.name, "upstream request failed: {e}");
+                Err(ApiError::new(
+                    ErrorKind::UpstreamUnavailable,
+                    format!(
+                        "the backend {:?} that has this response could not be reached",
+                        &*backend.name
+                    ),
+                ))
+            }
+            Err(_) => Err(ApiError::new(
+                ErrorKind::UpstreamTimeout,
+                format!(
+                    "the backend {:?} that has this response did not answer within {:?}",
+                    &*backend.name, self.response_timeout
+                ),
+            )),
+        }
+    }
+}
+
+/// The URI of a resource under `base` (a backend's endpoint URI): `suffix` added to its path,
+/// the caller's `query` after the backend's own ([`with_query`]).
+pub(crate) fn resource_uri(
+    base: &http::Uri,
+    suffix: &str,
+    query: Option<&str>,
+) -> Option<http::Uri> {
+    let mut parts = base.clone().into_parts();
+    let path = format!("{}{suffix}", base.path());
+    let path_and_query = match base.query() {
+        Some(own) => format!("{path}?{own}"),
+        None => path,
+    };
+    parts.path_and_query = Some(path_and_query.parse().ok()?);
+    let uri = http::Uri::from_parts(parts).ok()?;
+    Some(match query {
+        Some(q) => with_query(&uri, q).unwrap_or(uri),
+        None => uri,
+    })
+}
+
 /// Builds the shared upstream client from the `[upstream]` settings.
 pub fn client(cfg: &UpstreamConfig) -> HttpClient {
     build(cfg, cfg.pool_max_idle_per_host)

@@ -78,6 +78,8 @@ impl Retries {
 pub(crate) struct Chosen<B> {
     pub response: http::Response<Peeked<B>>,
     pub hold: InFlight,
+    /// The model whose backend gave it: the call's own, or a fallback.
+    pub model: Arc<str>,
 }
 
 /// How a call's attempts ended.
@@ -183,6 +185,8 @@ impl Loop<'_> {
                 avoid_region: avoid_region.as_deref(),
                 affinity_key: call.affinity_key,
                 surface: call.endpoint.surface(),
+                // A call that continues a stored response goes to the backend that has it.
+                only: call.home.filter(|_| self.on_fallback.is_none()),
             };
             // Once every backend of this model has failed it, a fallback for that is better
             // than another try on one of them.
@@ -304,7 +308,11 @@ impl Loop<'_> {
                             if spilled_over && self.trigger.is_none() {
                                 backend.metrics.spilled_over();
                             }
-                            Ok(Chosen { response, hold })
+                            Ok(Chosen {
+                                response,
+                                hold,
+                                model: pool.name.clone(),
+                            })
                         }
                         _ => Err(self.spent().give_up(failure, stop)),
                     };

@@ -209,6 +209,7 @@ pub(super) fn call(models: &Models, retries: &Retries) -> Call {
         region: None,
         priority: Default::default(),
         affinity_key: None,
+        home: None,
         client_retry: false,
         labels: RequestLabels::unrouted(),
         throttle_pass: None,

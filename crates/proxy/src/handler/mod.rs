@@ -13,6 +13,7 @@
 //!
 //! The `Call` (`call.rs`) holds everything a stage needs to know about the request.
 
+pub(crate) mod lifecycle;
 mod read;
 mod respond;
 
@@ -48,6 +49,10 @@ pub(crate) async fn embeddings(State(gw): State<Arc<Gateway>>, req: Request) -> 
 
 pub(crate) async fn responses(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
     handle(&gw, Endpoint::Responses, req).await
+}
+
+pub(crate) async fn compact(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
+    handle(&gw, Endpoint::ResponsesCompact, req).await
 }
 
 pub(crate) async fn messages(State(gw): State<Arc<Gateway>>, req: Request) -> Response {

@@ -50,7 +50,8 @@ async fn build(
         timeout: gw.server.body_read_timeout,
     };
     let (body, body_hold) = read_body(body, limits, &gw.body_budget, entered.body_held()).await?;
-    let summary = summarize(&body)?;
+    let mut summary = summarize(&body)?;
+    let home = continued(gw, endpoint, &tenant, &mut summary)?;
     let pool = gw.models.get(&summary.model).cloned().ok_or_else(|| {
         ApiError::new(
             ErrorKind::ModelNotFound,
@@ -91,6 +92,10 @@ async fn build(
         });
     let id = headers.get(crate::call::X_REQUEST_ID).cloned();
     let affinity_key = crate::affinity::key(&pool.balance, &headers, &body);
+    // It goes to the backend of the response it continues, when that is one of its model's.
+    let home = home
+        .filter(|h| h.model == pool.name)
+        .and_then(|h| pool.backends.iter().position(|b| b.name == h.backend));
     let client_retry = is_client_retry(&headers, &gw.client_retry_headers);
     let mut headers = headers;
     crate::upstream::outbound_headers(&mut headers, &gw.server.region_header);
@@ -101,6 +106,7 @@ async fn build(
         started,
         deadline: started + gw.retries.deadline,
         affinity_key,
+        home,
         client_retry,
         labels: labels.clone(),
         tenant,
@@ -138,6 +144,34 @@ pub(crate) async fn authenticate(
             .retry_after(std::time::Duration::from_secs(1)))
         }
     }
+}
+
+/// The home of the stored response a Responses API request continues (`previous_response_id`),
+/// whose model is the request's when it names none. An id this gateway did not see created for
+/// this tenant (or has forgotten) is a 404: no backend would know it either.
+fn continued(
+    gw: &Gateway,
+    endpoint: Endpoint,
+    tenant: &Tenant,
+    summary: &mut crate::request::RequestSummary,
+) -> Result<Option<crate::homes::Home>, ApiError> {
+    let Some(id) = summary
+        .previous_response_id
+        .as_deref()
+        .filter(|_| endpoint.continues_responses())
+    else {
+        return Ok(None);
+    };
+    let home = gw.homes.find(id, &tenant.name).ok_or_else(|| {
+        ApiError::new(
+            ErrorKind::ResponseNotFound,
+            format!("no stored response {:?} was created through this gateway for this key (or it expired)", shown(id)),
+        )
+    })?;
+    if summary.model.is_empty() {
+        summary.model = home.model.to_string();
+    }
+    Ok(Some(home))
 }
 
 /// Whether a request carries a caller's retry marker with a value other than 0.

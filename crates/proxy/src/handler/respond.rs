@@ -15,7 +15,9 @@ use tracing::debug;
 use crate::admission::{insert_rate_headers, Ticket};
 use crate::attempt::Chosen;
 use crate::call::Call;
+use crate::endpoint::Endpoint;
 use crate::gateway::Gateway;
+use crate::homes::{Home, Homes, IdScanner};
 use crate::pool::Backend;
 use crate::relay::{BodyEnd, EndObserver, RelayBody};
 use crate::upstream;
@@ -25,7 +27,11 @@ pub(super) fn respond<B>(gw: &Gateway, call: &Call, ticket: Ticket, chosen: Chos
 where
     B: http_body::Body<Data = Bytes, Error: std::fmt::Display> + Send + Unpin + 'static,
 {
-    let Chosen { response, hold } = chosen;
+    let Chosen {
+        response,
+        hold,
+        model,
+    } = chosen;
     let (mut head, body) = response.into_parts();
     upstream::strip_response_headers(&mut head.headers);
     let theirs = upstream::keep_upstream_request_id(&mut head.headers);
@@ -42,10 +48,22 @@ where
     }
     let sse = is_sse(&head.headers);
     insert_rate_headers(&mut head.headers, ticket.rate_headers());
+    // A create's answer names the response it stored: remember where it lives.
+    let home =
+        (call.endpoint == Endpoint::Responses && head.status.is_success()).then(|| Remember {
+            scanner: IdScanner::default(),
+            homes: gw.homes.clone(),
+            home: Home {
+                model,
+                backend: hold.backend().name.clone(),
+                tenant: call.tenant.name.clone(),
+            },
+        });
     let observer = Finish {
         backend: hold.backend().clone(),
         started: call.started,
         ticket: ticket.relayed(sse),
+        home,
     };
     let relay = RelayBody::new(
         body,
@@ -65,16 +83,28 @@ fn is_sse(headers: &HeaderMap) -> bool {
         .is_some_and(|v| v.starts_with("text/event-stream"))
 }
 
-/// The end of a relayed response: its backend's metrics, and the ticket it settles.
+/// The end of a relayed response: its backend's metrics, the ticket it settles, and the home
+/// of the response it stored.
 struct Finish {
     backend: Arc<Backend>,
     started: Instant,
     ticket: Ticket,
+    home: Option<Remember>,
+}
+
+/// Where a Responses API create's answer was stored, remembered once its id is read.
+struct Remember {
+    scanner: IdScanner,
+    homes: Arc<Homes>,
+    home: Home,
 }
 
 impl EndObserver for Finish {
     fn frame(&mut self, data: &Bytes) {
         self.ticket.frame(data);
+        if let Some(r) = &mut self.home {
+            r.scanner.feed(data);
+        }
     }
 
     fn ended(&mut self, end: BodyEnd) {
@@ -87,5 +117,10 @@ impl EndObserver for Finish {
             BodyEnd::ClientGone => m.client_cancelled(),
         }
         self.ticket.ended(end == BodyEnd::Complete);
+        if let Some(r) = self.home.take().filter(|_| end == BodyEnd::Complete) {
+            if let Some(id) = r.scanner.id() {
+                r.homes.remember(id, r.home);
+            }
+        }
     }
 }

@@ -307,6 +307,8 @@ pub struct Ask<'a> {
     pub affinity_key: Option<u64>,
     /// Only backends that serve this surface.
     pub surface: Surface,
+    /// Only this backend, by index.
+    pub only: Option<usize>,
 }
 
 /// A model's backends, and the retry budget their requests share.
@@ -386,6 +388,7 @@ impl ModelPool {
         let usable = |i: usize, b: &Backend| {
             b.bulkhead.as_deref() == ask.bulkhead
                 && b.surfaces.contains(ask.surface)
+                && ask.only.is_none_or(|o| o == i)
                 && !exclude.contains(&i)
                 && !b.skipped(now)
                 && (panic || !matches!(states[i].0, Health::Ejected { .. }))

@@ -1,0 +1,195 @@
+//! The request body as JSON: the few fields routing and admission read from it, and the one
+//! rewrite spillway makes (`model`, and `priority` for engines that schedule by it), which keeps
+//! every other field as it was.
+
+use bytes::Bytes;
+use serde::Deserialize;
+
+use crate::error::{ApiError, ErrorKind};
+
+/// The fields of a request body that routing and admission need.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RequestSummary {
+    pub model: String,
+    pub stream: bool,
+    /// `max_completion_tokens`, else `max_output_tokens` (the Responses API), else `max_tokens`
+    /// (also the Messages API's): the most output tokens the caller allows.
+    pub max_tokens: Option<u64>,
+    /// Choices asked for (`n`), at least 1.
+    pub choices: u64,
+    /// The stored response a Responses API request continues; `model` may then be empty.
+    pub previous_response_id: Option<String>,
+}
+
+/// The fields read; a missing one is `None`.
+#[derive(Deserialize)]
+struct Peek<'a> {
+    #[serde(borrow)]
+    model: Option<std::borrow::Cow<'a, str>>,
+    stream: Option<bool>,
+    // Any JSON value: a field of the wrong type is the backend's to refuse, not ours.
+    max_tokens: Option<serde_json::Value>,
+    max_completion_tokens: Option<serde_json::Value>,
+    /// The Responses API's name for it.
+    max_output_tokens: Option<serde_json::Value>,
+    n: Option<serde_json::Value>,
+    #[serde(borrow)]
+    previous_response_id: Option<std::borrow::Cow<'a, str>>,
+}
+
+/// Checks that `body` is a JSON object with a string `model` and reads what routing needs.
+pub fn summarize(body: &[u8]) -> Result<RequestSummary, ApiError> {
+    let peek: Peek<'_> = serde_json::from_slice(body).map_err(|e| {
+        ApiError::new(
+            ErrorKind::MalformedRequest,
+            format!("request body is not valid JSON: {e}"),
+        )
+    })?;
+    let previous_response_id = peek
+        .previous_response_id
+        .filter(|id| !id.is_empty())
+        .map(|id| id.into_owned());
+    let model = match peek.model.filter(|m| !m.is_empty()) {
+        Some(model) => model,
+        // The Responses API continues a stored response with the model it had.
+        None if previous_response_id.is_some() => Default::default(),
+        None => {
+            return Err(ApiError::new(
+                ErrorKind::MalformedRequest,
+                "request body needs a non-empty string field `model`",
+            ))
+        }
+    };
+    let max_tokens = [
+        &peek.max_completion_tokens,
+        &peek.max_output_tokens,
+        &peek.max_tokens,
+    ]
+    .into_iter()
+    .find_map(|v| v.as_ref().and_then(serde_json::Value::as_u64));
+    let choices = peek
+        .n
+        .as_ref()
+        .and_then(serde_json::Value::as_u64)
+        .unwrap_or(1)
+        .clamp(1, 128);
+    Ok(RequestSummary {
+        model: model.into_owned(),
+        stream: peek.stream.unwrap_or(false),
+        max_tokens,
+        choices,
+        previous_response_id,
+    })
+}
+
+/// The body with `model` replaced, every other field kept as it was (order included).
+pub fn with_model(body: &Bytes, model: &str) -> Result<Bytes, ApiError> {
+    with_fields(body, Some(model), None)
+}
+
+/// The body with `model` and `priority` set where given, every other field kept as it was.
+pub fn with_fields(
+    body: &Bytes,
+    model: Option<&str>,
+    priority: Option<i64>,
+) -> Result<Bytes, ApiError> {
+    let mut value: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(body)
+        .map_err(|e| ApiError::new(ErrorKind::MalformedRequest, e.to_string()))?;
+    if let Some(model) = model {
+        value.insert(
+            "model".to_owned(),
+            serde_json::Value::String(model.to_owned()),
+        );
+    }
+    if let Some(priority) = priority {
+        value.insert("priority".to_owned(), serde_json::Value::from(priority));
+    }
+    serde_json::to_vec(&value)
+        .map(Bytes::from)
+        .map_err(|e| ApiError::new(ErrorKind::Internal, e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    #[test]
+    fn reads_model_and_stream_and_ignores_the_rest() {
+        let s = summarize(br#"{"model":"m","stream":true,"x_vendor":{"a":[1]}}"#).unwrap();
+        assert_eq!(
+            s,
+            RequestSummary {
+                model: "m".into(),
+                stream: true,
+                max_tokens: None,
+                choices: 1,
+                previous_response_id: None,
+            }
+        );
+        let s = summarize(br#"{"model":"m\u00e9"}"#).unwrap();
+        assert_eq!(s.model, "mé");
+        assert!(!s.stream);
+    }
+
+    #[test]
+    fn reads_what_a_token_estimate_needs() {
+        let s = summarize(br#"{"model":"m","max_tokens":50,"n":3}"#).unwrap();
+        assert_eq!((s.max_tokens, s.choices), (Some(50), 3));
+        let s = summarize(br#"{"model":"m","max_tokens":50,"max_completion_tokens":70}"#).unwrap();
+        assert_eq!(s.max_tokens, Some(70));
+        // The Responses API's field; the Messages API uses `max_tokens`.
+        let s = summarize(br#"{"model":"m","input":"hi","max_output_tokens":90}"#).unwrap();
+        assert_eq!(s.max_tokens, Some(90));
+        // Wrong types are left for the backend to refuse.
+        let s = summarize(br#"{"model":"m","max_tokens":"lots","n":-1}"#).unwrap();
+        assert_eq!((s.max_tokens, s.choices), (None, 1));
+    }
+
+    #[test]
+    fn refuses_non_objects_missing_model_and_bad_types() {
+        for body in [
+            &b"[]"[..],
+            b"{}",
+            b"{\"model\":3}",
+            b"{\"model\":\"\"}",
+            b"{\"model\":\"m\",\"stream\":\"yes\"}",
+            b"nul",
+        ] {
+            let e = summarize(body).unwrap_err();
+            assert_eq!(
+                e.kind,
+                ErrorKind::MalformedRequest,
+                "{:?}",
+                String::from_utf8_lossy(body)
+            );
+        }
+    }
+
+    #[test]
+    fn model_rewrite_keeps_unknown_fields_and_order() {
+        let body = Bytes::from_static(
+            br#"{"z":1,"model":"public","encoding_format":"base64","input":"x"}"#,
+        );
+        let out = with_model(&body, "private").unwrap();
+        assert_eq!(
+            &out[..],
+            br#"{"z":1,"model":"private","encoding_format":"base64","input":"x"}"#
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn parser_never_panics_on_random_bytes(bytes in prop::collection::vec(any::<u8>(), 0..512)) {
+            let _ = summarize(&bytes);
+            let _ = with_model(&Bytes::from(bytes), "m");
+        }
+
+        #[test]
+        fn parser_accepts_any_object_with_a_model(model in "[a-zA-Z0-9._/-]{1,40}", extra in "[a-z]{1,8}") {
+            let body = serde_json::json!({ "model": model, extra: [1, {"k": null}] }).to_string();
+            prop_assert_eq!(summarize(body.as_bytes()).unwrap().model, model);
+        }
+    }
+}

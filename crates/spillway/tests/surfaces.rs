@@ -448,3 +448,37 @@ async fn each_surfaces_reported_usage_is_what_the_tenant_is_charged() {
         assert_eq!(charged, usage as f64, "{path}: {text}");
     }
 }
+
+#[tokio::test]
+async fn an_oversized_or_slow_messages_body_is_refused_in_the_anthropic_shape() {
+    let mock = mock(&FAST);
+    // The first lines land in the [server] table.
+    let gw = gateway(&format!(
+        "max_body_bytes = 4096\nbody_read_timeout = \"300ms\"\n{}",
+        one_backend(&mock)
+    ));
+    let mut huge = messages_body(false);
+    huge["messages"][0]["content"] = json!("x".repeat(10_000));
+    let r = post(&gw, "/v1/messages", ("x-api-key", KEY), &huge).await;
+    assert_eq!(r.status(), 413);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["type"], "request_too_large", "{v}");
+    // A body that never finishes arriving.
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(1);
+    tx.send(Ok(b"{\"model\":\"m\",".to_vec())).await.unwrap();
+    let stream =
+        futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|c| (c, rx)) });
+    let r = client()
+        .post(gw.url("/v1/messages"))
+        .header("x-api-key", KEY)
+        .header("content-type", "application/json")
+        .body(reqwest::Body::wrap_stream(stream))
+        .send()
+        .await
+        .unwrap();
+    drop(tx);
+    assert_eq!(r.status(), 408);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["type"], "invalid_request_error", "{v}");
+    assert_eq!(get_json(&mock.url("/stats")).await["received"], 0);
+}

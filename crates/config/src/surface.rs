@@ -23,15 +23,20 @@ pub enum Surface {
     Responses,
     /// `POST /v1/messages` and `POST /v1/messages/count_tokens` (the Anthropic Messages API).
     Messages,
+    /// Stored chat completions (`store: true`): `GET /v1/chat/completions` and its `{id}` routes,
+    /// as OpenAI's and Azure OpenAI's APIs serve them. Declared, never assumed: inference
+    /// engines do not keep completions.
+    StoredChat,
 }
 
 impl Surface {
-    pub const ALL: [Surface; 5] = [
+    pub const ALL: [Surface; 6] = [
         Surface::Chat,
         Surface::Completions,
         Surface::Embeddings,
         Surface::Responses,
         Surface::Messages,
+        Surface::StoredChat,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -41,6 +46,7 @@ impl Surface {
             Surface::Embeddings => "embeddings",
             Surface::Responses => "responses",
             Surface::Messages => "messages",
+            Surface::StoredChat => "stored_chat",
         }
     }
 
@@ -66,18 +72,24 @@ pub struct Surfaces(u8);
 impl Surfaces {
     pub const NONE: Surfaces = Surfaces(0);
 
-    /// Every surface: an OpenAI-compatible engine (vLLM, SGLang, llama.cpp) or the mock.
+    /// Every surface.
     pub fn all() -> Surfaces {
         Surface::ALL.into_iter().collect()
     }
 
-    /// What a backend of `kind` (`openai`, `azure` or `mock`) serves when it does not say.
+    /// What a backend of `kind` (`openai`, `azure` or `mock`) serves when it does not say: an
+    /// OpenAI-compatible engine (vLLM, SGLang, llama.cpp) every inference surface, an Azure
+    /// deployment the classic three, the mock everything.
     pub fn default_for(kind: &str) -> Surfaces {
         match kind {
             "azure" => [Surface::Chat, Surface::Completions, Surface::Embeddings]
                 .into_iter()
                 .collect(),
-            _ => Surfaces::all(),
+            "mock" => Surfaces::all(),
+            _ => Surface::ALL
+                .into_iter()
+                .filter(|s| *s != Surface::StoredChat)
+                .collect(),
         }
     }
 
@@ -136,7 +148,8 @@ mod tests {
         let azure = Surfaces::default_for("azure");
         assert!(azure.contains(Surface::Chat) && !azure.contains(Surface::Messages));
         assert!(!azure.contains(Surface::Responses));
-        assert_eq!(Surfaces::default_for("openai"), Surfaces::all());
+        let openai = Surfaces::default_for("openai");
+        assert!(openai.contains(Surface::Messages) && !openai.contains(Surface::StoredChat));
         assert_eq!(Surfaces::default_for("mock"), Surfaces::all());
     }
 }

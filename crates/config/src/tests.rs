@@ -548,7 +548,10 @@ fn a_naive_cache_is_settings_and_a_lookup() {
 #[test]
 fn surfaces_default_per_kind_and_a_declared_list_is_checked() {
     let c = Config::from_toml(MINIMAL).unwrap();
-    assert_eq!(c.models[0].backends[0].surfaces, Surfaces::all());
+    assert_eq!(
+        c.models[0].backends[0].surfaces,
+        Surfaces::default_for("openai")
+    );
     let with = |line: &str| {
         MINIMAL.replace(
             "url = \"http://127.0.0.1:8000/v1\"",

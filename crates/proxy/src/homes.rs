@@ -1,7 +1,8 @@
-//! Where each stored response lives: the Responses API keeps a response's state on the server
-//! that created it, so its lifecycle calls (`GET`/`DELETE /v1/responses/{id}`, `cancel`,
+//! Where each stored object lives: the Responses API keeps a response's state on the server that
+//! created it, so its lifecycle calls (`GET`/`DELETE /v1/responses/{id}`, `cancel`,
 //! `input_items`) and every create that continues it (`previous_response_id`) must reach that
-//! same backend.
+//! same backend; a chat completion created with `store: true` is kept by its backend too, and
+//! its `/v1/chat/completions/{id}` calls go there.
 //!
 //! The gateway learns a response's id from the answer to its create, as it is relayed (the first
 //! `"id": "resp_..."` in the answer's first [`ID_SCAN_BYTES`]: the object's own id in a plain
@@ -66,23 +67,34 @@ impl Homes {
     }
 }
 
-/// Finds a response's id in the first [`ID_SCAN_BYTES`] of its create's answer, fed chunk by
-/// chunk as it is relayed.
-#[derive(Debug, Default)]
+/// Finds a stored object's id (one starting with a given prefix: `resp_` for a response,
+/// `chatcmpl` for a chat completion) in the first [`ID_SCAN_BYTES`] of its create's answer, fed
+/// chunk by chunk as it is relayed.
+#[derive(Debug)]
 pub struct IdScanner {
+    prefix: &'static str,
     seen: Vec<u8>,
     found: Option<String>,
     done: bool,
 }
 
 impl IdScanner {
+    pub fn new(prefix: &'static str) -> Self {
+        IdScanner {
+            prefix,
+            seen: Vec::new(),
+            found: None,
+            done: false,
+        }
+    }
+
     pub fn feed(&mut self, chunk: &[u8]) {
         if self.done {
             return;
         }
         let room = ID_SCAN_BYTES - self.seen.len();
         self.seen.extend_from_slice(&chunk[..chunk.len().min(room)]);
-        self.found = response_id(&self.seen).map(str::to_owned);
+        self.found = first_id(&self.seen, self.prefix).map(str::to_owned);
         if self.found.is_some() || self.seen.len() >= ID_SCAN_BYTES {
             self.done = true;
             self.seen = Vec::new();
@@ -94,9 +106,9 @@ impl IdScanner {
     }
 }
 
-/// The first `"id": "resp_..."` value in `text` (whitespace allowed around the colon), complete
-/// and without escapes.
-fn response_id(text: &[u8]) -> Option<&str> {
+/// The first `"id": "<prefix>..."` value in `text` (whitespace allowed around the colon),
+/// complete and without escapes.
+fn first_id<'a>(text: &'a [u8], prefix: &str) -> Option<&'a str> {
     const KEY: &[u8] = b"\"id\"";
     let mut from = 0;
     while let Some(at) = find(&text[from..], KEY) {
@@ -124,7 +136,7 @@ fn response_id(text: &[u8]) -> Option<&str> {
             continue;
         }
         let id = std::str::from_utf8(&text[start..start + len]).ok()?;
-        if id.starts_with("resp_") {
+        if id.starts_with(prefix) {
             return Some(id);
         }
     }
@@ -152,15 +164,18 @@ mod tests {
             (item_first, "resp_late"),
         ] {
             for cut in 0..body.len() {
-                let mut s = IdScanner::default();
+                let mut s = IdScanner::new("resp_");
                 s.feed(&body[..cut]);
                 s.feed(&body[cut..]);
                 assert_eq!(s.id(), Some(id), "cut at {cut}");
             }
         }
-        let mut s = IdScanner::default();
+        let mut s = IdScanner::new("resp_");
         s.feed(br#"{"id":"chatcmpl-1"}"#);
         assert_eq!(s.id(), None);
+        let mut s = IdScanner::new("chatcmpl");
+        s.feed(br#"data: {"id":"chatcmpl-1","object":"chat.completion.chunk"}"#);
+        assert_eq!(s.id(), Some("chatcmpl-1"));
     }
 
     #[test]
@@ -191,7 +206,7 @@ mod tests {
         /// Any bytes, any chunking: no panic, and the scanner never holds more than its cap.
         #[test]
         fn any_body_is_scanned_within_the_cap(body in prop::collection::vec(any::<u8>(), 0..20_000), cut in 0usize..20_000) {
-            let mut s = IdScanner::default();
+            let mut s = IdScanner::new("resp_");
             let cut = cut.min(body.len());
             s.feed(&body[..cut]);
             prop_assert!(s.seen.len() <= ID_SCAN_BYTES);

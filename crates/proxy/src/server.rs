@@ -206,7 +206,20 @@ async fn start_mock(
 
 fn api_router(gw: Arc<Gateway>) -> Router {
     Router::new()
-        .route("/v1/chat/completions", post(handler::chat_completions))
+        .route(
+            "/v1/chat/completions",
+            post(handler::chat_completions).get(handler::stored::list),
+        )
+        .route(
+            "/v1/chat/completions/{id}",
+            get(handler::stored::get)
+                .post(handler::stored::update)
+                .delete(handler::stored::delete),
+        )
+        .route(
+            "/v1/chat/completions/{id}/messages",
+            get(handler::stored::messages),
+        )
         .route("/v1/completions", post(handler::completions))
         .route("/v1/embeddings", post(handler::embeddings))
         .route("/v1/responses", post(handler::responses))

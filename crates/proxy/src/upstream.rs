@@ -163,9 +163,17 @@ impl HyperUpstream {
         method: Method,
         uri: http::Uri,
         mut headers: HeaderMap,
+        body: Bytes,
     ) -> Result<http::Response<Incoming>, crate::error::ApiError> {
         use crate::error::{ApiError, ErrorKind};
-        let mut req = Request::new(Full::new(Bytes::new()));
+        if !body.is_empty() {
+            headers.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+            headers.insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
+        }
+        let mut req = Request::new(Full::new(body));
         *req.method_mut() = method;
         *req.uri_mut() = uri;
         if let Some((name, value)) = &backend.auth_header {

@@ -215,3 +215,153 @@ async fn the_query_the_anthropic_headers_and_the_backends_request_id_pass_throug
     );
     assert_eq!(last["request_id"], ours.as_str(), "{last}");
 }
+
+#[tokio::test]
+async fn stored_chat_completions_are_each_tenants_own() {
+    let m = mock(&FAST);
+    let gw = gateway(&format!(
+        "{}\n[[tenants]]\nname = \"other\"\nkeys = [{{ sha256 = \"{}\" }}]\n",
+        model("m", &[("one", "region-a", m.url("/v1"))]),
+        sha256_hex("sk-other")
+    ));
+    use reqwest::Method;
+    let stored = |text: &str| {
+        json!({"model": "m", "store": true, "metadata": {"topic": "tour"}, "max_tokens": 3,
+               "messages": [{"role": "user", "content": text}]})
+    };
+    let (status, mine) = call(
+        &gw,
+        Method::POST,
+        "/v1/chat/completions",
+        KEY,
+        Some(stored("mine")),
+    )
+    .await;
+    assert_eq!(status, 200, "{mine}");
+    let mine = mine["id"].as_str().unwrap().to_owned();
+    let (_, theirs) = call(
+        &gw,
+        Method::POST,
+        "/v1/chat/completions",
+        "sk-other",
+        Some(stored("theirs")),
+    )
+    .await;
+    let theirs = theirs["id"].as_str().unwrap().to_owned();
+    // The backend keeps both under one key; each tenant lists and reaches only its own.
+    let (status, list) = call(&gw, Method::GET, "/v1/chat/completions?limit=10", KEY, None).await;
+    assert_eq!(status, 200, "{list}");
+    let ids: Vec<&str> = list["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|c| c["id"].as_str())
+        .collect();
+    assert_eq!(ids, [mine.as_str()], "{list}");
+    // Even when it asks for the other tenant's tag.
+    let (_, list) = call(
+        &gw,
+        Method::GET,
+        "/v1/chat/completions?metadata%5Bspillway_tenant%5D=other",
+        KEY,
+        None,
+    )
+    .await;
+    let ids: Vec<&str> = list["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|c| c["id"].as_str())
+        .collect();
+    assert_eq!(ids, [mine.as_str()], "{list}");
+    let (status, _) = call(
+        &gw,
+        Method::GET,
+        &format!("/v1/chat/completions/{theirs}"),
+        KEY,
+        None,
+    )
+    .await;
+    assert_eq!(status, 404);
+    let (status, got) = call(
+        &gw,
+        Method::GET,
+        &format!("/v1/chat/completions/{mine}"),
+        KEY,
+        None,
+    )
+    .await;
+    assert_eq!(
+        (status, got["id"].as_str()),
+        (200, Some(mine.as_str())),
+        "{got}"
+    );
+    let (status, msgs) = call(
+        &gw,
+        Method::GET,
+        &format!("/v1/chat/completions/{mine}/messages"),
+        KEY,
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{msgs}");
+    assert_eq!(msgs["data"][0]["content"], "mine", "{msgs}");
+    // A metadata update cannot take the completion out of its tenant's list.
+    let (status, updated) = call(
+        &gw,
+        Method::POST,
+        &format!("/v1/chat/completions/{mine}"),
+        KEY,
+        Some(json!({"metadata": {"topic": "changed"}})),
+    )
+    .await;
+    assert_eq!(status, 200, "{updated}");
+    assert_eq!(
+        updated["metadata"],
+        json!({"topic": "changed", "spillway_tenant": "tenant-a"})
+    );
+    let (status, _) = call(
+        &gw,
+        Method::DELETE,
+        &format!("/v1/chat/completions/{mine}"),
+        KEY,
+        None,
+    )
+    .await;
+    assert_eq!(status, 200);
+    let (status, gone) = call(
+        &gw,
+        Method::GET,
+        &format!("/v1/chat/completions/{mine}"),
+        KEY,
+        None,
+    )
+    .await;
+    assert_eq!(status, 404, "{gone}");
+    // Without `store`, nothing is kept.
+    let mut plain = stored("plain");
+    plain["store"] = json!(false);
+    let (_, plain) = call(&gw, Method::POST, "/v1/chat/completions", KEY, Some(plain)).await;
+    let (status, _) = call(
+        &gw,
+        Method::GET,
+        &format!("/v1/chat/completions/{}", plain["id"].as_str().unwrap()),
+        KEY,
+        None,
+    )
+    .await;
+    assert_eq!(status, 404);
+}
+
+#[tokio::test]
+async fn stored_chat_completions_need_a_backend_that_declares_them() {
+    let m = mock(&FAST);
+    let gw = gateway(&format!(
+        "{}surfaces = [\"chat\"]\n",
+        model("m", &[("one", "region-a", m.url("/v1"))])
+    ));
+    let (status, v) = call(&gw, reqwest::Method::GET, "/v1/chat/completions", KEY, None).await;
+    assert_eq!(status, 404, "{v}");
+    assert_eq!(v["error"]["code"], "surface_not_served");
+    assert_eq!(get_json(&m.url("/stats")).await["received"], 0);
+}

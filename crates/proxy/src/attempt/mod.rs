@@ -355,6 +355,18 @@ impl Loop<'_> {
             (name, priority) => with_fields(&self.body, name.as_deref(), priority)
                 .unwrap_or_else(|_| self.body.clone()),
         };
+        // A completion the backend keeps is tagged with its tenant, whose listings show only
+        // its own (`handler/stored.rs`).
+        let body = if call.summary.store == Some(true)
+            && call.endpoint == crate::endpoint::Endpoint::ChatCompletions
+            && backend
+                .surfaces
+                .contains(spillway_config::Surface::StoredChat)
+        {
+            crate::request::with_tenant_tag(&body, &call.tenant.name).unwrap_or(body)
+        } else {
+            body
+        };
         upstream::Attempt {
             endpoint: call.endpoint,
             query: call.query.as_deref(),

@@ -14,10 +14,14 @@ use axum::extract::{Path, Request, State};
 use axum::response::{IntoResponse, Response};
 use http::Method;
 
+use bytes::Bytes;
+
+use crate::auth::Tenant;
 use crate::endpoint::Endpoint;
 use crate::error::{ApiError, ErrorKind};
 use crate::gateway::Gateway;
 use crate::metrics::RequestLabels;
+use crate::pool::{Backend, ModelPool};
 use crate::upstream;
 
 pub(crate) async fn get(
@@ -81,37 +85,71 @@ async fn forward(
             format!("no stored response {shown:?} was created through this gateway for this key (or it expired)"),
         )
     };
-    // Ids are the backend's own (`resp_...`); one that could not be a path segment as it is was
-    // never remembered.
-    if !id
-        .bytes()
-        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
-    {
-        return Err(unknown());
-    }
-    let home = gw.homes.find(id, &tenant.name).ok_or_else(unknown)?;
-    let pool = gw.models.get(&home.model).ok_or_else(unknown)?;
-    labels.model = pool.name.clone();
-    let backend = pool
-        .backends
-        .iter()
-        .find(|b| b.name == home.backend)
-        .ok_or_else(unknown)?;
-    labels.backend = backend.name.clone();
-    let mut headers = parts.headers;
-    upstream::outbound_headers(&mut headers, &gw.server.region_header);
+    let (pool, at) = home_of(gw, id, &tenant, labels).ok_or_else(unknown)?;
+    let backend = &pool.backends[at];
     let path = format!("/{id}{suffix}");
     let uri = upstream::resource_uri(backend.uri(Endpoint::Responses), &path, parts.uri.query())
         .ok_or_else(unknown)?;
-    let response = gw
-        .upstream
-        .forward(backend, method.clone(), uri, headers)
-        .await?;
+    let response = send(
+        gw,
+        backend,
+        method.clone(),
+        uri,
+        parts.headers,
+        Bytes::new(),
+    )
+    .await?;
     if method == Method::DELETE && response.status().is_success() {
         gw.homes.forget(id);
     }
+    Ok(response)
+}
+
+/// Sends a call on a stored object to the `backend` that has it, as it came (with the caller's
+/// headers that may cross), and relays its answer.
+pub(super) async fn send(
+    gw: &Gateway,
+    backend: &Backend,
+    method: Method,
+    uri: http::Uri,
+    mut headers: http::HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    upstream::outbound_headers(&mut headers, &gw.server.region_header);
+    let response = gw
+        .upstream
+        .forward(backend, method, uri, headers, body)
+        .await?;
     let (mut head, body) = response.into_parts();
     upstream::strip_response_headers(&mut head.headers);
     upstream::keep_upstream_request_id(&mut head.headers);
     Ok(Response::from_parts(head, Body::new(body)))
+}
+
+/// The model pool and the index of the backend that keeps the stored object `id` for `tenant`,
+/// with `labels` filled in; `None` when this gateway does not know it for the tenant.
+pub(super) fn home_of(
+    gw: &Gateway,
+    id: &str,
+    tenant: &Tenant,
+    labels: &mut RequestLabels,
+) -> Option<(Arc<ModelPool>, usize)> {
+    if !is_plain_id(id) {
+        return None;
+    }
+    let home = gw.homes.find(id, &tenant.name)?;
+    let pool = gw.models.get(&home.model)?.clone();
+    let at = pool.backends.iter().position(|b| b.name == home.backend)?;
+    labels.model = pool.name.clone();
+    labels.backend = home.backend;
+    Some((pool, at))
+}
+
+/// Whether `id` can be a path segment as it is. Ids are the backends' own (`resp_...`,
+/// `chatcmpl-...`); one that could not be was never remembered.
+fn is_plain_id(id: &str) -> bool {
+    !id.is_empty()
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
 }

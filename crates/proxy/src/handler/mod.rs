@@ -16,6 +16,7 @@
 pub(crate) mod lifecycle;
 mod read;
 mod respond;
+pub(crate) mod stored;
 
 use std::sync::Arc;
 

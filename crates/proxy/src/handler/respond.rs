@@ -15,7 +15,7 @@ use tracing::debug;
 use crate::admission::{insert_rate_headers, Ticket};
 use crate::attempt::Chosen;
 use crate::call::Call;
-use crate::endpoint::Endpoint;
+use crate::endpoint::{Endpoint, Surface};
 use crate::gateway::Gateway;
 use crate::homes::{Home, Homes, IdScanner};
 use crate::pool::Backend;
@@ -48,10 +48,21 @@ where
     }
     let sse = is_sse(&head.headers);
     insert_rate_headers(&mut head.headers, ticket.rate_headers());
-    // A create's answer names the response it stored: remember where it lives.
-    let home =
-        (call.endpoint == Endpoint::Responses && head.status.is_success()).then(|| Remember {
-            scanner: IdScanner::default(),
+    // A create's answer names the object its backend stored: remember where it lives.
+    let stored = match call.endpoint {
+        Endpoint::Responses => Some("resp_"),
+        Endpoint::ChatCompletions
+            if call.summary.store == Some(true)
+                && hold.backend().surfaces.contains(Surface::StoredChat) =>
+        {
+            Some("chatcmpl")
+        }
+        _ => None,
+    };
+    let home = stored
+        .filter(|_| head.status.is_success())
+        .map(|prefix| Remember {
+            scanner: IdScanner::new(prefix),
             homes: gw.homes.clone(),
             home: Home {
                 model,

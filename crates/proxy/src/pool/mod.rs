@@ -67,6 +67,8 @@ pub struct Backend {
     uris: [Uri; Endpoint::ALL.len()],
     /// The API surfaces it serves: only requests on these are sent to it.
     pub surfaces: Surfaces,
+    /// Where its stored chat completions are (`GET /v1/chat/completions` and below).
+    pub stored_chat: Uri,
     outstanding: AtomicU32,
     /// Shared by the pool's backends: woken whenever one of them frees a unit of concurrency.
     freed: Arc<Freed>,
@@ -117,6 +119,7 @@ impl Backend {
             uris.push(upstream_uri(&cfg.kind, base, endpoint)?);
         }
         let uris = uris.try_into().expect("one URI per endpoint");
+        let stored_chat = stored_chat_uri(&cfg.kind, base)?;
         let auth_header = match &cfg.api_key_env {
             None => None,
             Some(var) => {
@@ -168,6 +171,7 @@ impl Backend {
             engine: None,
             uris,
             surfaces: cfg.surfaces,
+            stored_chat,
             outstanding: AtomicU32::new(0),
             freed,
             skip_until_ms: AtomicU64::new(0),
@@ -281,6 +285,23 @@ fn upstream_uri(kind: &BackendKind, base: &Uri, endpoint: Endpoint) -> Result<Ur
     };
     text.parse()
         .map_err(|e| format!("cannot build upstream URL {text:?}: {e}"))
+}
+
+/// Where a backend's stored chat completions are: beside its chat completions, but for Azure
+/// OpenAI, which keeps them per resource (`/openai/chat/completions`), not per deployment.
+fn stored_chat_uri(kind: &BackendKind, base: &Uri) -> Result<Uri, String> {
+    match kind {
+        BackendKind::Azure { api_version, .. } => {
+            let root = base.to_string();
+            let text = format!(
+                "{}/openai/chat/completions?api-version={api_version}",
+                root.trim_end_matches('/')
+            );
+            text.parse()
+                .map_err(|e| format!("cannot build upstream URL {text:?}: {e}"))
+        }
+        _ => upstream_uri(kind, base, Endpoint::ChatCompletions),
+    }
 }
 
 /// A backend taken for one attempt.

@@ -19,6 +19,8 @@ pub struct RequestSummary {
     pub choices: u64,
     /// The stored response a Responses API request continues; `model` may then be empty.
     pub previous_response_id: Option<String>,
+    /// `store`: whether the backend is asked to keep the completion.
+    pub store: Option<bool>,
 }
 
 /// The fields read; a missing one is `None`.
@@ -35,6 +37,7 @@ struct Peek<'a> {
     n: Option<serde_json::Value>,
     #[serde(borrow)]
     previous_response_id: Option<std::borrow::Cow<'a, str>>,
+    store: Option<serde_json::Value>,
 }
 
 /// Checks that `body` is a JSON object with a string `model` and reads what routing needs.
@@ -79,7 +82,31 @@ pub fn summarize(body: &[u8]) -> Result<RequestSummary, ApiError> {
         max_tokens,
         choices,
         previous_response_id,
+        store: peek.store.as_ref().and_then(serde_json::Value::as_bool),
     })
+}
+
+/// The metadata key that names the tenant on a completion a backend stores, so that listing
+/// stored completions through one backend key shows each tenant only its own.
+pub const TENANT_TAG: &str = "spillway_tenant";
+
+/// `body` (an object) with `metadata.spillway_tenant` set to `tenant`, its other metadata kept
+/// (a `metadata` that is not an object is left for the backend to refuse).
+pub fn with_tenant_tag(body: &Bytes, tenant: &str) -> Result<Bytes, ApiError> {
+    let mut value: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(body)
+        .map_err(|e| ApiError::new(ErrorKind::MalformedRequest, e.to_string()))?;
+    let metadata = value
+        .entry("metadata")
+        .or_insert_with(|| serde_json::Value::Object(Default::default()));
+    if metadata.is_null() {
+        *metadata = serde_json::Value::Object(Default::default());
+    }
+    if let Some(m) = metadata.as_object_mut() {
+        m.insert(TENANT_TAG.to_owned(), serde_json::Value::from(tenant));
+    }
+    serde_json::to_vec(&value)
+        .map(Bytes::from)
+        .map_err(|e| ApiError::new(ErrorKind::Internal, e.to_string()))
 }
 
 /// The body with `model` replaced, every other field kept as it was (order included).
@@ -116,6 +143,28 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_tenant_tag_joins_the_callers_metadata() {
+        let tagged = with_tenant_tag(
+            &Bytes::from_static(br#"{"model":"m","metadata":{"a":"1"}}"#),
+            "t",
+        )
+        .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&tagged).unwrap();
+        assert_eq!(
+            v["metadata"],
+            serde_json::json!({"a": "1", "spillway_tenant": "t"})
+        );
+        let tagged = with_tenant_tag(
+            &Bytes::from_static(br#"{"model":"m","metadata":null}"#),
+            "t",
+        )
+        .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&tagged).unwrap();
+        assert_eq!(v["metadata"], serde_json::json!({"spillway_tenant": "t"}));
+        assert!(with_tenant_tag(&Bytes::from_static(b"[]"), "t").is_err());
+    }
+
+    #[test]
     fn reads_model_and_stream_and_ignores_the_rest() {
         let s = summarize(br#"{"model":"m","stream":true,"x_vendor":{"a":[1]}}"#).unwrap();
         assert_eq!(
@@ -126,6 +175,7 @@ mod tests {
                 max_tokens: None,
                 choices: 1,
                 previous_response_id: None,
+                store: None,
             }
         );
         let s = summarize(br#"{"model":"m\u00e9"}"#).unwrap();

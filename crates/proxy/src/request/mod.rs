@@ -17,7 +17,7 @@ use crate::error::{ApiError, ErrorKind};
 
 mod json;
 
-pub use json::{summarize, with_fields, with_model, RequestSummary};
+pub use json::{summarize, with_fields, with_model, with_tenant_tag, RequestSummary, TENANT_TAG};
 
 /// Request body bytes read or held by every request at once, under a cap: a flood of large
 /// bodies is refused at once (503) rather than held until memory runs out (IL-0110). Each

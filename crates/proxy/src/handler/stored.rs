@@ -1,0 +1,278 @@
+//! Stored chat completions, as OpenAI's and Azure OpenAI's APIs serve them: a chat completion
+//! created with `store: true` on a backend that declares `stored_chat` is kept by that backend,
+//! and `GET /v1/chat/completions` (the list), `GET`, `POST` (metadata) and `DELETE
+//! /v1/chat/completions/{id}` and `GET /v1/chat/completions/{id}/messages` reach it.
+//!
+//! One backend key serves many tenants, so the backend's store holds every tenant's
+//! completions. Each stays its tenant's: the gateway tags a stored completion's `metadata` with
+//! `spillway_tenant` when it is created and when its metadata is changed, every list asks the
+//! backend for that tenant's tag only, and an id is reached only by the tenant that created it
+//! through this gateway (`crate::homes`). Like the Responses API's stored responses, these calls
+//! generate nothing: they pass the key check and the in-flight caps, not the token limits or the
+//! queue, and are never retried elsewhere.
+
+use std::sync::Arc;
+
+use axum::extract::{Path, Request, State};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use http::Method;
+use http_body_util::{BodyExt, Limited};
+
+use super::lifecycle::{home_of, send};
+use crate::auth::Tenant;
+use crate::endpoint::Surface;
+use crate::error::{ApiError, ErrorKind};
+use crate::gateway::Gateway;
+use crate::metrics::RequestLabels;
+use crate::pool::Backend;
+use crate::request::{with_tenant_tag, TENANT_TAG};
+use crate::upstream;
+
+/// The largest metadata update read.
+const MAX_UPDATE_BYTES: usize = 64 * 1024;
+
+pub(crate) async fn list(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
+    answered(&gw, req, |gw, tenant, req, labels| {
+        Box::pin(list_on(gw, tenant, req, labels))
+    })
+    .await
+}
+
+pub(crate) async fn get(
+    State(gw): State<Arc<Gateway>>,
+    Path(id): Path<String>,
+    req: Request,
+) -> Response {
+    by_id(&gw, Method::GET, id, "", req).await
+}
+
+pub(crate) async fn update(
+    State(gw): State<Arc<Gateway>>,
+    Path(id): Path<String>,
+    req: Request,
+) -> Response {
+    by_id(&gw, Method::POST, id, "", req).await
+}
+
+pub(crate) async fn delete(
+    State(gw): State<Arc<Gateway>>,
+    Path(id): Path<String>,
+    req: Request,
+) -> Response {
+    by_id(&gw, Method::DELETE, id, "", req).await
+}
+
+pub(crate) async fn messages(
+    State(gw): State<Arc<Gateway>>,
+    Path(id): Path<String>,
+    req: Request,
+) -> Response {
+    by_id(&gw, Method::GET, id, "/messages", req).await
+}
+
+type Call<'a> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<Response, ApiError>> + Send + 'a>>;
+
+/// Authenticates the caller, holds its in-flight places while `call` runs, and counts the answer.
+async fn answered(
+    gw: &Gateway,
+    req: Request,
+    call: impl for<'a> FnOnce(&'a Gateway, Arc<Tenant>, Request, &'a mut RequestLabels) -> Call<'a>,
+) -> Response {
+    let mut labels = RequestLabels::unrouted();
+    let response = match super::authenticate(gw, req.headers()).await {
+        Ok(tenant) => {
+            labels.tenant = tenant.name.clone();
+            match gw.admission.enter(&tenant) {
+                Ok(_places) => call(gw, tenant, req, &mut labels).await,
+                Err(e) => Err(e),
+            }
+        }
+        Err(e) => Err(e),
+    };
+    let response = response.unwrap_or_else(IntoResponse::into_response);
+    labels.answered(response.status().as_u16());
+    response
+}
+
+async fn by_id(
+    gw: &Gateway,
+    method: Method,
+    id: String,
+    suffix: &'static str,
+    req: Request,
+) -> Response {
+    answered(gw, req, move |gw, tenant, req, labels| {
+        Box::pin(async move { on_id(gw, &tenant, method, &id, suffix, req, labels).await })
+    })
+    .await
+}
+
+/// A call on one stored completion, sent to the backend that keeps it.
+async fn on_id(
+    gw: &Gateway,
+    tenant: &Tenant,
+    method: Method,
+    id: &str,
+    suffix: &str,
+    req: Request,
+    labels: &mut RequestLabels,
+) -> Result<Response, ApiError> {
+    let unknown = || {
+        let shown: String = id.chars().take(64).collect();
+        ApiError::new(
+            ErrorKind::NotFound,
+            format!("no stored chat completion {shown:?} was created through this gateway for this key (or it expired)"),
+        )
+    };
+    let (pool, at) = home_of(gw, id, tenant, labels).ok_or_else(unknown)?;
+    let backend = &pool.backends[at];
+    let (parts, body) = req.into_parts();
+    let body = if method == Method::POST {
+        // A metadata update replaces the metadata: the tenant's tag goes back in.
+        let read = tokio::time::timeout(
+            gw.server.body_read_timeout,
+            Limited::new(body, MAX_UPDATE_BYTES).collect(),
+        )
+        .await
+        .map_err(|_| {
+            ApiError::new(
+                ErrorKind::BodyReadTimeout,
+                "the request body did not arrive in time",
+            )
+        })?
+        .map_err(|e| {
+            ApiError::new(
+                ErrorKind::BodyTooLarge,
+                format!("the request body could not be read: {e}"),
+            )
+        })?
+        .to_bytes();
+        with_tenant_tag(&read, &tenant.name)?
+    } else {
+        Bytes::new()
+    };
+    let uri = upstream::resource_uri(
+        &backend.stored_chat,
+        &format!("/{id}{suffix}"),
+        parts.uri.query(),
+    )
+    .ok_or_else(unknown)?;
+    let response = send(gw, backend, method.clone(), uri, parts.headers, body).await?;
+    if method == Method::DELETE && response.status().is_success() {
+        gw.homes.forget(id);
+    }
+    Ok(response)
+}
+
+/// `GET /v1/chat/completions`: the caller's own stored completions, from one backend that keeps
+/// them: of the model named in `?model=`, else of the first model (in configuration order) the
+/// key may use.
+async fn list_on(
+    gw: &Gateway,
+    tenant: Arc<Tenant>,
+    req: Request,
+    labels: &mut RequestLabels,
+) -> Result<Response, ApiError> {
+    let query = req.uri().query().unwrap_or("");
+    let asked = query
+        .split('&')
+        .find_map(|pair| pair.strip_prefix("model="))
+        .map(percent_decoded);
+    let names: Vec<&String> = match &asked {
+        Some(m) => gw.models.names.iter().filter(|n| *n == m).collect(),
+        None => gw.models.names.iter().collect(),
+    };
+    let bulkhead = tenant.pool.as_deref();
+    let found = names
+        .into_iter()
+        .filter(|n| tenant.may_use(n))
+        .find_map(|n| {
+            let pool = gw.models.get(n)?;
+            let backend: &Arc<Backend> = pool.backends.iter().find(|b| {
+                b.bulkhead.as_deref() == bulkhead && b.surfaces.contains(Surface::StoredChat)
+            })?;
+            Some((pool.name.clone(), backend.clone()))
+        });
+    let Some((model, backend)) = found else {
+        return Err(ApiError::new(
+            ErrorKind::SurfaceNotServed,
+            "no model this key may use has a backend that stores chat completions",
+        ));
+    };
+    labels.model = model;
+    labels.backend = backend.name.clone();
+    let uri = upstream::resource_uri(
+        &backend.stored_chat,
+        "",
+        Some(&tenant_query(query, &tenant.name)),
+    )
+    .ok_or_else(|| {
+        ApiError::new(
+            ErrorKind::MalformedRequest,
+            "the query string cannot be passed on",
+        )
+    })?;
+    let (parts, _) = req.into_parts();
+    send(gw, &backend, Method::GET, uri, parts.headers, Bytes::new()).await
+}
+
+/// The caller's list query, with the tenant's tag as the one `metadata[spillway_tenant]` filter:
+/// a filter of the caller's on that key, however it is escaped, is dropped.
+fn tenant_query(query: &str, tenant: &str) -> String {
+    let own = format!("metadata[{TENANT_TAG}]");
+    let mut kept: Vec<&str> = query
+        .split('&')
+        .filter(|pair| !pair.is_empty())
+        .filter(|pair| percent_decoded(pair.split('=').next().unwrap_or(pair)) != own)
+        .collect();
+    let tag = format!("metadata%5B{TENANT_TAG}%5D={tenant}");
+    kept.push(&tag);
+    kept.join("&")
+}
+
+/// `text` with `%XX` escapes and `+` decoded, as a query key or value; an escape that is not
+/// one is kept as it is, and bytes that are not UTF-8 are replaced.
+fn percent_decoded(text: &str) -> String {
+    let hex = |b: u8| (b as char).to_digit(16).map(|d| d as u8);
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let escaped = (bytes[i] == b'%' && i + 2 < bytes.len())
+            .then(|| hex(bytes[i + 1]).zip(hex(bytes[i + 2])))
+            .flatten();
+        match (bytes[i], escaped) {
+            (_, Some((high, low))) => {
+                out.push(high * 16 + low);
+                i += 3;
+                continue;
+            }
+            (b'+', None) => out.push(b' '),
+            (b, None) => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_list_is_filtered_by_the_tenants_tag_whatever_the_caller_asks() {
+        assert_eq!(tenant_query("", "t"), "metadata%5Bspillway_tenant%5D=t");
+        assert_eq!(
+            tenant_query(
+                "limit=5&metadata[spillway_tenant]=other&metadata%5Bspillway%5Ftenant%5D=x&order=desc",
+                "t"
+            ),
+            "limit=5&order=desc&metadata%5Bspillway_tenant%5D=t"
+        );
+        assert_eq!(percent_decoded("gpt%2D4o+mini"), "gpt-4o mini");
+        assert_eq!(percent_decoded("bad%zz%"), "bad%zz%");
+        assert_eq!(percent_decoded("%e2%82%ac%"), "€%");
+    }
+}

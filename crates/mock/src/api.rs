@@ -109,7 +109,7 @@ pub(crate) async fn strike(live: &Live, outcome: &Outcome) -> Result<(), Refusal
     }
 }
 
-/// The key check shared by inference, the stored-response routes and `/v1/models`: the key may
+/// The key check shared by inference, the stored-state routes and `/v1/models`: the key may
 /// come as `Authorization: Bearer KEY` (OpenAI), `api-key: KEY` (Azure) or `x-api-key: KEY`
 /// (Anthropic).
 pub(crate) fn authorize(live: &Live, headers: &HeaderMap) -> Result<(), ApiError> {

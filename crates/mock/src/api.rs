@@ -14,9 +14,9 @@
 //! without a generation slot, prefix-cache lookup or pacing. A Responses compaction holds a
 //! slot and is paced as a plain reply is, without a prefix-cache lookup. A Responses create or
 //! compaction that names a `previous_response_id` is checked against the stored responses
-//! before the model (whose name it may supply), and a create to be stored is stored when it is
-//! answered (`responses.rs`). The stored-response routes (`lifecycle.rs`) share the first
-//! steps: remembering, faults, the key.
+//! before the model (whose name it may supply), and a Responses or chat create to be stored is
+//! stored when it is answered (`responses.rs`, `chats.rs`). The routes of what was stored
+//! (`lifecycle.rs`) share the first steps: remembering, faults, the key.
 
 use std::sync::Arc;
 
@@ -28,8 +28,9 @@ use http::header::{AUTHORIZATION, CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE};
 use http::request::Parts;
 use http::{HeaderMap, HeaderValue};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
-use serde_json::Value;
+use serde_json::{Map, Value};
 
+use crate::chats;
 use crate::compact::{self, Compaction};
 use crate::embeddings::Embedding;
 use crate::error::{ApiError, Dialect};
@@ -42,7 +43,7 @@ use crate::responses::{self, Create};
 use crate::slots::SlotPermit;
 use crate::stats::{Event, Outcome, Remembered};
 use crate::store::Earlier;
-use crate::stream::{self, StreamParts};
+use crate::stream::{self, Keep, StreamParts};
 use crate::{Live, MockServer};
 
 /// Larger request bodies get 413, as from a real server's front proxy.
@@ -108,7 +109,7 @@ pub(crate) async fn strike(live: &Live, outcome: &Outcome) -> Result<(), Refusal
     }
 }
 
-/// The key check shared by inference, the stored-response routes and `/v1/models`: the key may
+/// The key check shared by inference, the stored-state routes and `/v1/models`: the key may
 /// come as `Authorization: Bearer KEY` (OpenAI), `api-key: KEY` (Azure) or `x-api-key: KEY`
 /// (Anthropic).
 pub(crate) fn authorize(live: &Live, headers: &HeaderMap) -> Result<(), ApiError> {
@@ -154,18 +155,24 @@ pub(crate) fn invalid(error: ApiError) -> Refusal {
 /// What a checked request asks for.
 enum Work {
     /// `prompt` is the prompt's blocks for the prefix cache, unless the cache is off.
-    /// `create` is a Responses create's stored state.
+    /// `create` is what a Responses or chat create asks to be stored.
     Generate {
         surface: Surface,
         g: Generation,
         prompt: Option<PromptBlocks>,
-        create: Option<Create>,
+        create: Option<ToStore>,
     },
     Embed(Embedding),
     /// Anthropic's `count_tokens`: the prompt's tokens, counted without a generation slot.
     Count(u32),
     /// A Responses compaction.
     Compact(Compaction),
+}
+
+/// What a create asks to be stored of its reply, read with its other fields.
+enum ToStore {
+    Response(Create),
+    Chat(chats::Create),
 }
 
 /// A request that passed every check and holds a generation slot if its work needs one.
@@ -186,11 +193,7 @@ async fn admit(
 ) -> Result<Admitted, Refusal> {
     let read = read_body(&parts.headers, body).await;
     let body_bytes = read.as_ref().map_or(0, bytes::Bytes::len);
-    let (body, json_error) = match read.as_ref().map(|b| serde_json::from_slice::<Value>(b)) {
-        Ok(Ok(v)) => (Arc::new(v), None),
-        Ok(Err(e)) => (Arc::new(Value::Null), Some(e)),
-        Err(_) => (Arc::new(Value::Null), None),
-    };
+    let (body, json_error) = parse_json(&read);
     let model = deployment.or_else(|| body.get("model").and_then(Value::as_str).map(str::to_owned));
     server
         .recorder()
@@ -205,13 +208,7 @@ async fn admit(
             "the api-version query parameter is required (e.g. ?api-version=2024-10-21)",
         )));
     }
-    let Some(fields) = body.as_object() else {
-        let message = match json_error {
-            Some(e) => format!("the request body is not valid JSON: {e}"),
-            None => "the request body must be a JSON object".to_owned(),
-        };
-        return Err(invalid(ApiError::invalid("invalid_json", message)));
-    };
+    let fields = json_object(&body, json_error).map_err(invalid)?;
     let earlier = match endpoint {
         Endpoint::Generate(Surface::Responses) | Endpoint::Compact => {
             earlier(server, fields).map_err(invalid)?
@@ -244,13 +241,19 @@ async fn admit(
         }
         Endpoint::Generate(surface) => {
             let mut g = request::generation(surface, fields).map_err(invalid)?;
-            let create = if surface == Surface::Responses {
-                let create = Create::read(fields, earlier.as_ref(), body_bytes).map_err(invalid)?;
-                let earlier_tokens = earlier.as_ref().map_or(0, |e| e.conversation_tokens);
-                g.prompt_tokens = g.prompt_tokens.saturating_add(earlier_tokens);
-                Some(create)
-            } else {
-                None
+            let create = match surface {
+                Surface::Responses => {
+                    let create =
+                        Create::read(fields, earlier.as_ref(), body_bytes).map_err(invalid)?;
+                    let earlier_tokens = earlier.as_ref().map_or(0, |e| e.conversation_tokens);
+                    g.prompt_tokens = g.prompt_tokens.saturating_add(earlier_tokens);
+                    Some(ToStore::Response(create))
+                }
+                Surface::Chat => {
+                    let create = chats::Create::read(fields, body_bytes).map_err(invalid)?;
+                    Some(ToStore::Chat(create))
+                }
+                Surface::Completions | Surface::Messages => None,
             };
             let output = generate::output_length(&g, profile).0;
             let kv = u64::from(g.prompt_tokens) + u64::from(output);
@@ -307,11 +310,15 @@ async fn reply(server: &MockServer, a: Admitted, live: &Live, mut outcome: Outco
             let cached = cached_tokens(server, &g, prompt.as_ref(), profile);
             let pace = Pace::start(profile, g.prompt_tokens.saturating_sub(cached));
             let mut plan = Plan::new(surface, &a.model, &g, profile, cached);
-            let keep = create.and_then(|c| {
-                plan.store = c.store;
-                plan.previous_response_id = c.previous_response_id.clone();
-                c.keep(server.responses())
-            });
+            let keep = match create {
+                Some(ToStore::Response(c)) => {
+                    plan.store = c.store;
+                    plan.previous_response_id = c.previous_response_id.clone();
+                    c.keep(server.responses()).map(Keep::Response)
+                }
+                Some(ToStore::Chat(c)) => c.keep(server.chats()).map(Keep::Chat),
+                None => None,
+            };
             if g.stream {
                 return event_stream(StreamParts {
                     plan,
@@ -382,7 +389,33 @@ fn event_stream(parts: StreamParts) -> Response {
     response
 }
 
-async fn read_body(headers: &HeaderMap, body: Body) -> Result<bytes::Bytes, ApiError> {
+/// The body as JSON: `null` when it could not be read or is not JSON, with the parse error then.
+pub(crate) fn parse_json(
+    read: &Result<bytes::Bytes, ApiError>,
+) -> (Arc<Value>, Option<serde_json::Error>) {
+    match read.as_ref().map(|b| serde_json::from_slice::<Value>(b)) {
+        Ok(Ok(v)) => (Arc::new(v), None),
+        Ok(Err(e)) => (Arc::new(Value::Null), Some(e)),
+        Err(_) => (Arc::new(Value::Null), None),
+    }
+}
+
+/// The body's fields, or the 400 for a body that is not a JSON object.
+pub(crate) fn json_object(
+    body: &Value,
+    json_error: Option<serde_json::Error>,
+) -> Result<&Map<String, Value>, ApiError> {
+    body.as_object().ok_or_else(|| {
+        let message = match json_error {
+            Some(e) => format!("the request body is not valid JSON: {e}"),
+            None => "the request body must be a JSON object".to_owned(),
+        };
+        ApiError::invalid("invalid_json", message)
+    })
+}
+
+/// The body, at most [`MAX_BODY_BYTES`] of it (413 beyond).
+pub(crate) async fn read_body(headers: &HeaderMap, body: Body) -> Result<bytes::Bytes, ApiError> {
     let declared = headers
         .get(CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())

@@ -144,6 +144,24 @@ impl ApiError {
         )
     }
 
+    /// A stored-chat-completion route whose id names no completion this server holds.
+    pub(crate) fn chat_completion_not_found(id: &str) -> Self {
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            "not_found",
+            format!("No chat completion found with id '{}'.", shown(id)),
+        )
+    }
+
+    /// A body field the endpoint does not accept.
+    pub(crate) fn unknown_parameter(name: &str) -> Self {
+        Self::invalid(
+            "unknown_parameter",
+            format!("Unrecognized request argument supplied: {}", shown(name)),
+        )
+    }
+
     pub(crate) fn unauthorized(code: &'static str, message: &str) -> Self {
         Self::new(
             StatusCode::UNAUTHORIZED,
@@ -328,6 +346,12 @@ mod tests {
         assert_eq!(v["error"]["code"], "response_not_found");
         let message = v["error"]["message"].as_str().unwrap();
         assert!(message.len() < 400, "{message}");
+        let v = body(ApiError::chat_completion_not_found("chatcmpl-1").into_response()).await;
+        assert_eq!(
+            v["error"],
+            json!({"message": "No chat completion found with id 'chatcmpl-1'.",
+                   "type": "invalid_request_error", "param": null, "code": "not_found"})
+        );
     }
 
     #[test]

@@ -2,9 +2,10 @@
 //!
 //! A gateway is only as trustworthy as the failures it has been tested against, and real backends
 //! fail rarely and never on demand. This server answers chat, completions, embeddings and models
-//! like vLLM or OpenAI (also under Azure deployment paths), OpenAI's Responses API (with the
-//! responses it stores: retrieve, delete, cancel, input items, `previous_response_id`, and
-//! compaction), and Anthropic's Messages API (with `count_tokens`) in Anthropic's shapes and
+//! like vLLM or OpenAI (also under Azure deployment paths; chat completions stored with
+//! `store: true` are listed, retrieved, updated, deleted and their messages listed), OpenAI's
+//! Responses API (with the responses it stores: retrieve, delete, cancel, input items,
+//! `previous_response_id`, and compaction), and Anthropic's Messages API (with `count_tokens`) in Anthropic's shapes and
 //! errors, and a [`MockProfile`] makes it slow, saturated or broken on purpose: limited generation
 //! slots and a bounded queue, time to first token and tokens per second, injected error statuses,
 //! stalls, connection resets and streams broken off mid-way. The profile can be swapped while it
@@ -26,6 +27,7 @@
 #![cfg_attr(test, allow(clippy::disallowed_methods))]
 
 mod api;
+mod chats;
 mod cli;
 mod compact;
 mod control;
@@ -36,6 +38,7 @@ mod generate;
 mod lifecycle;
 mod messages;
 mod metrics;
+mod page;
 mod prefix;
 mod request;
 mod responses;
@@ -55,6 +58,7 @@ pub use cli::{run, MockArgs};
 pub use spillway_config::{MockFault, MockProfile};
 pub use stats::{LastRequest, MockStats};
 
+use chats::ChatStore;
 use prefix::PrefixCache;
 use slots::Slots;
 use stats::Recorder;
@@ -72,6 +76,7 @@ struct Shared {
     stats: Arc<Recorder>,
     prefix: PrefixCache,
     responses: Arc<ResponseStore>,
+    chats: Arc<ChatStore>,
 }
 
 /// The settings requests read when they arrive; replaced whole, never edited in place, so a
@@ -97,11 +102,12 @@ impl MockServer {
                 stats: Arc::new(Recorder::default()),
                 prefix: PrefixCache::default(),
                 responses: Arc::new(ResponseStore::default()),
+                chats: Arc::new(ChatStore::default()),
             }),
         }
     }
 
-    /// Requires inference, stored-response and model requests to carry `Authorization: Bearer
+    /// Requires inference, stored-state and model requests to carry `Authorization: Bearer
     /// KEY`, `api-key: KEY` or `x-api-key: KEY`, as a real upstream does; others get 401.
     /// `None` accepts any request.
     /// Like the profile, the key is shared by every clone of this server.
@@ -196,6 +202,11 @@ impl MockServer {
     /// The Responses API's stored responses, shared by every clone.
     pub(crate) fn responses(&self) -> &Arc<ResponseStore> {
         &self.shared.responses
+    }
+
+    /// The stored chat completions, shared by every clone.
+    pub(crate) fn chats(&self) -> &Arc<ChatStore> {
+        &self.shared.chats
     }
 
     fn replace_live(&self, next: impl FnOnce(&Live) -> Live) {

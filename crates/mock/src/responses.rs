@@ -104,9 +104,8 @@ impl Keep {
             input_items: Arc::new(self.input_items),
             model: plan.model.clone(),
             conversation_tokens: plan.prompt_tokens.saturating_add(plan.tokens),
-            bytes,
         };
-        self.store.insert(plan.id.clone(), stored);
+        self.store.insert(plan.id.clone(), stored, bytes);
         response
     }
 }

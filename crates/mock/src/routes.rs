@@ -7,18 +7,22 @@
 //!   told not to; `POST /v1/responses/compact`: its compaction. Both are inference requests.
 //! - `GET`/`DELETE /v1/responses/{id}`, `POST /v1/responses/{id}/cancel`, `GET
 //!   /v1/responses/{id}/input_items`: the responses this server stored (`lifecycle.rs`).
+//! - `GET /v1/chat/completions` (the list), `GET`/`POST`/`DELETE /v1/chat/completions/{id}`
+//!   (retrieve, update the metadata, delete), `GET /v1/chat/completions/{id}/messages`: the
+//!   chat completions stored with `store: true` (`chats.rs`, served by `lifecycle.rs`).
 //! - `POST /v1/messages`, `POST /v1/messages/count_tokens`: the Anthropic Messages API, whose
 //!   answers (errors included, and those of unknown paths or methods under `/v1/messages`)
 //!   follow Anthropic's conventions.
 //! - `POST /openai/deployments/{deployment}/{chat/completions,completions,embeddings}`: Azure
 //!   paths, which name the model in the URL and require `?api-version=`; they serve the same
 //!   handlers so a gateway's Azure backend kind can be tested against the same server as its
-//!   OpenAI kind.
+//!   OpenAI kind (a chat stored from one is read under `/v1`).
 //! - `GET /metrics` (vLLM's load), `GET /health`, `GET /stats`, `POST /stats/reset`, and
 //!   `GET`/`PUT`/`PATCH /control` (the profile).
 //!
-//! Every inference endpoint is served by the one pipeline in `api.rs`; the stored-response
-//! routes share its first steps (counting, faults, the key) and then answer at once.
+//! Every inference endpoint is served by the one pipeline in `api.rs`; the routes of stored
+//! responses and chat completions share its first steps (counting, faults, the key) and then
+//! answer at once.
 
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, Request, State};
@@ -31,7 +35,7 @@ use serde_json::json;
 use crate::api::{self, authorize};
 use crate::control;
 use crate::error::{ApiError, Dialect};
-use crate::lifecycle::{self, Action, ResponseId};
+use crate::lifecycle::{self, Action, StoredId};
 use crate::metrics;
 use crate::request::{Endpoint, Surface};
 use crate::{MockServer, MockStats};
@@ -39,7 +43,12 @@ use crate::{MockServer, MockStats};
 /// Every route of the mock server.
 pub(crate) fn router(server: MockServer) -> Router {
     Router::new()
-        .route("/v1/chat/completions", post(chat))
+        .route("/v1/chat/completions", post(chat).get(list_chats))
+        .route(
+            "/v1/chat/completions/{id}",
+            get(retrieve_chat).post(update_chat).delete(delete_chat),
+        )
+        .route("/v1/chat/completions/{id}/messages", get(chat_messages))
         .route("/v1/completions", post(completions))
         .route("/v1/embeddings", post(embeddings))
         .route("/v1/responses", post(responses))
@@ -107,20 +116,40 @@ async fn compact(State(s): State<MockServer>, req: Request) -> Response {
     api::infer(s, Endpoint::Compact, None, req).await
 }
 
-async fn retrieve_response(State(s): State<MockServer>, id: ResponseId, req: Request) -> Response {
-    lifecycle::serve(s, Action::Retrieve, id, req).await
+async fn retrieve_response(State(s): State<MockServer>, id: StoredId, req: Request) -> Response {
+    lifecycle::serve(s, Action::Retrieve, Some(id), req).await
 }
 
-async fn delete_response(State(s): State<MockServer>, id: ResponseId, req: Request) -> Response {
-    lifecycle::serve(s, Action::Delete, id, req).await
+async fn delete_response(State(s): State<MockServer>, id: StoredId, req: Request) -> Response {
+    lifecycle::serve(s, Action::Delete, Some(id), req).await
 }
 
-async fn cancel_response(State(s): State<MockServer>, id: ResponseId, req: Request) -> Response {
-    lifecycle::serve(s, Action::Cancel, id, req).await
+async fn cancel_response(State(s): State<MockServer>, id: StoredId, req: Request) -> Response {
+    lifecycle::serve(s, Action::Cancel, Some(id), req).await
 }
 
-async fn input_items(State(s): State<MockServer>, id: ResponseId, req: Request) -> Response {
-    lifecycle::serve(s, Action::InputItems, id, req).await
+async fn input_items(State(s): State<MockServer>, id: StoredId, req: Request) -> Response {
+    lifecycle::serve(s, Action::InputItems, Some(id), req).await
+}
+
+async fn list_chats(State(s): State<MockServer>, req: Request) -> Response {
+    lifecycle::serve(s, Action::ListChats, None, req).await
+}
+
+async fn retrieve_chat(State(s): State<MockServer>, id: StoredId, req: Request) -> Response {
+    lifecycle::serve(s, Action::RetrieveChat, Some(id), req).await
+}
+
+async fn update_chat(State(s): State<MockServer>, id: StoredId, req: Request) -> Response {
+    lifecycle::serve(s, Action::UpdateChat, Some(id), req).await
+}
+
+async fn delete_chat(State(s): State<MockServer>, id: StoredId, req: Request) -> Response {
+    lifecycle::serve(s, Action::DeleteChat, Some(id), req).await
+}
+
+async fn chat_messages(State(s): State<MockServer>, id: StoredId, req: Request) -> Response {
+    lifecycle::serve(s, Action::ChatMessages, Some(id), req).await
 }
 
 async fn messages(State(s): State<MockServer>, req: Request) -> Response {

@@ -14,8 +14,9 @@ use serde_json::Value;
 
 /// A snapshot of the server's counters. Counters cover inference requests (chat,
 /// completions, embeddings, on `/v1` or Azure paths; Responses creates and compactions;
-/// Anthropic messages and `count_tokens`) and the Responses API's stored-response routes (get,
-/// delete, cancel, input items), never `/models`, `/stats`, `/control`, `/health` or
+/// Anthropic messages and `count_tokens`), the Responses API's stored-response routes (get,
+/// delete, cancel, input items) and the stored chat completions' routes (list, get, update,
+/// delete, messages), never `/models`, `/stats`, `/control`, `/health` or
 /// `/metrics`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct MockStats {
@@ -51,8 +52,9 @@ pub struct MockStats {
     pub in_flight: u64,
     /// Requests waiting for a generation slot right now.
     pub queued: u64,
-    /// Requests received per URL path; the stored-response routes count under their route,
-    /// with `{id}` for the id (`/v1/responses/{id}/cancel`), so every id does not take a key.
+    /// Requests received per URL path; the routes of stored responses and chat completions count
+    /// under their route, with `{id}` for the id (`/v1/responses/{id}/cancel`), so every id does
+    /// not take a key.
     pub by_path: BTreeMap<String, u64>,
     /// The most recent counted request, as received.
     pub last_request: Option<LastRequest>,

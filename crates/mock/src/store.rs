@@ -1,25 +1,30 @@
-//! The responses this server stored: what `GET`, `DELETE`, `cancel` and `input_items` under
-//! `/v1/responses/{id}` read, and what a create's `previous_response_id` continues.
+//! What this server stored: the Responses API's stored responses (what `GET`, `DELETE`,
+//! `cancel` and `input_items` under `/v1/responses/{id}` read, and what a create's
+//! `previous_response_id` continues) and stored chat completions (`chats.rs`), each kind in
+//! its own [`Store`].
 //!
-//! A real server keeps stored responses for weeks; the mock keeps the most recent ones within
-//! two bounds, [`MAX_STORED_RESPONSES`] and [`MAX_STORED_BYTES`] (the latter estimated from the
-//! request bodies the input items came from), and forgets the oldest first beyond either, so
-//! a load test that stores every response cannot grow the server's memory without limit. A
-//! response forgotten so is answered as one never stored: 404, or
-//! `previous_response_not_found` on a create that names it. The store outlives profile changes
-//! and `/stats/reset`, as a real server's data outlives its configuration.
+//! A real server keeps stored objects for weeks; the mock keeps the most recent ones within
+//! two bounds per store, [`MAX_STORED_ENTRIES`] and [`MAX_STORED_BYTES`] (the latter estimated
+//! from the request bodies the entries came from), and forgets the oldest first beyond either,
+//! so a load test that stores every reply cannot grow the server's memory without limit. An
+//! entry forgotten so is answered as one never stored: 404, or `previous_response_not_found`
+//! on a create that names it. The stores outlive profile changes and `/stats/reset`, as a real
+//! server's data outlives its configuration.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use serde_json::Value;
 
-/// The most responses kept at once.
-pub(crate) const MAX_STORED_RESPONSES: usize = 1024;
+/// The most entries one store keeps at once.
+pub(crate) const MAX_STORED_ENTRIES: usize = 1024;
 
-/// The most bytes of stored responses kept at once, by [`Stored::bytes`]. A single response
-/// larger than this (a request body may be up to 8 MiB) is still kept, alone.
+/// The most bytes of entries one store keeps at once, by the estimate each was inserted with. A
+/// single entry larger than this (a request body may be up to 8 MiB) is still kept, alone.
 pub(crate) const MAX_STORED_BYTES: usize = 64 * 1024 * 1024;
+
+/// The Responses API's stored responses.
+pub(crate) type ResponseStore = Store<Stored>;
 
 /// One stored response.
 #[derive(Debug, Clone)]
@@ -33,8 +38,6 @@ pub(crate) struct Stored {
     /// earlier responses' tokens included) and its output. A create that continues it counts
     /// these into its prompt.
     pub(crate) conversation_tokens: u32,
-    /// The estimated memory this entry holds, for [`MAX_STORED_BYTES`].
-    pub(crate) bytes: usize,
 }
 
 /// What a create that names a stored response continues from.
@@ -45,83 +48,87 @@ pub(crate) struct Earlier {
     pub(crate) conversation_tokens: u32,
 }
 
-/// The stored responses, oldest evicted first. Cheap to share; every operation takes one short
-/// lock.
+/// Entries by id, oldest evicted first. Cheap to share; every operation takes one short lock.
 #[derive(Debug)]
-pub(crate) struct ResponseStore {
+pub(crate) struct Store<T> {
     max_entries: usize,
     max_bytes: usize,
-    inner: Mutex<Inner>,
+    inner: Mutex<Inner<T>>,
 }
 
-#[derive(Debug, Default)]
-struct Inner {
-    /// Id to the tick it was stored at and the entry.
-    by_id: HashMap<String, (u64, Stored)>,
-    /// Tick to id, oldest first: the eviction order.
+#[derive(Debug)]
+struct Inner<T> {
+    /// Id to the entry, its estimated size and the tick it was stored at.
+    by_id: HashMap<String, Slot<T>>,
+    /// Tick to id, oldest first: the eviction order, and the order entries are listed in.
     by_age: BTreeMap<u64, String>,
     tick: u64,
     bytes: usize,
 }
 
-impl Default for ResponseStore {
+#[derive(Debug)]
+struct Slot<T> {
+    tick: u64,
+    bytes: usize,
+    entry: T,
+}
+
+impl<T> Default for Store<T> {
     fn default() -> Self {
-        Self::with_bounds(MAX_STORED_RESPONSES, MAX_STORED_BYTES)
+        Self::with_bounds(MAX_STORED_ENTRIES, MAX_STORED_BYTES)
     }
 }
 
-impl ResponseStore {
-    /// A store that keeps at most `max_entries` responses (at least one) and about `max_bytes`.
+impl<T> Store<T> {
+    /// A store that keeps at most `max_entries` entries (at least one) and about `max_bytes`.
     pub(crate) fn with_bounds(max_entries: usize, max_bytes: usize) -> Self {
         Self {
             max_entries: max_entries.max(1),
             max_bytes,
-            inner: Mutex::new(Inner::default()),
+            inner: Mutex::new(Inner {
+                by_id: HashMap::new(),
+                by_age: BTreeMap::new(),
+                tick: 0,
+                bytes: 0,
+            }),
         }
     }
 
-    /// Stores `stored` under `id` as the newest entry, then forgets the oldest beyond the
-    /// bounds (never the one just stored).
-    pub(crate) fn insert(&self, id: String, stored: Stored) {
+    /// Stores `entry`, reckoned to hold `bytes`, under `id` as the newest entry, then forgets
+    /// the oldest beyond the bounds (never the one just stored).
+    pub(crate) fn insert(&self, id: String, entry: T, bytes: usize) {
         let mut inner = self.lock();
         inner.remove(&id);
         inner.tick += 1;
         let tick = inner.tick;
-        inner.bytes = inner.bytes.saturating_add(stored.bytes);
+        inner.bytes = inner.bytes.saturating_add(bytes);
         inner.by_age.insert(tick, id.clone());
-        inner.by_id.insert(id, (tick, stored));
+        inner.by_id.insert(id, Slot { tick, bytes, entry });
         while inner.by_id.len() > self.max_entries
             || (inner.bytes > self.max_bytes && inner.by_id.len() > 1)
         {
             let Some((_, oldest)) = inner.by_age.pop_first() else {
                 break;
             };
-            if let Some((_, gone)) = inner.by_id.remove(&oldest) {
+            if let Some(gone) = inner.by_id.remove(&oldest) {
                 inner.bytes = inner.bytes.saturating_sub(gone.bytes);
             }
         }
     }
 
-    /// The stored response object.
-    pub(crate) fn response(&self, id: &str) -> Option<Value> {
-        self.lock().by_id.get(id).map(|(_, s)| s.response.clone())
+    /// `read` of the entry stored under `id`, if there is one.
+    pub(crate) fn get<R>(&self, id: &str, read: impl FnOnce(&T) -> R) -> Option<R> {
+        self.lock().by_id.get(id).map(|slot| read(&slot.entry))
     }
 
-    /// The stored input items.
-    pub(crate) fn input_items(&self, id: &str) -> Option<Arc<Vec<Value>>> {
+    /// Changes the entry under `id` with `edit`, keeping its place in the eviction order and
+    /// its size estimate (so an edit must not grow it without bound), and returns what `edit`
+    /// did.
+    pub(crate) fn update<R>(&self, id: &str, edit: impl FnOnce(&mut T) -> R) -> Option<R> {
         self.lock()
             .by_id
-            .get(id)
-            .map(|(_, s)| Arc::clone(&s.input_items))
-    }
-
-    /// What a create continuing `id` needs of it.
-    pub(crate) fn earlier(&self, id: &str) -> Option<Earlier> {
-        self.lock().by_id.get(id).map(|(_, s)| Earlier {
-            id: id.to_owned(),
-            model: s.model.clone(),
-            conversation_tokens: s.conversation_tokens,
-        })
+            .get_mut(id)
+            .map(|slot| edit(&mut slot.entry))
     }
 
     /// Forgets `id`; whether it was stored.
@@ -129,36 +136,70 @@ impl ResponseStore {
         self.lock().remove(id)
     }
 
-    /// Marks `id` cancelled, keeping its place in the eviction order, and returns the response
-    /// object as now stored.
-    pub(crate) fn cancel(&self, id: &str) -> Option<Value> {
-        let mut inner = self.lock();
-        let (_, stored) = inner.by_id.get_mut(id)?;
-        if let Some(fields) = stored.response.as_object_mut() {
-            fields.insert("status".to_owned(), "cancelled".into());
-        }
-        Some(stored.response.clone())
+    /// `read` of every entry with its id, oldest first (the iterator may be reversed).
+    pub(crate) fn scan<R>(
+        &self,
+        read: impl FnOnce(&mut dyn DoubleEndedIterator<Item = (&str, &T)>) -> R,
+    ) -> R {
+        let inner = self.lock();
+        let mut entries = inner.by_age.values().filter_map(|id| {
+            let slot = inner.by_id.get(id)?;
+            Some((id.as_str(), &slot.entry))
+        });
+        read(&mut entries)
     }
 
-    /// Responses stored now.
+    /// Entries stored now.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.lock().by_id.len()
     }
 
-    fn lock(&self) -> MutexGuard<'_, Inner> {
+    fn lock(&self) -> MutexGuard<'_, Inner<T>> {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
-impl Inner {
+impl<T> Inner<T> {
     fn remove(&mut self, id: &str) -> bool {
-        let Some((tick, gone)) = self.by_id.remove(id) else {
+        let Some(gone) = self.by_id.remove(id) else {
             return false;
         };
-        self.by_age.remove(&tick);
+        self.by_age.remove(&gone.tick);
         self.bytes = self.bytes.saturating_sub(gone.bytes);
         true
+    }
+}
+
+impl Store<Stored> {
+    /// The stored response object.
+    pub(crate) fn response(&self, id: &str) -> Option<Value> {
+        self.get(id, |s| s.response.clone())
+    }
+
+    /// The stored input items.
+    pub(crate) fn input_items(&self, id: &str) -> Option<Arc<Vec<Value>>> {
+        self.get(id, |s| Arc::clone(&s.input_items))
+    }
+
+    /// What a create continuing `id` needs of it.
+    pub(crate) fn earlier(&self, id: &str) -> Option<Earlier> {
+        self.get(id, |s| Earlier {
+            id: id.to_owned(),
+            model: s.model.clone(),
+            conversation_tokens: s.conversation_tokens,
+        })
+    }
+
+    /// Marks `id` cancelled, keeping its place in the eviction order, and returns the response
+    /// object as now stored.
+    pub(crate) fn cancel(&self, id: &str) -> Option<Value> {
+        self.update(id, |stored| {
+            if let Some(fields) = stored.response.as_object_mut() {
+                fields.insert("status".to_owned(), "cancelled".into());
+            }
+            stored.response.clone()
+        })
     }
 }
 
@@ -168,13 +209,12 @@ mod tests {
 
     use super::*;
 
-    fn stored(n: u32, bytes: usize) -> Stored {
+    fn stored(n: u32) -> Stored {
         Stored {
             response: json!({"id": format!("resp_{n}"), "status": "completed"}),
             input_items: Arc::new(vec![json!({"id": format!("msg_{n}")})]),
             model: "m".to_owned(),
             conversation_tokens: n,
-            bytes,
         }
     }
 
@@ -188,27 +228,27 @@ mod tests {
     fn the_oldest_go_first_beyond_the_entry_bound() {
         let store = ResponseStore::with_bounds(3, usize::MAX);
         for n in 0..5 {
-            store.insert(format!("resp_{n}"), stored(n, 10));
+            store.insert(format!("resp_{n}"), stored(n), 10);
         }
         assert_eq!(ids(&store, 5), [2, 3, 4]);
         assert_eq!(store.len(), 3);
         // Cancelling does not make an entry newer.
         assert!(store.cancel("resp_2").is_some());
-        store.insert("resp_5".to_owned(), stored(5, 10));
+        store.insert("resp_5".to_owned(), stored(5), 10);
         assert_eq!(ids(&store, 6), [3, 4, 5]);
-        assert_eq!(MAX_STORED_RESPONSES, ResponseStore::default().max_entries);
+        assert_eq!(MAX_STORED_ENTRIES, ResponseStore::default().max_entries);
     }
 
     #[test]
     fn the_byte_bound_evicts_but_keeps_the_newest_alone() {
         let store = ResponseStore::with_bounds(100, 100);
         for n in 0..4 {
-            store.insert(format!("resp_{n}"), stored(n, 40));
+            store.insert(format!("resp_{n}"), stored(n), 40);
         }
         assert_eq!(ids(&store, 4), [2, 3]);
-        store.insert("resp_4".to_owned(), stored(4, 1000));
+        store.insert("resp_4".to_owned(), stored(4), 1000);
         assert_eq!(ids(&store, 5), [4]);
-        store.insert("resp_5".to_owned(), stored(5, 1));
+        store.insert("resp_5".to_owned(), stored(5), 1);
         assert_eq!(ids(&store, 6), [5]);
         assert_eq!(store.lock().bytes, 1);
     }
@@ -216,7 +256,7 @@ mod tests {
     #[test]
     fn a_deleted_response_is_gone_and_frees_its_place() {
         let store = ResponseStore::with_bounds(2, 100);
-        store.insert("resp_0".to_owned(), stored(0, 60));
+        store.insert("resp_0".to_owned(), stored(0), 60);
         assert!(store.delete("resp_0"));
         assert!(!store.delete("resp_0"));
         assert!(store.response("resp_0").is_none());
@@ -228,7 +268,7 @@ mod tests {
         drop(inner);
         // Creating and deleting many never leaves anything behind.
         for n in 0..50 {
-            store.insert(format!("resp_{n}"), stored(n, 60));
+            store.insert(format!("resp_{n}"), stored(n), 60);
             store.delete(&format!("resp_{n}"));
         }
         assert_eq!(store.len(), 0);
@@ -236,9 +276,41 @@ mod tests {
     }
 
     #[test]
+    fn entries_are_scanned_oldest_first_and_edited_in_place() {
+        let store = ResponseStore::with_bounds(3, usize::MAX);
+        for n in 0..4 {
+            store.insert(format!("resp_{n}"), stored(n), 1);
+        }
+        let edited = store.update("resp_1", |s| {
+            s.model = "n".to_owned();
+            s.conversation_tokens
+        });
+        assert_eq!(edited, Some(1));
+        assert_eq!(store.update("resp_0", |_| ()), None);
+        let scanned = |rev: bool| {
+            store.scan(|entries| {
+                let seen: Vec<String> = if rev {
+                    entries
+                        .rev()
+                        .map(|(id, s)| format!("{id}:{}", s.model))
+                        .collect()
+                } else {
+                    entries.map(|(id, s)| format!("{id}:{}", s.model)).collect()
+                };
+                seen
+            })
+        };
+        assert_eq!(scanned(false), ["resp_1:n", "resp_2:m", "resp_3:m"]);
+        assert_eq!(scanned(true), ["resp_3:m", "resp_2:m", "resp_1:n"]);
+        // Storing an id again makes it the newest.
+        store.insert("resp_2".to_owned(), stored(2), 1);
+        assert_eq!(scanned(false), ["resp_1:n", "resp_3:m", "resp_2:m"]);
+    }
+
+    #[test]
     fn cancel_marks_the_stored_response_cancelled() {
         let store = ResponseStore::default();
-        store.insert("resp_7".to_owned(), stored(7, 1));
+        store.insert("resp_7".to_owned(), stored(7), 1);
         let cancelled = store.cancel("resp_7").unwrap();
         assert_eq!(cancelled["status"], "cancelled");
         assert_eq!(store.response("resp_7").unwrap()["status"], "cancelled");

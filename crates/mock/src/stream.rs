@@ -9,19 +9,21 @@
 //! counts as cancelled the moment hyper drops the body. A profile with `break_stream_after` ends
 //! the body with an error instead of the stream's last event (`[DONE]`, `response.completed`,
 //! `message_stop`); hyper then aborts the chunked response without its terminating chunk, which
-//! is what a crashed upstream looks like to the gateway. A Responses stream to be stored is
-//! stored as its last event is produced, so a client that has read the whole stream finds the
-//! response stored; one broken off or left by its client is not.
+//! is what a crashed upstream looks like to the gateway. A Responses or chat stream to be stored
+//! is stored as its last event is produced, so a client that has read the whole stream finds
+//! it stored; one broken off or left by its client is not.
 
 use std::fmt;
 
 use axum::body::Body;
 use bytes::Bytes;
 
+use serde_json::Value;
+
 use crate::generate::{Pace, Plan, Step};
-use crate::responses::Keep;
 use crate::slots::SlotPermit;
 use crate::stats::{Event, Outcome};
+use crate::{chats, responses};
 
 /// What a streamed reply is made of, and what it holds until it ends.
 pub(crate) struct StreamParts {
@@ -32,6 +34,23 @@ pub(crate) struct StreamParts {
     pub(crate) outcome: Outcome,
     /// Where the response is stored once the stream completes, if it is to be.
     pub(crate) keep: Option<Keep>,
+}
+
+/// A reply to be stored once it is complete: a Responses create's, or a chat completion's.
+#[derive(Debug)]
+pub(crate) enum Keep {
+    Response(responses::Keep),
+    Chat(chats::Keep),
+}
+
+impl Keep {
+    /// Stores the whole reply of `plan` and returns the object a plain reply answers.
+    pub(crate) fn commit(self, plan: &Plan) -> Value {
+        match self {
+            Keep::Response(keep) => keep.commit(plan),
+            Keep::Chat(keep) => keep.commit(plan),
+        }
+    }
 }
 
 /// The body error that aborts a stream the profile breaks off.

@@ -209,7 +209,7 @@ async fn refusals_are_openai_style_errors() {
     )
     .await;
     expect_openai_error(
-        c.get(&chat).send().await.unwrap(),
+        c.put(&chat).send().await.unwrap(),
         405,
         "method_not_allowed",
     )

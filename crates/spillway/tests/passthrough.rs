@@ -219,8 +219,9 @@ async fn the_query_the_anthropic_headers_and_the_backends_request_id_pass_throug
 #[tokio::test]
 async fn stored_chat_completions_are_each_tenants_own() {
     let m = mock(&FAST);
+    // A standalone server behind `kind = "openai"`: it keeps completions only if it says so.
     let gw = gateway(&format!(
-        "{}\n[[tenants]]\nname = \"other\"\nkeys = [{{ sha256 = \"{}\" }}]\n",
+        "{}surfaces = [\"chat\", \"stored_chat\"]\n\n[[tenants]]\nname = \"other\"\nkeys = [{{ sha256 = \"{}\" }}]\n",
         model("m", &[("one", "region-a", m.url("/v1"))]),
         sha256_hex("sk-other")
     ));

@@ -80,6 +80,8 @@ name = "sdk-model"
 [[models.backends]]
 name = "mock"
 url = "{mock_backend.url}/v1"
+# A standalone server under kind "openai" keeps completions only if it says so.
+surfaces = ["chat", "completions", "embeddings", "responses", "messages", "stored_chat"]
 
 # Every stream of this model breaks off after two chunks.
 [[models]]

@@ -139,3 +139,26 @@ def test_a_stored_response_is_retrieved_continued_and_deleted(gateway):
         raise AssertionError("expected a not-found error")
     except openai.NotFoundError as e:
         assert e.code == "response_not_found"
+
+
+def test_stored_chat_completions(gateway):
+    sdk = client(gateway)
+    made = sdk.chat.completions.create(
+        model="sdk-model", messages=[{"role": "user", "content": "Remember me"}], max_tokens=3,
+        store=True, metadata={"topic": "sdk"},
+    )
+    listed = [c.id for c in sdk.chat.completions.list()]
+    assert made.id in listed
+    got = sdk.chat.completions.retrieve(made.id)
+    # spillway tags its tenant on what the backend keeps.
+    assert got.metadata == {"topic": "sdk", "spillway_tenant": "sdk"}
+    messages = sdk.chat.completions.messages.list(made.id)
+    assert messages.data[0].content == "Remember me"
+    updated = sdk.chat.completions.update(made.id, metadata={"topic": "changed"})
+    assert updated.metadata["topic"] == "changed"
+    assert sdk.chat.completions.delete(made.id).deleted
+    try:
+        client(gateway, max_retries=0).chat.completions.retrieve(made.id)
+        raise AssertionError("expected a not-found error")
+    except openai.NotFoundError:
+        pass

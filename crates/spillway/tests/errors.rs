@@ -86,7 +86,8 @@ async fn client_errors_have_their_status_and_code() {
         .await
         .unwrap();
     expect_openai_error(r, 404, "unknown_url").await;
-    let r = c.get(&chat).bearer_auth(KEY).send().await.unwrap();
+    // GET lists stored chat completions; PUT is no method of this endpoint.
+    let r = c.put(&chat).bearer_auth(KEY).send().await.unwrap();
     expect_openai_error(r, 405, "method_not_allowed").await;
     // None of that reached the backend.
     assert_eq!(get_json(&mock.url("/stats")).await["received"], 0);

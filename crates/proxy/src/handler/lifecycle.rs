@@ -29,7 +29,7 @@ pub(crate) async fn get(
     Path(id): Path<String>,
     req: Request,
 ) -> Response {
-    lifecycle(&gw, Method::GET, &id, "", req).await
+    lifecycle(&gw, Method::GET, id, "", req).await
 }
 
 pub(crate) async fn delete(
@@ -37,7 +37,7 @@ pub(crate) async fn delete(
     Path(id): Path<String>,
     req: Request,
 ) -> Response {
-    lifecycle(&gw, Method::DELETE, &id, "", req).await
+    lifecycle(&gw, Method::DELETE, id, "", req).await
 }
 
 pub(crate) async fn cancel(
@@ -45,7 +45,7 @@ pub(crate) async fn cancel(
     Path(id): Path<String>,
     req: Request,
 ) -> Response {
-    lifecycle(&gw, Method::POST, &id, "/cancel", req).await
+    lifecycle(&gw, Method::POST, id, "/cancel", req).await
 }
 
 pub(crate) async fn input_items(
@@ -53,21 +53,50 @@ pub(crate) async fn input_items(
     Path(id): Path<String>,
     req: Request,
 ) -> Response {
-    lifecycle(&gw, Method::GET, &id, "/input_items", req).await
+    lifecycle(&gw, Method::GET, id, "/input_items", req).await
 }
 
-async fn lifecycle(gw: &Gateway, method: Method, id: &str, suffix: &str, req: Request) -> Response {
+async fn lifecycle(
+    gw: &Gateway,
+    method: Method,
+    id: String,
+    suffix: &'static str,
+    req: Request,
+) -> Response {
+    answered(gw, req, move |gw, tenant, req, labels| {
+        Box::pin(async move { forward(gw, &tenant, method, &id, suffix, req, labels).await })
+    })
+    .await
+}
+
+pub(super) type Call<'a> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<Response, ApiError>> + Send + 'a>>;
+
+/// Authenticates the caller, holds its in-flight places while `call` runs, and counts the answer.
+pub(super) async fn answered(
+    gw: &Gateway,
+    req: Request,
+    call: impl for<'a> FnOnce(&'a Gateway, Arc<Tenant>, Request, &'a mut RequestLabels) -> Call<'a>,
+) -> Response {
     let mut labels = RequestLabels::unrouted();
-    let response = match forward(gw, method, id, suffix, req, &mut labels).await {
-        Ok(response) => response,
-        Err(e) => e.into_response(),
+    let response = match super::authenticate(gw, req.headers()).await {
+        Ok(tenant) => {
+            labels.tenant = tenant.name.clone();
+            match gw.admission.enter(&tenant) {
+                Ok(_places) => call(gw, tenant, req, &mut labels).await,
+                Err(e) => Err(e),
+            }
+        }
+        Err(e) => Err(e),
     };
+    let response = response.unwrap_or_else(IntoResponse::into_response);
     labels.answered(response.status().as_u16());
     response
 }
 
 async fn forward(
     gw: &Gateway,
+    tenant: &Tenant,
     method: Method,
     id: &str,
     suffix: &str,
@@ -75,9 +104,6 @@ async fn forward(
     labels: &mut RequestLabels,
 ) -> Result<Response, ApiError> {
     let (parts, _) = req.into_parts();
-    let tenant = super::authenticate(gw, &parts.headers).await?;
-    labels.tenant = tenant.name.clone();
-    let _places = gw.admission.enter(&tenant)?;
     let unknown = || {
         let shown: String = id.chars().take(64).collect();
         ApiError::new(
@@ -85,7 +111,7 @@ async fn forward(
             format!("no stored response {shown:?} was created through this gateway for this key (or it expired)"),
         )
     };
-    let (pool, at) = home_of(gw, id, &tenant, labels).ok_or_else(unknown)?;
+    let (pool, at) = home_of(gw, id, tenant, labels).ok_or_else(unknown)?;
     let backend = &pool.backends[at];
     let path = format!("/{id}{suffix}");
     let uri = upstream::resource_uri(backend.uri(Endpoint::Responses), &path, parts.uri.query())

@@ -14,12 +14,12 @@
 use std::sync::Arc;
 
 use axum::extract::{Path, Request, State};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use bytes::Bytes;
 use http::Method;
 use http_body_util::{BodyExt, Limited};
 
-use super::lifecycle::{home_of, send};
+use super::lifecycle::{answered, home_of, send};
 use crate::auth::Tenant;
 use crate::endpoint::Surface;
 use crate::error::{ApiError, ErrorKind};
@@ -69,31 +69,6 @@ pub(crate) async fn messages(
     req: Request,
 ) -> Response {
     by_id(&gw, Method::GET, id, "/messages", req).await
-}
-
-type Call<'a> =
-    std::pin::Pin<Box<dyn std::future::Future<Output = Result<Response, ApiError>> + Send + 'a>>;
-
-/// Authenticates the caller, holds its in-flight places while `call` runs, and counts the answer.
-async fn answered(
-    gw: &Gateway,
-    req: Request,
-    call: impl for<'a> FnOnce(&'a Gateway, Arc<Tenant>, Request, &'a mut RequestLabels) -> Call<'a>,
-) -> Response {
-    let mut labels = RequestLabels::unrouted();
-    let response = match super::authenticate(gw, req.headers()).await {
-        Ok(tenant) => {
-            labels.tenant = tenant.name.clone();
-            match gw.admission.enter(&tenant) {
-                Ok(_places) => call(gw, tenant, req, &mut labels).await,
-                Err(e) => Err(e),
-            }
-        }
-        Err(e) => Err(e),
-    };
-    let response = response.unwrap_or_else(IntoResponse::into_response);
-    labels.answered(response.status().as_u16());
-    response
 }
 
 async fn by_id(

@@ -16,8 +16,8 @@ use bytes::Bytes;
 use serde_json::{json, Map, Value};
 
 use crate::error::ApiError;
-use crate::generate::{sse_named, token_text, Plan, Step};
-use crate::request::{for_each_content_text, is_object_list};
+use crate::plan::{sse_named, token_text, Plan, Step};
+use crate::prompt::{for_each_content_text, is_object_list};
 
 /// Events before the first token: `message_start`, `content_block_start`, `ping`.
 pub(crate) const OPENING: u32 = 3;

@@ -27,8 +27,8 @@ use bytes::Bytes;
 use serde_json::{json, Map, Value};
 
 use crate::error::ApiError;
-use crate::generate::{sse_named, token_text, Plan, Step};
-use crate::request::{for_each_content_text, is_object_list};
+use crate::plan::{sse_named, token_text, Plan, Step};
+use crate::prompt::{for_each_content_text, is_object_list};
 use crate::store::{Earlier, ResponseStore, Stored};
 
 /// Memory a stored response is reckoned to hold besides its request body and output text.

@@ -13,8 +13,8 @@ use crate::auth::Tenant;
 use crate::endpoint::Dialect;
 use crate::error::{ApiError, ErrorKind};
 use crate::gateway::Gateway;
+use crate::handler::counted;
 use crate::metrics::RequestLabels;
-use crate::server::counted;
 
 pub(crate) async fn list(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
     let tenant = match caller(&gw, &headers).await {

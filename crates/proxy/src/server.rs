@@ -243,13 +243,13 @@ fn api_router(gw: Arc<Gateway>) -> Router {
         .route("/livez", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .fallback(|uri: http::Uri| async move {
-            counted(
+            handler::counted(
                 ApiError::new(ErrorKind::RouteNotFound, "no such endpoint"),
                 Dialect::of_path(uri.path()),
             )
         })
         .method_not_allowed_fallback(|uri: http::Uri| async move {
-            counted(
+            handler::counted(
                 ApiError::new(
                     ErrorKind::MethodNotAllowed,
                     "method not allowed on this endpoint",
@@ -258,13 +258,6 @@ fn api_router(gw: Arc<Gateway>) -> Router {
             )
         })
         .with_state(gw)
-}
-
-/// A refusal of a request that reached no handler of the API, counted in
-/// `spillway_requests_total` like every other answer.
-pub(crate) fn counted(e: ApiError, dialect: Dialect) -> Response {
-    crate::metrics::RequestLabels::unrouted().answered(e.status().as_u16());
-    e.response(dialect)
 }
 
 async fn readyz(State(gw): State<Arc<Gateway>>) -> Response {

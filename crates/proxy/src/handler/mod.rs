@@ -116,3 +116,10 @@ fn answered(response: Response, labels: RequestLabels) -> Response {
     labels.answered(response.status().as_u16());
     response
 }
+
+/// A refusal of a request that reached no handler of the API, counted in
+/// `spillway_requests_total` like every other answer.
+pub(crate) fn counted(e: ApiError, dialect: Dialect) -> Response {
+    crate::metrics::RequestLabels::unrouted().answered(e.status().as_u16());
+    e.response(dialect)
+}

@@ -86,17 +86,8 @@ impl Loop<'_> {
         // One more attempt of this call: a retry like any other, from its own model's budget
         // (unless the budget granted one that found no backend here).
         if !std::mem::take(&mut self.spare_retry) {
-            let granted = own
-                .budget
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .try_withdraw(
-                    now,
-                    own.in_flight.load(std::sync::atomic::Ordering::Relaxed),
-                    own.retrying.load(std::sync::atomic::Ordering::Relaxed),
-                );
-            if let Err(refusal) = granted {
-                own.metrics.budget_exhausted(refusal);
+            let others = own.retrying.load(std::sync::atomic::Ordering::Relaxed);
+            if own.withdraw_retry(now, others).is_err() {
                 return false;
             }
         }

@@ -83,6 +83,39 @@ fn a_prompt_too_long_falls_back_and_any_other_400_is_relayed() {
     assert_eq!(body, other.as_bytes());
 }
 
+/// A hostile or verbose backend: a 400 far longer than what is read ahead to tell it apart
+/// reaches the caller unchanged, and is not taken for a context-window error.
+#[test]
+fn a_400_longer_than_the_read_ahead_is_relayed_whole() {
+    let (models, retries) = pool_with(
+        "",
+        r#"fallbacks = [{ model = "f", on = ["context_window"] }]"#,
+    );
+    let long: &'static str = Box::leak(
+        format!(
+            r#"{{"error":{{"message":"{}"}}}}"#,
+            "x".repeat(3 * spillway_policy::fallback::MAX_ERROR_BODY)
+        )
+        .into_boxed_str(),
+    );
+    let upstream = Scripted::new([Step::Body(400, long)]);
+    let attempted = paused(run(&call(&models, &retries), &retries, &upstream, &models));
+    assert_eq!(attempted.fallback, None);
+    let body = paused(async {
+        use http_body_util::BodyExt;
+        attempted
+            .result
+            .unwrap()
+            .response
+            .into_body()
+            .collect()
+            .await
+            .unwrap()
+            .to_bytes()
+    });
+    assert_eq!(body, long.as_bytes());
+}
+
 #[test]
 fn a_trigger_the_fallback_is_not_for_and_a_model_the_caller_may_not_use_end_the_call() {
     let (models, retries) = pool_with(

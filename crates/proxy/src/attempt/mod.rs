@@ -280,13 +280,7 @@ impl Loop<'_> {
                     // This call's own earlier retry is not another call retrying.
                     let others =
                         own.retrying.load(Ordering::Relaxed) - u64::from(retrying.is_some());
-                    let granted = own
-                        .budget
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .try_withdraw(now, own.in_flight.load(Ordering::Relaxed), others);
-                    if let Err(refusal) = granted {
-                        own.metrics.budget_exhausted(refusal);
+                    if let Err(refusal) = own.withdraw_retry(now, others) {
                         debug!(
                             request_id = ?call.id,
                             class = class.as_str(),

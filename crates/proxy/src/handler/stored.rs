@@ -151,10 +151,9 @@ async fn list_on(
     labels: &mut RequestLabels,
 ) -> Result<Response, ApiError> {
     let query = req.uri().query().unwrap_or("");
-    let asked = query
-        .split('&')
-        .find_map(|pair| pair.strip_prefix("model="))
-        .map(percent_decoded);
+    let asked = form_urlencoded::parse(query.as_bytes())
+        .find(|(key, _)| key == "model")
+        .map(|(_, model)| model.into_owned());
     let names: Vec<&String> = match &asked {
         Some(m) => gw.models.names.iter().filter(|n| *n == m).collect(),
         None => gw.models.names.iter().collect(),
@@ -200,36 +199,11 @@ fn tenant_query(query: &str, tenant: &str) -> String {
     let mut kept: Vec<&str> = query
         .split('&')
         .filter(|pair| !pair.is_empty())
-        .filter(|pair| percent_decoded(pair.split('=').next().unwrap_or(pair)) != own)
+        .filter(|pair| form_urlencoded::parse(pair.as_bytes()).all(|(key, _)| key != own))
         .collect();
     let tag = format!("metadata%5B{TENANT_TAG}%5D={tenant}");
     kept.push(&tag);
     kept.join("&")
-}
-
-/// `text` with `%XX` escapes and `+` decoded, as a query key or value; an escape that is not
-/// one is kept as it is, and bytes that are not UTF-8 are replaced.
-fn percent_decoded(text: &str) -> String {
-    let hex = |b: u8| (b as char).to_digit(16).map(|d| d as u8);
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let escaped = (bytes[i] == b'%' && i + 2 < bytes.len())
-            .then(|| hex(bytes[i + 1]).zip(hex(bytes[i + 2])))
-            .flatten();
-        match (bytes[i], escaped) {
-            (_, Some((high, low))) => {
-                out.push(high * 16 + low);
-                i += 3;
-                continue;
-            }
-            (b'+', None) => out.push(b' '),
-            (b, None) => out.push(b),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 #[cfg(test)]
@@ -246,8 +220,5 @@ mod tests {
             ),
             "limit=5&order=desc&metadata%5Bspillway_tenant%5D=t"
         );
-        assert_eq!(percent_decoded("gpt%2D4o+mini"), "gpt-4o mini");
-        assert_eq!(percent_decoded("bad%zz%"), "bad%zz%");
-        assert_eq!(percent_decoded("%e2%82%ac%"), "€%");
     }
 }

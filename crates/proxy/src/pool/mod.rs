@@ -23,8 +23,8 @@ use spillway_policy::balance::affinity::stable_hash;
 use spillway_policy::concurrency::AimdConfig;
 use spillway_policy::outlier::Health;
 use spillway_policy::{
-    pick, AffinityOutcome, Candidate, EngineView, RetryBudget, Rules, Saturation, Strategy,
-    Throttle,
+    pick, AffinityOutcome, Candidate, EngineView, Refusal, RetryBudget, Rules, Saturation,
+    Strategy, Throttle,
 };
 use tokio::sync::Notify;
 
@@ -361,6 +361,20 @@ pub struct ModelPool {
 }
 
 impl ModelPool {
+    /// Draws one retry of a call of this model from its budget, given how many other calls are
+    /// retrying; a refusal is counted.
+    pub fn withdraw_retry(&self, now: Instant, others: u64) -> Result<(), Refusal> {
+        let granted = self
+            .budget
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .try_withdraw(now, self.in_flight.load(Ordering::Relaxed), others);
+        if let Err(refusal) = granted {
+            self.metrics.budget_exhausted(refusal);
+        }
+        granted
+    }
+
     /// Whether a backend of `bulkhead` (`None`: the shared ones) serves `surface`.
     pub fn serves(&self, surface: Surface, bulkhead: Option<&str>) -> bool {
         self.backends

@@ -165,8 +165,19 @@ async fn unknown_ids_and_other_tenants_ids_are_404_and_reach_no_backend() {
     )
     .await;
     let id = created["id"].as_str().unwrap().to_owned();
+    // A response created with `store: false` is kept nowhere, and not remembered either.
+    let (_, unstored) = call(
+        &gw,
+        Method::POST,
+        "/v1/responses",
+        KEY,
+        Some(json!({"model": "m", "input": "Hi", "max_output_tokens": 2, "store": false})),
+    )
+    .await;
+    let unstored = format!("/v1/responses/{}", unstored["id"].as_str().unwrap());
     let before = received(&[&m]).await;
     for (path, key) in [
+        (unstored, KEY),
         (format!("/v1/responses/{id}"), "sk-other"),
         ("/v1/responses/resp_neverseen".to_owned(), KEY),
         ("/v1/responses/..%2F..%2Fadmin".to_owned(), KEY),

@@ -61,10 +61,10 @@ impl<B: Body<Data = Bytes> + Unpin> Body for Peeked<B> {
 }
 
 impl Loop<'_> {
-    /// `response` as it will be relayed. A `400` is read ahead (at most [`MAX_ERROR_BODY`] bytes,
-    /// for at most [`MAX_PEEK_WAIT`]) when the call's model has a fallback for
-    /// [`Trigger::ContextWindow`] still to come; if it says the prompt did not fit, the run ends
-    /// with that trigger.
+    /// `response` as it will be relayed. A `400` is read ahead (its first [`MAX_ERROR_BODY`]
+    /// bytes and the rest of the frame that reaches them, for at most [`MAX_PEEK_WAIT`]) when
+    /// the call's model has a fallback for [`Trigger::ContextWindow`] still to come; if it says
+    /// the prompt did not fit, the run ends with that trigger.
     pub(super) async fn peek<B>(
         &mut self,
         response: http::Response<B>,

@@ -50,7 +50,8 @@ where
     insert_rate_headers(&mut head.headers, ticket.rate_headers());
     // A create's answer names the object its backend stored: remember where it lives.
     let stored = match call.endpoint {
-        Endpoint::Responses => Some("resp_"),
+        // `store: false` keeps nothing to come back to.
+        Endpoint::Responses if call.summary.store != Some(false) => Some("resp_"),
         Endpoint::ChatCompletions
             if call.summary.store == Some(true)
                 && hold.backend().surfaces.contains(Surface::StoredChat) =>

@@ -74,6 +74,8 @@ url = "sqlite://{store_path}"
 [[tenants]]
 name = "sdk"
 keys = [{{ sha256 = "{digest}" }}]
+# Where a Responses create that names no model goes.
+default_model = "sdk-model"
 
 [[models]]
 name = "sdk-model"

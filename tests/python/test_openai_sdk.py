@@ -100,6 +100,15 @@ def test_responses_create(gateway, mock_backend):
     assert backend_stats(mock_backend)["last_request"]["path"] == "/v1/responses"
 
 
+def test_a_responses_create_without_a_model_goes_to_the_tenants_default(gateway, mock_backend):
+    raw = client(gateway).responses.with_raw_response.create(input="Say hi", max_output_tokens=3)
+    assert raw.headers["x-spillway-model"] == "sdk-model"
+    r = raw.parse()
+    assert r.model == "sdk-model"
+    assert r.usage.output_tokens == 3
+    assert backend_stats(mock_backend)["last_request"]["model"] == "sdk-model"
+
+
 def test_streamed_responses_create(gateway):
     events = list(
         client(gateway).responses.create(model="sdk-model", input="Count", max_output_tokens=6, stream=True)

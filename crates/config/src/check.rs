@@ -16,14 +16,12 @@ mod fallbacks;
 mod metadata;
 mod resilience;
 mod routing;
+mod tenants;
 
 pub use metadata::DEFAULT_STORE_URL;
 
-use crate::raw::{RawBackend, RawConfig, RawKey, RawModel, RawServer, RawTenant, RawUpstream};
-use crate::{
-    BackendConfig, BackendKind, Config, KeySource, ModelConfig, ServerConfig, TenantConfig,
-    UpstreamConfig,
-};
+use crate::raw::{RawBackend, RawConfig, RawModel, RawServer, RawUpstream};
+use crate::{BackendConfig, BackendKind, Config, ModelConfig, ServerConfig, UpstreamConfig};
 
 /// One thing wrong with a configuration and where it is (a TOML key path).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -77,7 +75,7 @@ pub(crate) fn check(raw: RawConfig) -> Result<Config, Vec<Problem>> {
             &mut models,
         );
     }
-    let tenants = check_tenants(raw.tenants, &models, &mut p);
+    let tenants = tenants::check_tenants(raw.tenants, &models, &mut p);
     if let Some(home) = &server.home_region {
         let known = models
             .iter()
@@ -473,121 +471,5 @@ fn check_env_name(var: &str, at: &str, p: &mut Problems) {
         && var.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
     if !valid {
         p.add(at, format!("{var:?} is not an environment variable name"));
-    }
-}
-
-fn check_tenants(
-    raw: Vec<RawTenant>,
-    models: &[ModelConfig],
-    p: &mut Problems,
-) -> Vec<TenantConfig> {
-    let mut seen = HashSet::new();
-    raw.into_iter()
-        .enumerate()
-        .map(|(i, t)| {
-            let at = format!("tenants[{i}] ({:?})", t.name);
-            if let Some(why) = tenant_name_problem(&t.name) {
-                p.add(format!("{at}.name"), why);
-            } else if !seen.insert(t.name.clone()) {
-                p.add(format!("{at}.name"), "tenant is declared twice");
-            }
-            let keys = t
-                .keys
-                .into_iter()
-                .enumerate()
-                .filter_map(|(j, k)| check_key(k, &format!("{at}.keys[{j}]"), p))
-                .collect();
-            if let Some(allowed) = &t.models {
-                for (j, m) in allowed.iter().enumerate() {
-                    if m != "*" && !models.iter().any(|c| &c.name == m) {
-                        p.add(format!("{at}.models[{j}]"), format!("unknown model {m:?}"));
-                    }
-                }
-            }
-            if let Some(pool) = &t.pool {
-                let served = models
-                    .iter()
-                    .flat_map(|m| &m.backends)
-                    .any(|b| b.pool.as_deref() == Some(pool.as_str()));
-                if !served {
-                    p.add(
-                        format!("{at}.pool"),
-                        format!("no backend has pool = {pool:?}"),
-                    );
-                }
-            }
-            let allowed_models = t.models.filter(|list| !list.iter().any(|m| m == "*"));
-            let priority = t.priority.map_or(Ok(Default::default()), |r| r.parse().map_err(|_| r));
-            let priority = priority.unwrap_or_else(|raw| {
-                let why = format!("{raw:?}: expected critical, standard or batch");
-                p.add(format!("{at}.priority"), why);
-                Default::default()
-            });
-            for (field, limit) in [
-                ("requests_per_min", t.requests_per_min),
-                ("tokens_per_min", t.tokens_per_min),
-                ("max_concurrency", t.max_concurrency),
-            ] {
-                if limit == Some(0) {
-                    p.add(
-                        format!("{at}.{field}"),
-                        "must be at least 1: 0 would refuse every request (leave it out for no limit)",
-                    );
-                }
-            }
-            TenantConfig {
-                name: t.name,
-                keys,
-                allowed_models,
-                requests_per_min: t.requests_per_min,
-                tokens_per_min: t.tokens_per_min,
-                max_concurrency: t.max_concurrency,
-                priority,
-                pool: t.pool,
-                enabled: t.enabled.unwrap_or(true),
-            }
-        })
-        .collect()
-}
-
-/// What is wrong with a tenant's name, by the store's rule (`spillway-store`'s
-/// `validate::tenant_name`, which `serve` applies again when it writes the tenant): 1 to 64
-/// characters of `A-Z a-z 0-9 . _ -`, and neither `.` nor `..`.
-fn tenant_name_problem(name: &str) -> Option<&'static str> {
-    let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
-    if name.is_empty() {
-        Some("must not be empty")
-    } else if name.len() > 64 || !name.chars().all(allowed) {
-        Some("use 1 to 64 characters of A-Z, a-z, 0-9, '.', '_' and '-'")
-    } else if name == "." || name == ".." {
-        Some("'.' and '..' are not names (they are path steps in the admin API's URLs)")
-    } else {
-        None
-    }
-}
-
-fn check_key(k: RawKey, at: &str, p: &mut Problems) -> Option<KeySource> {
-    match (k.sha256, k.env) {
-        (Some(hex_digest), None) => {
-            let mut digest = [0u8; 32];
-            match hex::decode_to_slice(hex_digest.trim(), &mut digest) {
-                Ok(()) => Some(KeySource::Sha256(digest)),
-                Err(_) => {
-                    p.add(
-                        format!("{at}.sha256"),
-                        "must be 64 hex digits (the SHA-256 of the key)",
-                    );
-                    None
-                }
-            }
-        }
-        (None, Some(var)) => {
-            check_env_name(&var, &format!("{at}.env"), p);
-            Some(KeySource::Env(var))
-        }
-        _ => {
-            p.add(at, "give exactly one of sha256 or env");
-            None
-        }
     }
 }

@@ -131,6 +131,9 @@ pub struct TenantConfig {
     pub max_concurrency: Option<u32>,
     pub priority: spillway_policy::Priority,
     pub pool: Option<String>,
+    /// The model a Responses API create that names none (and continues no stored response)
+    /// goes to; `None`: such a create is refused.
+    pub default_model: Option<String>,
     pub enabled: bool,
 }
 

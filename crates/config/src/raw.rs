@@ -97,6 +97,7 @@ pub struct RawTenant {
     pub max_concurrency: Option<u32>,
     pub priority: Option<String>,
     pub pool: Option<String>,
+    pub default_model: Option<String>,
     pub enabled: Option<bool>,
 }
 

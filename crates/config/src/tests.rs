@@ -508,6 +508,30 @@ fn a_tenants_priority_is_read_in_its_lowercase_spelling_or_refused_with_its_loca
 }
 
 #[test]
+fn a_tenants_default_model_is_one_it_may_use() {
+    let c = Config::from_toml(MINIMAL).unwrap();
+    assert_eq!(c.tenants[0].default_model, None);
+    let with = MINIMAL.replace("keys = [", "default_model = \"m\"\nkeys = [");
+    let c = Config::from_toml(&with).unwrap();
+    assert_eq!(c.tenants[0].default_model.as_deref(), Some("m"));
+    let unknown = MINIMAL.replace("keys = [", "default_model = \"ghost\"\nkeys = [");
+    let text: Vec<String> = problems(&unknown).iter().map(|p| p.to_string()).collect();
+    assert_eq!(
+        text,
+        ["tenants[0] (\"t\").default_model: unknown model \"ghost\""]
+    );
+    let two = format!(
+        "{}[[models]]\nname = \"n\"\n[[models.backends]]\nname = \"c\"\nurl = \"http://127.0.0.1:8001/v1\"\n",
+        MINIMAL.replace("keys = [", "models = [\"n\"]\ndefault_model = \"m\"\nkeys = [")
+    );
+    let text: Vec<String> = problems(&two).iter().map(|p| p.to_string()).collect();
+    assert_eq!(
+        text,
+        ["tenants[0] (\"t\").default_model: \"m\" is not among the tenant's models"]
+    );
+}
+
+#[test]
 fn type_errors_in_several_sections_are_reported_together_with_their_lines() {
     let text = format!(
         "[server]\nlisten = 1\n[upstream]\nconnect_timeout = 5\n[retry]\nmax_attempts = \"x\"\n\

@@ -111,6 +111,7 @@ pub struct NewTenant {
     pub priority: Priority,
     pub allowed_models: Option<Vec<String>>,
     pub pool: Option<String>,
+    pub default_model: Option<String>,
     pub enabled: Option<bool>,
 }
 
@@ -124,6 +125,7 @@ impl From<NewTenant> for TenantSpec {
             priority: t.priority,
             allowed_models: t.allowed_models,
             pool: t.pool,
+            default_model: t.default_model,
             enabled: t.enabled.unwrap_or(true),
         }
     }
@@ -131,7 +133,7 @@ impl From<NewTenant> for TenantSpec {
 
 /// A partial change of a tenant as the admin API takes it: a field left out stays as it is, a
 /// `null` clears an optional one (a limit becomes no limit, the model list every model, the pool
-/// none), and a field the API does not know is refused rather than ignored.
+/// and the default model none), and a field the API does not know is refused rather than ignored.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct TenantPatch {
@@ -147,6 +149,8 @@ struct TenantPatch {
     allowed_models: Option<Option<Vec<String>>>,
     #[serde(default, deserialize_with = "present")]
     pool: Option<Option<String>>,
+    #[serde(default, deserialize_with = "present")]
+    default_model: Option<Option<String>>,
     #[serde(default, deserialize_with = "not_null")]
     enabled: Option<bool>,
 }
@@ -160,6 +164,7 @@ impl From<TenantPatch> for TenantUpdate {
             priority: p.priority,
             allowed_models: p.allowed_models,
             pool: p.pool,
+            default_model: p.default_model,
             enabled: p.enabled,
         }
     }

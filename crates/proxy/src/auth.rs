@@ -25,6 +25,8 @@ pub struct Tenant {
     pub limits: TenantLimits,
     /// Its dedicated backend pool (bulkhead): it uses those backends and no others.
     pub pool: Option<Arc<str>>,
+    /// The model a Responses API create that names none (and continues no response) goes to.
+    pub default_model: Option<Arc<str>>,
 }
 
 /// A tenant's limits from its record; `None`: no limit of that kind.

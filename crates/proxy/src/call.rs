@@ -66,6 +66,9 @@ pub(crate) struct Call {
     pub headers: HeaderMap,
     pub body: Bytes,
     pub summary: RequestSummary,
+    /// The caller named the model (rather than leaving it to the stored response it continues
+    /// or to its tenant's default).
+    pub model_named: bool,
     pub pool: Arc<ModelPool>,
     /// The region whose backends are tried first.
     pub region: Option<Arc<str>>,

@@ -28,6 +28,7 @@ pub fn spec(t: &TenantConfig) -> TenantSpec {
         priority: t.priority,
         allowed_models: t.allowed_models.clone(),
         pool: t.pool.clone(),
+        default_model: t.default_model.clone(),
         enabled: t.enabled,
     }
 }
@@ -151,6 +152,7 @@ impl StoreDirectory {
             allowed_models: spec.allowed_models.clone(),
             enabled: spec.enabled,
             pool: spec.pool.as_deref().map(Arc::from),
+            default_model: spec.default_model.as_deref().map(Arc::from),
             limits: TenantLimits {
                 requests_per_min: spec.requests_per_min,
                 tokens_per_min: spec.tokens_per_min,

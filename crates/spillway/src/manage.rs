@@ -52,6 +52,9 @@ pub struct Limits {
     /// A dedicated backend pool.
     #[arg(long)]
     pool: Option<String>,
+    /// The model a Responses API create that names none goes to (one of `--models`).
+    #[arg(long)]
+    default_model: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -69,7 +72,7 @@ pub enum TenantsCommand {
     List,
     /// Show one tenant and its keys.
     Show { name: String },
-    /// Change a tenant's limits, models or pool (only the options given).
+    /// Change a tenant's limits, models, pool or default model (only the options given).
     Update {
         name: String,
         #[command(flatten)]
@@ -130,14 +133,14 @@ fn print_tenants(tenants: &[Tenant], json: bool) -> anyhow::Result<()> {
         return Ok(());
     }
     println!(
-        "{:<24} {:>8} {:>10} {:>8} {:<9} {:<8} {:<10} models",
-        "name", "rpm", "tpm", "conc", "priority", "enabled", "pool"
+        "{:<24} {:>8} {:>10} {:>8} {:<9} {:<8} {:<10} {:<16} models",
+        "name", "rpm", "tpm", "conc", "priority", "enabled", "pool", "default"
     );
     let opt = |v: Option<u32>| v.map_or("-".to_owned(), |v| v.to_string());
     for t in tenants {
         let s = &t.spec;
         println!(
-            "{:<24} {:>8} {:>10} {:>8} {:<9} {:<8} {:<10} {}",
+            "{:<24} {:>8} {:>10} {:>8} {:<9} {:<8} {:<10} {:<16} {}",
             s.name,
             opt(s.requests_per_min),
             opt(s.tokens_per_min),
@@ -145,6 +148,7 @@ fn print_tenants(tenants: &[Tenant], json: bool) -> anyhow::Result<()> {
             s.priority.as_str(),
             s.enabled,
             s.pool.as_deref().unwrap_or("-"),
+            s.default_model.as_deref().unwrap_or("-"),
             s.allowed_models
                 .as_ref()
                 .map_or("all".to_owned(), |m| m.join(","))
@@ -169,6 +173,7 @@ pub async fn tenants(command: TenantsCommand, args: StoreArgs) -> anyhow::Result
                 priority: limits.priority.unwrap_or_default(),
                 allowed_models: limits.models,
                 pool: limits.pool,
+                default_model: limits.default_model,
                 enabled: !disabled,
             };
             let t = store.create_tenant(&spec).await?;
@@ -202,6 +207,7 @@ pub async fn tenants(command: TenantsCommand, args: StoreArgs) -> anyhow::Result
                 priority: limits.priority,
                 allowed_models: limits.models.map(Some),
                 pool: limits.pool.map(Some),
+                default_model: limits.default_model.map(Some),
                 enabled: enable.then_some(true),
             };
             let t = store.update_tenant(&name, &update).await?;

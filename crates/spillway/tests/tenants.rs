@@ -258,42 +258,6 @@ async fn probes_never_depend_on_the_store_and_deps_are_reported_apart() {
     assert!(m.contains("spillway_key_cache_entries{"), "{m}");
 }
 
-/// `spillway ARGS --store URL`: exit status, stdout, stderr.
-fn cli_at(url: &str, args: &[&str]) -> (std::process::ExitStatus, String, String) {
-    let out = Command::new(bin())
-        .args(args)
-        .args(["--store", url])
-        .output()
-        .unwrap();
-    (
-        out.status,
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-/// A SQLite store of its own for one test, removed on drop.
-struct TempStore(std::path::PathBuf);
-
-impl TempStore {
-    fn new(tag: &str) -> TempStore {
-        let name = format!("spillway-{tag}-{}.db", std::process::id());
-        TempStore(std::env::temp_dir().join(name))
-    }
-
-    fn url(&self) -> String {
-        format!("sqlite://{}", self.0.display())
-    }
-}
-
-impl Drop for TempStore {
-    fn drop(&mut self) {
-        for ext in ["", "-wal", "-shm"] {
-            let _ = std::fs::remove_file(format!("{}{ext}", self.0.display()));
-        }
-    }
-}
-
 /// Creates `tenant` through the admin API with `fields` and one key, and returns the key.
 async fn tenant_with_key(gw: &Proc, tenant: serde_json::Value) -> String {
     let name = tenant["name"].as_str().unwrap().to_owned();

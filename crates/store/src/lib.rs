@@ -66,6 +66,10 @@ pub struct TenantSpec {
     pub allowed_models: Option<Vec<String>>,
     /// A dedicated backend pool, if the tenant has one.
     pub pool: Option<String>,
+    /// The model a request that names none goes to, where its API allows leaving the model out
+    /// (a Responses API create).
+    #[serde(default)]
+    pub default_model: Option<String>,
     pub enabled: bool,
 }
 
@@ -96,6 +100,8 @@ pub struct TenantUpdate {
     pub priority: Option<Priority>,
     pub allowed_models: Option<Option<Vec<String>>>,
     pub pool: Option<Option<String>>,
+    #[serde(default)]
+    pub default_model: Option<Option<String>>,
     pub enabled: Option<bool>,
 }
 

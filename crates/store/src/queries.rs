@@ -11,7 +11,7 @@
 macro_rules! tenant_columns {
     () => {
         "name, requests_per_min, tokens_per_min, max_concurrency, priority, allowed_models, \
-         pool, enabled, created_at, updated_at"
+         pool, default_model, enabled, created_at, updated_at"
     };
 }
 
@@ -29,18 +29,18 @@ macro_rules! key_match_select {
         "SELECT k.id, k.tenant, k.digest, k.prefix, k.description, \
          k.created_at AS key_created_at, k.expires_at, k.revoked_at, \
          t.name, t.requests_per_min, t.tokens_per_min, t.max_concurrency, t.priority, \
-         t.allowed_models, t.pool, t.enabled, t.created_at, t.updated_at \
+         t.allowed_models, t.pool, t.default_model, t.enabled, t.created_at, t.updated_at \
          FROM api_keys k JOIN tenants t ON t.name = k.tenant "
     };
 }
 
 pub(crate) const PING: &str = "SELECT 1";
 
-/// `$1..$8`: the columns of a `TenantRecord`; `$9`: now.
+/// `$1..$9`: the columns of a `TenantRecord`; `$10`: now.
 pub(crate) const INSERT_TENANT: &str = concat!(
     "INSERT INTO tenants (",
     tenant_columns!(),
-    ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9) RETURNING ",
+    ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $10) RETURNING ",
     tenant_columns!()
 );
 
@@ -49,18 +49,19 @@ pub(crate) const INSERT_TENANT: &str = concat!(
 pub(crate) const UPSERT_TENANT: &str = concat!(
     "INSERT INTO tenants (",
     tenant_columns!(),
-    ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9) \
+    ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $10) \
      ON CONFLICT (name) DO UPDATE SET \
      requests_per_min = excluded.requests_per_min, tokens_per_min = excluded.tokens_per_min, \
      max_concurrency = excluded.max_concurrency, priority = excluded.priority, \
      allowed_models = excluded.allowed_models, pool = excluded.pool, \
-     enabled = excluded.enabled, updated_at = excluded.updated_at \
+     default_model = excluded.default_model, enabled = excluded.enabled, updated_at = excluded.updated_at \
      WHERE tenants.requests_per_min IS DISTINCT FROM excluded.requests_per_min \
      OR tenants.tokens_per_min IS DISTINCT FROM excluded.tokens_per_min \
      OR tenants.max_concurrency IS DISTINCT FROM excluded.max_concurrency \
      OR tenants.priority IS DISTINCT FROM excluded.priority \
      OR tenants.allowed_models IS DISTINCT FROM excluded.allowed_models \
      OR tenants.pool IS DISTINCT FROM excluded.pool \
+     OR tenants.default_model IS DISTINCT FROM excluded.default_model \
      OR tenants.enabled IS DISTINCT FROM excluded.enabled \
      RETURNING ",
     tenant_columns!()
@@ -77,7 +78,7 @@ pub(crate) const LIST_TENANTS: &str =
     concat!("SELECT ", tenant_columns!(), " FROM tenants ORDER BY name");
 
 /// `$1`: name; then a (change?, value) pair per optional column as in `TenantChanges`,
-/// `priority` and `enabled` (NULL: keep); `$14`: now. One statement, so concurrent partial
+/// `priority` and `enabled` (NULL: keep); `$16`: now. One statement, so concurrent partial
 /// updates of different fields do not undo each other.
 pub(crate) const UPDATE_TENANT: &str = concat!(
     "UPDATE tenants SET \
@@ -87,8 +88,9 @@ pub(crate) const UPDATE_TENANT: &str = concat!(
      priority = COALESCE($8, priority), \
      allowed_models = CASE WHEN $9 THEN $10 ELSE allowed_models END, \
      pool = CASE WHEN $11 THEN $12 ELSE pool END, \
-     enabled = COALESCE($13, enabled), \
-     updated_at = $14 \
+     default_model = CASE WHEN $13 THEN $14 ELSE default_model END, \
+     enabled = COALESCE($15, enabled), \
+     updated_at = $16 \
      WHERE name = $1 RETURNING ",
     tenant_columns!()
 );

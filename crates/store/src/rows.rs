@@ -20,6 +20,7 @@ pub(crate) struct TenantRow {
     priority: String,
     allowed_models: Option<String>,
     pool: Option<String>,
+    default_model: Option<String>,
     enabled: bool,
     created_at: i64,
     updated_at: i64,
@@ -83,6 +84,7 @@ impl TenantRow {
                 priority,
                 allowed_models,
                 pool: self.pool,
+                default_model: self.default_model,
                 enabled: self.enabled,
             },
             created_at: self.created_at,
@@ -132,6 +134,7 @@ pub(crate) struct TenantRecord {
     pub priority: String,
     pub allowed_models: Option<String>,
     pub pool: Option<String>,
+    pub default_model: Option<String>,
     pub enabled: bool,
 }
 
@@ -142,7 +145,7 @@ impl TenantRecord {
         validate::limit("tokens_per_min", spec.tokens_per_min)?;
         validate::limit("max_concurrency", spec.max_concurrency)?;
         let models = validate::allowed_models(spec.allowed_models.as_deref());
-        validate::tenant_references(models, spec.pool.as_deref())?;
+        validate::tenant_references(models, spec.pool.as_deref(), spec.default_model.as_deref())?;
         Ok(TenantRecord {
             name: spec.name.clone(),
             requests_per_min: spec.requests_per_min.map(i64::from),
@@ -151,6 +154,7 @@ impl TenantRecord {
             priority: spec.priority.as_str().to_owned(),
             allowed_models: models.map(models_json),
             pool: spec.pool.clone(),
+            default_model: spec.default_model.clone(),
             enabled: spec.enabled,
         })
     }
@@ -169,6 +173,7 @@ pub(crate) struct TenantChanges {
     pub priority: Option<String>,
     pub allowed_models: ColumnChange<String>,
     pub pool: ColumnChange<String>,
+    pub default_model: ColumnChange<String>,
     pub enabled: Option<bool>,
 }
 
@@ -177,6 +182,7 @@ impl TenantChanges {
         let models =
             validate::allowed_models(update.allowed_models.as_ref().and_then(Option::as_deref));
         let pool = update.pool.as_ref().and_then(Option::as_deref);
+        let default_model = update.default_model.as_ref().and_then(Option::as_deref);
         for (field, change) in [
             ("requests_per_min", update.requests_per_min),
             ("tokens_per_min", update.tokens_per_min),
@@ -184,7 +190,7 @@ impl TenantChanges {
         ] {
             validate::limit(field, change.flatten())?;
         }
-        validate::tenant_references(models, pool)?;
+        validate::tenant_references(models, pool, default_model)?;
         let limit =
             |change: Option<Option<u32>>| (change.is_some(), change.flatten().map(i64::from));
         Ok(TenantChanges {
@@ -194,6 +200,10 @@ impl TenantChanges {
             priority: update.priority.map(|p| p.as_str().to_owned()),
             allowed_models: (update.allowed_models.is_some(), models.map(models_json)),
             pool: (update.pool.is_some(), pool.map(str::to_owned)),
+            default_model: (
+                update.default_model.is_some(),
+                default_model.map(str::to_owned),
+            ),
             enabled: update.enabled,
         })
     }
@@ -226,6 +236,7 @@ mod tests {
             priority: "batch".into(),
             allowed_models: Some(r#"["m1","m2"]"#.into()),
             pool: Some("eu".into()),
+            default_model: Some("m2".into()),
             enabled: true,
             created_at: 1,
             updated_at: 2,
@@ -240,6 +251,7 @@ mod tests {
         assert_eq!(tenant.spec.priority, Priority::Batch);
         assert_eq!(tenant.spec.max_concurrency, Some(4));
         assert_eq!(tenant.spec.name, "team-a");
+        assert_eq!(record.default_model.as_deref(), Some("m2"));
     }
 
     #[test]

@@ -32,7 +32,7 @@ impl<DB: Database> SqlStore<DB> {
     }
 }
 
-/// Binds a [`TenantRecord`] as `$1..$8` and `now` as `$9`, for `INSERT_TENANT` and
+/// Binds a [`TenantRecord`] as `$1..$9` and `now` as `$10`, for `INSERT_TENANT` and
 /// `UPSERT_TENANT`.
 macro_rules! bind_tenant_record {
     ($query:expr, $record:expr, $now:expr) => {{
@@ -45,6 +45,7 @@ macro_rules! bind_tenant_record {
             .bind(r.priority)
             .bind(r.allowed_models)
             .bind(r.pool)
+            .bind(r.default_model)
             .bind(r.enabled)
             .bind($now)
     }};
@@ -171,6 +172,8 @@ where
                 .bind(c.allowed_models.1)
                 .bind(c.pool.0)
                 .bind(c.pool.1)
+                .bind(c.default_model.0)
+                .bind(c.default_model.1)
                 .bind(c.enabled)
                 .bind(unix_now())
                 .fetch_optional(&mut *conn)

@@ -93,16 +93,26 @@ pub(crate) fn reference(kind: &str, name: &str) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// The optional lists and names of a tenant.
+/// The optional lists and names of a tenant. Whether they name what the config has is the
+/// gateway's to say: the store does not know the config.
 pub(crate) fn tenant_references(
     allowed_models: Option<&[String]>,
     pool: Option<&str>,
+    default_model: Option<&str>,
 ) -> Result<(), StoreError> {
     for model in allowed_models.unwrap_or_default() {
         reference("model", model)?;
     }
     if let Some(pool) = pool {
         reference("pool", pool)?;
+    }
+    if let Some(model) = default_model {
+        reference("model", model)?;
+        if allowed_models.is_some_and(|list| !list.iter().any(|m| m == model)) {
+            return Err(StoreError::Invalid(format!(
+                "default_model {model:?} is not among the tenant's allowed_models"
+            )));
+        }
     }
     Ok(())
 }
@@ -162,9 +172,19 @@ mod tests {
     #[test]
     fn references() {
         let models = ["gpt-4o".to_owned(), "org/model:v1".to_owned()];
-        assert_eq!(tenant_references(Some(&models), Some("eu-pool")), Ok(()));
-        assert!(tenant_references(Some(&[String::new()]), None).is_err());
-        assert!(tenant_references(None, Some("a\tb")).is_err());
-        assert_eq!(tenant_references(None, None), Ok(()));
+        assert_eq!(
+            tenant_references(Some(&models), Some("eu-pool"), Some("gpt-4o")),
+            Ok(())
+        );
+        assert!(tenant_references(Some(&[String::new()]), None, None).is_err());
+        assert!(tenant_references(None, Some("a\tb"), None).is_err());
+        assert_eq!(tenant_references(None, None, None), Ok(()));
+        assert_eq!(tenant_references(None, None, Some("any-model")), Ok(()));
+        assert!(tenant_references(None, None, Some("")).is_err());
+        // A default the tenant could not use is a mistake worth refusing.
+        assert!(matches!(
+            tenant_references(Some(&models), None, Some("other")),
+            Err(StoreError::Invalid(_))
+        ));
     }
 }

@@ -46,6 +46,8 @@ on_both_backends!(
     ensure_key_digest_is_idempotent,
     page_keys_covers_every_key_once,
     migrations_are_idempotent,
+    an_older_database_is_upgraded_in_place,
+    default_model_is_kept_and_cleared,
     pool_stats_report_a_size,
     il_0136_exhausted_pool_fails_fast_and_is_counted,
 );
@@ -366,6 +368,77 @@ mod cases {
         let second = db.open_default().await;
         assert!(second.get_tenant("team-a").await.unwrap().is_some());
         second.ping().await.unwrap();
+    }
+
+    /// A database an earlier version created and filled gets the later migrations at open,
+    /// and what it held reads as before (a column added later reads as unset).
+    pub async fn an_older_database_is_upgraded_in_place(db: Arc<TestDb>) {
+        db.migrate_first(
+            1,
+            "INSERT INTO tenants (name, requests_per_min, priority, allowed_models, enabled, \
+             created_at, updated_at) VALUES ('old-team', 60, 'batch', '[\"m1\"]', TRUE, 1, 2)",
+        )
+        .await;
+        let store = db.open_default().await;
+        let old = store.get_tenant("old-team").await.unwrap().unwrap();
+        assert_eq!(old.spec.requests_per_min, Some(60));
+        assert_eq!(old.spec.priority, Priority::Batch);
+        assert_eq!(
+            old.spec.allowed_models.as_deref(),
+            Some(&["m1".to_owned()][..])
+        );
+        assert_eq!(old.spec.default_model, None);
+        assert_eq!((old.created_at, old.updated_at), (1, 2));
+        let update = TenantUpdate {
+            default_model: Some(Some("m1".into())),
+            ..TenantUpdate::default()
+        };
+        let updated = store.update_tenant("old-team", &update).await.unwrap();
+        assert_eq!(updated.spec.default_model.as_deref(), Some("m1"));
+    }
+
+    pub async fn default_model_is_kept_and_cleared(db: Arc<TestDb>) {
+        let store = db.open_default().await;
+        let with_default = spillway_store::TenantSpec {
+            allowed_models: Some(vec!["m1".into(), "m2".into()]),
+            default_model: Some("m2".into()),
+            ..spec("team-d")
+        };
+        let created = store.create_tenant(&with_default).await.unwrap();
+        assert_eq!(created.spec, with_default);
+        assert_eq!(
+            store.upsert_tenant(&with_default).await.unwrap(),
+            created,
+            "an unchanged default writes nothing"
+        );
+        let outside = spillway_store::TenantSpec {
+            default_model: Some("m3".into()),
+            ..with_default.clone()
+        };
+        let refused = store.upsert_tenant(&outside).await;
+        assert!(
+            matches!(refused, Err(StoreError::Invalid(_))),
+            "{refused:?}"
+        );
+        let moved = spillway_store::TenantSpec {
+            default_model: Some("m1".into()),
+            ..with_default.clone()
+        };
+        let upserted = store.upsert_tenant(&moved).await.unwrap();
+        assert_eq!(upserted.spec.default_model.as_deref(), Some("m1"));
+        let untouched = TenantUpdate {
+            max_concurrency: Some(Some(3)),
+            ..TenantUpdate::default()
+        };
+        let kept = store.update_tenant("team-d", &untouched).await.unwrap();
+        assert_eq!(kept.spec.default_model.as_deref(), Some("m1"));
+        let clear = TenantUpdate {
+            default_model: Some(None),
+            ..TenantUpdate::default()
+        };
+        let cleared = store.update_tenant("team-d", &clear).await.unwrap();
+        assert_eq!(cleared.spec.default_model, None);
+        assert_eq!(cleared.spec.max_concurrency, Some(3));
     }
 
     pub async fn pool_stats_report_a_size(db: Arc<TestDb>) {

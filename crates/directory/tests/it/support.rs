@@ -197,6 +197,7 @@ pub fn key_match(i: u64, tenant: &str) -> KeyMatch {
                 priority: Default::default(),
                 allowed_models: None,
                 pool: None,
+                default_model: None,
                 enabled: true,
             },
             created_at: 1_700_000_000,

@@ -23,6 +23,7 @@ fn tenant(name: &str, limits: TenantLimits) -> Tenant {
         enabled: true,
         limits,
         pool: None,
+        default_model: None,
     }
 }
 

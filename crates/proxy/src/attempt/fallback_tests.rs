@@ -137,6 +137,7 @@ fn a_trigger_the_fallback_is_not_for_and_a_model_the_caller_may_not_use_end_the_
         enabled: true,
         limits: c.tenant.limits,
         pool: None,
+        default_model: None,
     });
     let full = Step::Status(429, Duration::ZERO);
     let upstream = Scripted::new([full.clone(), full.clone(), full]);

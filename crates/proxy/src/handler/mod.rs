@@ -32,7 +32,8 @@ use crate::metrics::RequestLabels;
 
 pub(crate) use read::authenticate;
 
-/// The response header naming the model that answered, when a fallback did.
+/// The response header naming the model that answered, when a fallback did or the caller named
+/// none.
 pub(crate) const X_SPILLWAY_MODEL: http::HeaderName =
     http::HeaderName::from_static("x-spillway-model");
 
@@ -93,7 +94,8 @@ async fn admit_attempt_respond(gw: &Gateway, call: &mut Call) -> Result<Response
         call.labels.backend = backend;
     }
     let mut response = respond::respond(gw, call, ticket, attempted.result?);
-    if let Some(model) = attempted.fallback {
+    let unasked = (!call.model_named).then(|| call.pool.name.clone());
+    if let Some(model) = attempted.fallback.or(unasked) {
         // The model that answered, when it was not the one asked for.
         if let Ok(value) = http::HeaderValue::from_str(&model) {
             response.headers_mut().insert(X_SPILLWAY_MODEL, value);

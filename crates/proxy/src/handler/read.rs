@@ -49,9 +49,14 @@ async fn build(
         deadline: started + gw.server.body_read_timeout,
         timeout: gw.server.body_read_timeout,
     };
-    let (body, body_hold) = read_body(body, limits, &gw.body_budget, entered.body_held()).await?;
-    let mut summary = summarize(&body)?;
+    let (mut body, body_hold) =
+        read_body(body, limits, &gw.body_budget, entered.body_held()).await?;
+    let mut summary = summarize(&body, endpoint.continues_responses())?;
+    let model_named = !summary.model.is_empty();
     let home = continued(gw, endpoint, &tenant, &mut summary)?;
+    if summary.model.is_empty() {
+        body = defaulted(&tenant, &mut summary, &body)?;
+    }
     let pool = gw.models.get(&summary.model).cloned().ok_or_else(|| {
         ApiError::new(
             ErrorKind::ModelNotFound,
@@ -108,6 +113,7 @@ async fn build(
         affinity_key,
         home,
         client_retry,
+        model_named,
         labels: labels.clone(),
         tenant,
         headers,
@@ -147,7 +153,8 @@ pub(crate) async fn authenticate(
 }
 
 /// The home of the stored response a Responses API request continues (`previous_response_id`),
-/// whose model is the request's when it names none. An id this gateway did not see created for
+/// whose model is the request's when it names none (then the body goes as it came: the backend
+/// that holds the response knows its model). An id this gateway did not see created for
 /// this tenant (or has forgotten) is a 404: no backend would know it either.
 fn continued(
     gw: &Gateway,
@@ -172,6 +179,25 @@ fn continued(
         summary.model = home.model.to_string();
     }
     Ok(Some(home))
+}
+
+/// `body` with the tenant's default model filled in, for a Responses API request that names no
+/// model and continues no stored response (the API allows it, e.g. with a stored prompt). The
+/// backend is told which model it runs, as it would be had the caller named it.
+fn defaulted(
+    tenant: &Tenant,
+    summary: &mut crate::request::RequestSummary,
+    body: &bytes::Bytes,
+) -> Result<bytes::Bytes, ApiError> {
+    let Some(model) = tenant.default_model.as_deref() else {
+        return Err(ApiError::new(
+            ErrorKind::MalformedRequest,
+            "request body needs a non-empty string field `model` (or `previous_response_id`): \
+             this key's tenant has no default_model",
+        ));
+    };
+    summary.model = model.to_owned();
+    crate::request::with_model(body, model)
 }
 
 /// Whether a request carries a caller's retry marker with a value other than 0.

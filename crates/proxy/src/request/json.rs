@@ -10,6 +10,7 @@ use crate::error::{ApiError, ErrorKind};
 /// The fields of a request body that routing and admission need.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct RequestSummary {
+    /// Empty only where the caller may leave it out (see [`summarize`]).
     pub model: String,
     pub stream: bool,
     /// `max_completion_tokens`, else `max_output_tokens` (the Responses API), else `max_tokens`
@@ -17,7 +18,7 @@ pub struct RequestSummary {
     pub max_tokens: Option<u64>,
     /// Choices asked for (`n`), at least 1.
     pub choices: u64,
-    /// The stored response a Responses API request continues; `model` may then be empty.
+    /// The stored response a Responses API request continues.
     pub previous_response_id: Option<String>,
     /// `store`: whether the backend is asked to keep the completion.
     pub store: Option<bool>,
@@ -40,8 +41,10 @@ struct Peek<'a> {
     store: Option<serde_json::Value>,
 }
 
-/// Checks that `body` is a JSON object with a string `model` and reads what routing needs.
-pub fn summarize(body: &[u8]) -> Result<RequestSummary, ApiError> {
+/// Checks that `body` is a JSON object with a string `model` and reads what routing needs. With
+/// `model_optional` (the Responses API, whose create may name no model) a body without one
+/// gives an empty `model`, for the handler to resolve.
+pub fn summarize(body: &[u8], model_optional: bool) -> Result<RequestSummary, ApiError> {
     let peek: Peek<'_> = serde_json::from_slice(body).map_err(|e| {
         ApiError::new(
             ErrorKind::MalformedRequest,
@@ -54,8 +57,7 @@ pub fn summarize(body: &[u8]) -> Result<RequestSummary, ApiError> {
         .map(|id| id.into_owned());
     let model = match peek.model.filter(|m| !m.is_empty()) {
         Some(model) => model,
-        // The Responses API continues a stored response with the model it had.
-        None if previous_response_id.is_some() => Default::default(),
+        None if model_optional => Default::default(),
         None => {
             return Err(ApiError::new(
                 ErrorKind::MalformedRequest,
@@ -166,7 +168,11 @@ mod tests {
 
     #[test]
     fn reads_model_and_stream_and_ignores_the_rest() {
-        let s = summarize(br#"{"model":"m","stream":true,"x_vendor":{"a":[1]}}"#).unwrap();
+        let s = summarize(
+            br#"{"model":"m","stream":true,"x_vendor":{"a":[1]}}"#,
+            false,
+        )
+        .unwrap();
         assert_eq!(
             s,
             RequestSummary {
@@ -178,22 +184,30 @@ mod tests {
                 store: None,
             }
         );
-        let s = summarize(br#"{"model":"m\u00e9"}"#).unwrap();
+        let s = summarize(br#"{"model":"m\u00e9"}"#, false).unwrap();
         assert_eq!(s.model, "mé");
         assert!(!s.stream);
     }
 
     #[test]
     fn reads_what_a_token_estimate_needs() {
-        let s = summarize(br#"{"model":"m","max_tokens":50,"n":3}"#).unwrap();
+        let s = summarize(br#"{"model":"m","max_tokens":50,"n":3}"#, false).unwrap();
         assert_eq!((s.max_tokens, s.choices), (Some(50), 3));
-        let s = summarize(br#"{"model":"m","max_tokens":50,"max_completion_tokens":70}"#).unwrap();
+        let s = summarize(
+            br#"{"model":"m","max_tokens":50,"max_completion_tokens":70}"#,
+            false,
+        )
+        .unwrap();
         assert_eq!(s.max_tokens, Some(70));
         // The Responses API's field; the Messages API uses `max_tokens`.
-        let s = summarize(br#"{"model":"m","input":"hi","max_output_tokens":90}"#).unwrap();
+        let s = summarize(
+            br#"{"model":"m","input":"hi","max_output_tokens":90}"#,
+            false,
+        )
+        .unwrap();
         assert_eq!(s.max_tokens, Some(90));
         // Wrong types are left for the backend to refuse.
-        let s = summarize(br#"{"model":"m","max_tokens":"lots","n":-1}"#).unwrap();
+        let s = summarize(br#"{"model":"m","max_tokens":"lots","n":-1}"#, false).unwrap();
         assert_eq!((s.max_tokens, s.choices), (None, 1));
     }
 
@@ -207,7 +221,7 @@ mod tests {
             b"{\"model\":\"m\",\"stream\":\"yes\"}",
             b"nul",
         ] {
-            let e = summarize(body).unwrap_err();
+            let e = summarize(body, false).unwrap_err();
             assert_eq!(
                 e.kind,
                 ErrorKind::MalformedRequest,
@@ -215,6 +229,23 @@ mod tests {
                 String::from_utf8_lossy(body)
             );
         }
+    }
+
+    #[test]
+    fn a_missing_model_is_left_to_resolve_where_it_may_be_missing() {
+        for body in [
+            &b"{}"[..],
+            b"{\"model\":\"\"}",
+            b"{\"previous_response_id\":\"r\"}",
+        ] {
+            assert_eq!(summarize(body, true).unwrap().model, "");
+            assert!(summarize(body, false).is_err());
+        }
+        assert!(
+            summarize(b"{\"model\":3}", true).is_err(),
+            "a wrong type still is"
+        );
+        assert!(summarize(b"[]", true).is_err());
     }
 
     #[test]
@@ -232,14 +263,15 @@ mod tests {
     proptest! {
         #[test]
         fn parser_never_panics_on_random_bytes(bytes in prop::collection::vec(any::<u8>(), 0..512)) {
-            let _ = summarize(&bytes);
+            let _ = summarize(&bytes, false);
+            let _ = summarize(&bytes, true);
             let _ = with_model(&Bytes::from(bytes), "m");
         }
 
         #[test]
         fn parser_accepts_any_object_with_a_model(model in "[a-zA-Z0-9._/-]{1,40}", extra in "[a-z]{1,8}") {
             let body = serde_json::json!({ "model": model, extra: [1, {"k": null}] }).to_string();
-            prop_assert_eq!(summarize(body.as_bytes()).unwrap().model, model);
+            prop_assert_eq!(summarize(body.as_bytes(), false).unwrap().model, model);
         }
     }
 }

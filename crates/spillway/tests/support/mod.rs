@@ -324,3 +324,39 @@ pub fn chat_body(model: &str, stream: bool) -> serde_json::Value {
 pub fn closed_port_url() -> String {
     format!("http://127.0.0.1:{}/v1", spillway_testkit::closed_port())
 }
+
+/// `spillway ARGS --store URL`: exit status, stdout, stderr.
+pub fn cli_at(url: &str, args: &[&str]) -> (std::process::ExitStatus, String, String) {
+    let out = Command::new(bin())
+        .args(args)
+        .args(["--store", url])
+        .output()
+        .unwrap();
+    (
+        out.status,
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A SQLite store of its own for one test, removed on drop.
+pub struct TempStore(pub std::path::PathBuf);
+
+impl TempStore {
+    pub fn new(tag: &str) -> TempStore {
+        let name = format!("spillway-{tag}-{}.db", std::process::id());
+        TempStore(std::env::temp_dir().join(name))
+    }
+
+    pub fn url(&self) -> String {
+        format!("sqlite://{}", self.0.display())
+    }
+}
+
+impl Drop for TempStore {
+    fn drop(&mut self) {
+        for ext in ["", "-wal", "-shm"] {
+            let _ = std::fs::remove_file(format!("{}{ext}", self.0.display()));
+        }
+    }
+}

@@ -67,6 +67,7 @@ pub fn spec(name: &str) -> TenantSpec {
         priority: Default::default(),
         allowed_models: None,
         pool: None,
+        default_model: None,
         enabled: true,
     }
 }
@@ -127,6 +128,56 @@ impl TestDb {
 
     pub async fn open_default(&self) -> Arc<dyn Store> {
         self.open(&PoolOptions::default()).await
+    }
+
+    /// Applies the crate's first `count` migrations and no later ones, as an older spillway
+    /// left the database, then runs the one statement `sql` on it (rows as that version wrote
+    /// them). On a thread and runtime of its own: sqlx's migrator future is not `Send` for every
+    /// lifetime, which the spawned test case needs.
+    pub async fn migrate_first(&self, count: usize, sql: &str) {
+        let folder = match self.backend {
+            Backend::Sqlite => "sqlite",
+            Backend::Postgres => "postgres",
+        };
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("migrations")
+            .join(folder);
+        let url = match &self.place {
+            Place::File(path) => {
+                std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+                format!("sqlite://{}?mode=rwc", path.display())
+            }
+            Place::Schema { .. } => self.url.clone(),
+        };
+        let (backend, sql) = (self.backend, sql.to_owned());
+        let old = move || async move {
+            let mut migrator = sqlx::migrate::Migrator::new(dir).await.unwrap();
+            assert!(migrator.migrations.len() > count, "no later migration");
+            migrator.migrations = migrator.migrations[..count].to_vec().into();
+            match backend {
+                Backend::Sqlite => {
+                    let mut conn = SqliteConnection::connect(&url).await.unwrap();
+                    migrator.run(&mut conn).await.unwrap();
+                    sqlx::query(&sql).execute(&mut conn).await.unwrap();
+                    conn.close().await.unwrap();
+                }
+                Backend::Postgres => {
+                    let mut conn = PgConnection::connect(&url).await.unwrap();
+                    migrator.run(&mut conn).await.unwrap();
+                    sqlx::query(&sql).execute(&mut conn).await.unwrap();
+                    conn.close().await.unwrap();
+                }
+            }
+        };
+        std::thread::spawn(move || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+                .block_on(old())
+        })
+        .join()
+        .unwrap();
     }
 
     /// Every column of every `api_keys` row, as text (bytes in hex), one row per line.

@@ -69,6 +69,7 @@ impl Keyring {
             priority: Priority::default(),
             allowed_models: None,
             pool: None,
+            default_model: None,
             enabled: true,
         };
         store

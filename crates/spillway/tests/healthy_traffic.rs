@@ -46,8 +46,9 @@ impl ClosingBackend {
     }
 }
 
-/// Reads one HTTP/1.1 request (head and Content-Length body); `None` at end of stream.
-fn read_request(reader: &mut BufReader<TcpStream>) -> Option<()> {
+/// Reads one HTTP/1.1 request (head and Content-Length body) and returns its body; `None` at end
+/// of stream.
+fn read_request(reader: &mut BufReader<TcpStream>) -> Option<Vec<u8>> {
     let mut length = 0usize;
     let mut first = true;
     loop {
@@ -67,7 +68,7 @@ fn read_request(reader: &mut BufReader<TcpStream>) -> Option<()> {
     }
     let mut body = vec![0; length];
     reader.read_exact(&mut body).ok()?;
-    Some(())
+    Some(body)
 }
 
 fn serve_one_then_close(stream: TcpStream, answered: &AtomicU64, dropped: &AtomicU64) {
@@ -139,6 +140,86 @@ async fn stale_pooled_connections_are_resent_on_a_new_one_without_counting_again
             "spillway_upstream_errors_total{model=\"m\",backend=\"closer\",reason=\"connection\"}"
         )
         .unwrap_or(0.0),
+        0.0,
+        "{page}"
+    );
+}
+
+/// A backend that keeps every connection open and answers each request on it: a JSON body of
+/// known length, or (for `"stream": true`) a chunked event stream. It counts the connections it
+/// accepted.
+struct KeepAliveBackend {
+    url: String,
+    connections: Arc<AtomicU64>,
+}
+
+impl KeepAliveBackend {
+    fn start() -> KeepAliveBackend {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}/v1", listener.local_addr().unwrap());
+        let connections = Arc::new(AtomicU64::new(0));
+        let count = connections.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { return };
+                count.fetch_add(1, Ordering::Relaxed);
+                std::thread::spawn(move || answer_every_request(stream));
+            }
+        });
+        KeepAliveBackend { url, connections }
+    }
+}
+
+fn answer_every_request(stream: TcpStream) {
+    let mut writer = stream.try_clone().unwrap();
+    let mut reader = BufReader::new(stream);
+    while let Some(body) = read_request(&mut reader) {
+        let stream = String::from_utf8_lossy(&body).contains("\"stream\":true");
+        let message = r#"{"id":"c","object":"chat.completion","created":0,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}]}"#;
+        let out = if stream {
+            let mut out = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n".to_owned();
+            for event in [
+                r#"data: {"id":"c","object":"chat.completion.chunk","created":0,"model":"m","choices":[{"index":0,"delta":{"content":"ok"},"finish_reason":null}]}"#,
+                "data: [DONE]",
+            ] {
+                let chunk = format!("{event}\n\n");
+                out += &format!("{:x}\r\n{chunk}\r\n", chunk.len());
+            }
+            out + "0\r\n\r\n"
+        } else {
+            format!(
+                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{message}",
+                message.len()
+            )
+        };
+        if writer.write_all(out.as_bytes()).is_err() {
+            return;
+        }
+    }
+}
+
+#[tokio::test]
+async fn one_kept_alive_connection_carries_sequential_requests_plain_and_streamed() {
+    let backend = KeepAliveBackend::start();
+    let cfg = format!(
+        "[health_check]\nenabled = false\n\n{}engine = \"none\"\n",
+        model("m", &[("kept", "default", backend.url.clone())])
+    );
+    let gw = gateway(&cfg);
+    for i in 0..20 {
+        let r = chat(&gw, &chat_body("m", i % 2 == 1)).await;
+        let status = r.status();
+        let text = r.text().await.unwrap();
+        assert_eq!(status, 200, "request {i}: {text}");
+        if i % 2 == 1 {
+            assert!(text.contains("[DONE]"), "request {i}: {text}");
+        }
+    }
+    // Each body, of known length or chunked, ended with its connection ready for the next.
+    assert_eq!(backend.connections.load(Ordering::Relaxed), 1);
+    let page = metrics(&gw).await;
+    assert_eq!(
+        sample_sum(&page, "spillway_upstream_errors_total"),
         0.0,
         "{page}"
     );

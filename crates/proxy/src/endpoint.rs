@@ -44,6 +44,12 @@ impl Endpoint {
         Endpoint::CountTokens,
     ];
 
+    /// The endpoint a `POST` to `path` (as the caller sent it, `/v1/...`) is, if any.
+    pub fn of_inference_path(path: &str) -> Option<Endpoint> {
+        let path = path.strip_prefix("/v1")?;
+        Endpoint::ALL.into_iter().find(|e| e.path() == path)
+    }
+
     /// Its path after a backend's base URL (which ends in `/v1` for OpenAI-compatible servers).
     pub fn path(self) -> &'static str {
         match self {
@@ -100,6 +106,32 @@ impl Dialect {
             Dialect::Anthropic
         } else {
             Dialect::OpenAi
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Endpoint;
+
+    #[test]
+    fn each_inference_path_is_its_endpoint_and_nothing_else_is() {
+        for e in Endpoint::ALL {
+            assert_eq!(
+                Endpoint::of_inference_path(&format!("/v1{}", e.path())),
+                Some(e)
+            );
+        }
+        for other in [
+            "/chat/completions",
+            "/v1/chat/completions/",
+            "/v1/chat/completions/abc",
+            "/v1/responses/resp_1/cancel",
+            "/v2/messages",
+            "/v1",
+            "",
+        ] {
+            assert_eq!(Endpoint::of_inference_path(other), None, "{other}");
         }
     }
 }

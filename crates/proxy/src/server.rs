@@ -25,7 +25,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use crate::endpoint::Dialect;
+use crate::endpoint::{Dialect, Endpoint};
 use crate::error::{ApiError, ErrorKind};
 use crate::gateway::{Gateway, MockBases, StartError};
 use crate::handler;
@@ -91,7 +91,10 @@ impl BoundGateway {
         let gw = self.gateway;
         let grace = gw.server.shutdown_grace;
         let (stop_tx, stop_rx) = watch::channel(false);
-        let main = api_router(gw.clone());
+        let main = Api {
+            gw: gw.clone(),
+            router: api_router(gw.clone()),
+        };
         let admin_metrics = self.metrics;
         let admin = admin_router(AdminState {
             gateway: gw.clone(),
@@ -202,6 +205,30 @@ async fn start_mock(
         }
     });
     Ok(addr)
+}
+
+/// The API listener's service: the inference routes (each a `POST` to a fixed path) go straight
+/// to their handler, everything else through the router. The router would answer them the same
+/// way; this skips its per-request work (route lookup, boxed services and futures, extractors)
+/// on the path every inference request takes.
+#[derive(Clone)]
+struct Api {
+    gw: Arc<Gateway>,
+    router: Router,
+}
+
+impl crate::connections::Serve for Api {
+    async fn serve(&self, req: http::Request<axum::body::Body>) -> Response {
+        let direct = if req.method() == http::Method::POST {
+            Endpoint::of_inference_path(req.uri().path())
+        } else {
+            None
+        };
+        match direct {
+            Some(endpoint) => handler::handle(&self.gw, endpoint, req).await,
+            None => self.router.serve(req).await,
+        }
+    }
 }
 
 fn api_router(gw: Arc<Gateway>) -> Router {

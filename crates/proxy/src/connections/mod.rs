@@ -125,10 +125,10 @@ impl Connections {
 
     /// Serves `router` on `listener` until `stop` resolves; then stops accepting, asks every
     /// open connection to close once its requests are done, and resolves when all have.
-    pub(crate) async fn serve(
+    pub(crate) async fn serve<S: Serve>(
         self: Arc<Self>,
         listener: TcpListener,
-        router: Router,
+        router: S,
         stop: impl Future<Output = ()>,
     ) {
         let (shutdown, shutdown_rx) = watch::channel(false);
@@ -168,11 +168,11 @@ impl Connections {
         shutdown.closed().await;
     }
 
-    async fn connection(
+    async fn connection<S: Serve>(
         &self,
         io: GuardedIo,
         activity: Arc<Activity>,
-        router: Router,
+        router: S,
         mut shutdown: watch::Receiver<bool>,
     ) {
         let served = activity.clone();
@@ -255,9 +255,24 @@ async fn outstayed(activity: &Activity) -> Verdict {
     }
 }
 
+/// What answers a listener's requests: an axum `Router`, or a service that answers the busiest
+/// routes itself and leaves the rest to one.
+pub(crate) trait Serve: Clone + Send + Sync + 'static {
+    fn serve(&self, req: Request<Body>) -> impl Future<Output = Response<Body>> + Send;
+}
+
+impl Serve for Router {
+    async fn serve(&self, req: Request<Body>) -> Response<Body> {
+        self.clone()
+            .oneshot(req)
+            .await
+            .unwrap_or_else(|e| match e {})
+    }
+}
+
 /// Serves one request, its connection busy until the response's body is done with.
-async fn respond(
-    router: Router,
+async fn respond<S: Serve>(
+    router: S,
     mut req: Request<Incoming>,
     busy: Busy,
     activity: Arc<Activity>,
@@ -273,7 +288,7 @@ async fn respond(
     } else {
         req.map(Body::new)
     };
-    let mut response = router.oneshot(req).await.unwrap_or_else(|e| match e {});
+    let mut response = router.serve(req).await;
     if watch && !activity.body_read() {
         // hyper closes a connection whose request body was not read to its end: say so, or the
         // client sends its next request on it and sees that fail.

@@ -65,7 +65,7 @@ pub(crate) async fn count_tokens(State(gw): State<Arc<Gateway>>, req: Request) -
     handle(&gw, Endpoint::CountTokens, req).await
 }
 
-async fn handle(gw: &Gateway, endpoint: Endpoint, req: Request) -> Response {
+pub(crate) async fn handle(gw: &Gateway, endpoint: Endpoint, req: Request) -> Response {
     let dialect = endpoint.dialect();
     // The Messages API names its request id `request-id`: the same id as `x-request-id`.
     let anthropic_id = (dialect == Dialect::Anthropic)

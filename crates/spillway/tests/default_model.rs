@@ -60,6 +60,11 @@ async fn seen(mocks: &[&Proc]) -> Vec<(Value, u64)> {
     out
 }
 
+/// How many requests each mock received.
+async fn received(mocks: &[&Proc]) -> Vec<u64> {
+    seen(mocks).await.into_iter().map(|(_, n)| n).collect()
+}
+
 fn unnamed() -> Value {
     json!({"input": "Say hello", "max_output_tokens": 4})
 }
@@ -87,25 +92,13 @@ async fn a_create_without_a_model_goes_to_the_tenants_default_and_the_backend_is
     let next = json!({"previous_response_id": created["id"], "input": "And?"});
     let (status, _, v) = post(&gw, "/v1/responses", DEFAULTED_KEY, next).await;
     assert_eq!(status, 200, "{v}");
-    assert_eq!(
-        seen(&[&m, &n]).await[..]
-            .iter()
-            .map(|s| s.1)
-            .collect::<Vec<_>>(),
-        [2, 1]
-    );
+    assert_eq!(received(&[&m, &n]).await, [2, 1]);
 
     // Only the Responses API may leave the model out.
     let chat = json!({"messages": [{"role": "user", "content": "Hi"}]});
     let (status, _, v) = post(&gw, "/v1/chat/completions", DEFAULTED_KEY, chat).await;
     assert_eq!(status, 400, "{v}");
-    assert_eq!(
-        seen(&[&m, &n]).await[..]
-            .iter()
-            .map(|s| s.1)
-            .collect::<Vec<_>>(),
-        [2, 1]
-    );
+    assert_eq!(received(&[&m, &n]).await, [2, 1]);
 }
 
 #[tokio::test]

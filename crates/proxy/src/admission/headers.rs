@@ -11,28 +11,32 @@ use std::time::Duration;
 use http::{HeaderMap, HeaderName, HeaderValue};
 use spillway_policy::{Quota, RateHeaders};
 
+/// The names, per dimension: limit, remaining, reset.
+const REQUESTS: [HeaderName; 3] = [
+    HeaderName::from_static("x-ratelimit-limit-requests"),
+    HeaderName::from_static("x-ratelimit-remaining-requests"),
+    HeaderName::from_static("x-ratelimit-reset-requests"),
+];
+const TOKENS: [HeaderName; 3] = [
+    HeaderName::from_static("x-ratelimit-limit-tokens"),
+    HeaderName::from_static("x-ratelimit-remaining-tokens"),
+    HeaderName::from_static("x-ratelimit-reset-tokens"),
+];
+
 /// Adds the headers of every limited dimension to `headers`.
 pub(crate) fn insert_rate_headers(headers: &mut HeaderMap, quotas: &RateHeaders) {
-    for (suffix, quota) in [("requests", quotas.requests), ("tokens", quotas.tokens)] {
+    for (names, quota) in [(REQUESTS, quotas.requests), (TOKENS, quotas.tokens)] {
         if let Some(q) = quota {
-            insert(headers, suffix, q);
+            insert(headers, names, q);
         }
     }
 }
 
-fn insert(headers: &mut HeaderMap, suffix: &str, q: Quota) {
-    let pairs = [
-        ("limit", q.limit.to_string()),
-        ("remaining", q.remaining.to_string()),
-        ("reset", duration_text(q.reset)),
-    ];
-    for (what, value) in pairs {
-        if let (Ok(name), Ok(value)) = (
-            HeaderName::try_from(format!("x-ratelimit-{what}-{suffix}")),
-            HeaderValue::try_from(value),
-        ) {
-            headers.insert(name, value);
-        }
+fn insert(headers: &mut HeaderMap, [limit, remaining, reset]: [HeaderName; 3], q: Quota) {
+    headers.insert(limit, HeaderValue::from(q.limit));
+    headers.insert(remaining, HeaderValue::from(q.remaining));
+    if let Ok(value) = HeaderValue::try_from(duration_text(q.reset)) {
+        headers.insert(reset, value);
     }
 }
 
@@ -95,5 +99,18 @@ mod tests {
         assert_eq!(h["x-ratelimit-remaining-requests"], "59");
         assert_eq!(h["x-ratelimit-reset-requests"], "1s");
         assert!(!h.contains_key("x-ratelimit-limit-tokens"));
+        let both = RateHeaders {
+            requests: Some(quota),
+            tokens: Some(Quota {
+                limit: 90_000,
+                remaining: 0,
+                reset: Duration::from_millis(1500),
+            }),
+        };
+        insert_rate_headers(&mut h, &both);
+        assert_eq!(h["x-ratelimit-limit-tokens"], "90000");
+        assert_eq!(h["x-ratelimit-remaining-tokens"], "0");
+        assert_eq!(h["x-ratelimit-reset-tokens"], "1.5s");
+        assert_eq!(h.len(), 6);
     }
 }

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context;
-use clap::{Args, Subcommand};
+use clap::{Args, Subcommand, ValueEnum};
 use spillway_config::Config;
 use spillway_store::{Priority, Store, Tenant, TenantSpec, TenantUpdate};
 
@@ -80,9 +80,34 @@ pub enum TenantsCommand {
         /// Enable it again.
         #[arg(long)]
         enable: bool,
+        /// Clear a setting: no limit of that kind, every model, no pool or no default model
+        /// (repeatable).
+        #[arg(long, value_enum, value_name = "SETTING")]
+        clear: Vec<Setting>,
     },
     /// Disable a tenant: its keys are refused (403) until it is enabled again.
     Disable { name: String },
+}
+
+/// An optional setting of a tenant, as `tenants update --clear` names it.
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Setting {
+    Rpm,
+    Tpm,
+    MaxConcurrency,
+    Models,
+    Pool,
+    DefaultModel,
+}
+
+/// `Some(Some(v))` to set, `Some(None)` to clear, `None` to leave; both at once is a mistake.
+fn change<T>(value: Option<T>, clear: bool, flag: &str) -> anyhow::Result<Option<Option<T>>> {
+    match (value, clear) {
+        (Some(_), true) => anyhow::bail!("--{flag} and --clear {flag} contradict each other"),
+        (Some(v), false) => Ok(Some(Some(v))),
+        (None, true) => Ok(Some(None)),
+        (None, false) => Ok(None),
+    }
 }
 
 #[derive(Subcommand)]
@@ -199,15 +224,25 @@ pub async fn tenants(command: TenantsCommand, args: StoreArgs) -> anyhow::Result
             name,
             limits,
             enable,
+            clear,
         } => {
+            let cleared = |s| clear.contains(&s);
             let update = TenantUpdate {
-                requests_per_min: limits.rpm.map(Some),
-                tokens_per_min: limits.tpm.map(Some),
-                max_concurrency: limits.max_concurrency.map(Some),
+                requests_per_min: change(limits.rpm, cleared(Setting::Rpm), "rpm")?,
+                tokens_per_min: change(limits.tpm, cleared(Setting::Tpm), "tpm")?,
+                max_concurrency: change(
+                    limits.max_concurrency,
+                    cleared(Setting::MaxConcurrency),
+                    "max-concurrency",
+                )?,
                 priority: limits.priority,
-                allowed_models: limits.models.map(Some),
-                pool: limits.pool.map(Some),
-                default_model: limits.default_model.map(Some),
+                allowed_models: change(limits.models, cleared(Setting::Models), "models")?,
+                pool: change(limits.pool, cleared(Setting::Pool), "pool")?,
+                default_model: change(
+                    limits.default_model,
+                    cleared(Setting::DefaultModel),
+                    "default-model",
+                )?,
                 enabled: enable.then_some(true),
             };
             let t = store.update_tenant(&name, &update).await?;

@@ -200,4 +200,33 @@ async fn the_cli_sets_a_default_and_a_gateway_then_routes_by_it() {
     ));
     let (status, answered_by, v) = post(&gw, "/v1/responses", &secret, unnamed()).await;
     assert_eq!((status, answered_by.as_deref()), (200, Some("n")), "{v}");
+
+    // Cleared from the command line; setting and clearing it at once is refused.
+    let both = [
+        "tenants",
+        "update",
+        "cli-team",
+        "--default-model",
+        "m",
+        "--clear",
+        "default-model",
+    ];
+    let (ok, _, err) = cli_at(&url, &both);
+    assert!(!ok.success());
+    assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+    assert!(err.contains("contradict"), "{err}");
+    let clear = [
+        "tenants",
+        "update",
+        "cli-team",
+        "--clear",
+        "default-model",
+        "--clear",
+        "rpm",
+    ];
+    let (ok, _, err) = cli_at(&url, &clear);
+    assert!(ok.success(), "{err}");
+    let (_, out, _) = cli_at(&url, &["tenants", "show", "cli-team", "--json"]);
+    let shown: Value = serde_json::from_str(&out).unwrap();
+    assert!(shown["tenant"]["default_model"].is_null(), "{shown}");
 }

@@ -50,14 +50,21 @@ async fn a_flush_at_peak_costs_at_most_one_query_per_key_and_eight_at_once() {
     store.set_latency(ms(20));
     dir.invalidate_all();
     let results = stampede(&dir).await;
-    // Answers from before the flush stand in while the store is busy: no lookup fails.
+    // Answers from before the flush stand in while the store is busy: no lookup fails. A
+    // lookup that runs after its key was re-read gets the new answer (on a slow machine the
+    // first re-reads end while the last lookups are still being spawned).
     for r in &results {
         let outcome = r.clone().unwrap().expect("every key is known");
         assert!(
-            matches!(outcome, Outcome::Miss | Outcome::Stale),
+            matches!(outcome, Outcome::Miss | Outcome::Stale | Outcome::Fresh),
             "{outcome:?}"
         );
     }
+    let stood_in = results
+        .iter()
+        .filter(|r| matches!(r, Ok(Some(Outcome::Stale))))
+        .count();
+    assert!(stood_in > 0, "no stale answer stood in for the busy store");
     // Every key gets re-read: at once, or by a background refresh of its stale answer.
     eventually(Duration::from_secs(10), "every key fresh again", || async {
         let mut fresh = 0;

@@ -332,6 +332,19 @@ async fn stored_chat_completions_are_each_tenants_own() {
         updated["metadata"],
         json!({"topic": "changed", "spillway_tenant": "tenant-a"})
     );
+    // An update larger than a metadata object can be is refused as a body, before any backend.
+    let before = received(&[&m]).await;
+    let (status, refused) = call(
+        &gw,
+        Method::POST,
+        &format!("/v1/chat/completions/{mine}"),
+        KEY,
+        Some(json!({"metadata": {"topic": "x".repeat(70 * 1024)}})),
+    )
+    .await;
+    assert_eq!(status, 413, "{refused}");
+    assert_eq!(refused["error"]["code"], "body_too_large", "{refused}");
+    assert_eq!(received(&[&m]).await, before);
     let (status, _) = call(
         &gw,
         Method::DELETE,

@@ -16,6 +16,7 @@ use http::Method;
 
 use bytes::Bytes;
 
+use crate::admission::gate::Entered;
 use crate::auth::Tenant;
 use crate::endpoint::Endpoint;
 use crate::error::{ApiError, ErrorKind};
@@ -63,8 +64,8 @@ async fn lifecycle(
     suffix: &'static str,
     req: Request,
 ) -> Response {
-    answered(gw, req, move |gw, tenant, req, labels| {
-        Box::pin(async move { forward(gw, &tenant, method, &id, suffix, req, labels).await })
+    answered(gw, req, move |gw, caller, req, labels| {
+        Box::pin(async move { forward(gw, &caller.tenant, method, &id, suffix, req, labels).await })
     })
     .await
 }
@@ -72,18 +73,28 @@ async fn lifecycle(
 pub(super) type Call<'a> =
     std::pin::Pin<Box<dyn std::future::Future<Output = Result<Response, ApiError>> + Send + 'a>>;
 
+/// A caller's tenant and its in-flight places, held while a call on a stored object runs (a
+/// body it reads counts in the tenant's share of the body budget through them).
+pub(super) struct Caller {
+    pub tenant: Arc<Tenant>,
+    pub places: Entered,
+}
+
 /// Authenticates the caller, holds its in-flight places while `call` runs, and counts the answer.
 pub(super) async fn answered(
     gw: &Gateway,
     req: Request,
-    call: impl for<'a> FnOnce(&'a Gateway, Arc<Tenant>, Request, &'a mut RequestLabels) -> Call<'a>,
+    call: impl for<'a> FnOnce(&'a Gateway, &'a Caller, Request, &'a mut RequestLabels) -> Call<'a>,
 ) -> Response {
     let mut labels = RequestLabels::unrouted();
     let response = match super::authenticate(gw, req.headers()).await {
         Ok(tenant) => {
             labels.tenant = tenant.name.clone();
             match gw.admission.enter(&tenant) {
-                Ok(_places) => call(gw, tenant, req, &mut labels).await,
+                Ok(places) => {
+                    let caller = Caller { tenant, places };
+                    call(gw, &caller, req, &mut labels).await
+                }
                 Err(e) => Err(e),
             }
         }

@@ -17,24 +17,23 @@ use axum::extract::{Path, Request, State};
 use axum::response::Response;
 use bytes::Bytes;
 use http::Method;
-use http_body_util::{BodyExt, Limited};
 
-use super::lifecycle::{answered, home_of, send};
+use super::lifecycle::{answered, home_of, send, Caller};
 use crate::auth::Tenant;
 use crate::endpoint::Surface;
 use crate::error::{ApiError, ErrorKind};
 use crate::gateway::Gateway;
 use crate::metrics::RequestLabels;
 use crate::pool::Backend;
-use crate::request::{with_tenant_tag, TENANT_TAG};
+use crate::request::{read_body, with_tenant_tag, BodyLimits, TENANT_TAG};
 use crate::upstream;
 
 /// The largest metadata update read.
 const MAX_UPDATE_BYTES: usize = 64 * 1024;
 
 pub(crate) async fn list(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
-    answered(&gw, req, |gw, tenant, req, labels| {
-        Box::pin(list_on(gw, tenant, req, labels))
+    answered(&gw, req, |gw, caller, req, labels| {
+        Box::pin(list_on(gw, caller.tenant.clone(), req, labels))
     })
     .await
 }
@@ -78,8 +77,8 @@ async fn by_id(
     suffix: &'static str,
     req: Request,
 ) -> Response {
-    answered(gw, req, move |gw, tenant, req, labels| {
-        Box::pin(async move { on_id(gw, &tenant, method, &id, suffix, req, labels).await })
+    answered(gw, req, move |gw, caller, req, labels| {
+        Box::pin(async move { on_id(gw, caller, method, &id, suffix, req, labels).await })
     })
     .await
 }
@@ -87,13 +86,14 @@ async fn by_id(
 /// A call on one stored completion, sent to the backend that keeps it.
 async fn on_id(
     gw: &Gateway,
-    tenant: &Tenant,
+    caller: &Caller,
     method: Method,
     id: &str,
     suffix: &str,
     req: Request,
     labels: &mut RequestLabels,
 ) -> Result<Response, ApiError> {
+    let tenant = &caller.tenant;
     let unknown = || {
         let shown: String = id.chars().take(64).collect();
         ApiError::new(
@@ -105,25 +105,15 @@ async fn on_id(
     let backend = &pool.backends[at];
     let (parts, body) = req.into_parts();
     let body = if method == Method::POST {
-        // A metadata update replaces the metadata: the tenant's tag goes back in.
-        let read = tokio::time::timeout(
-            gw.server.body_read_timeout,
-            Limited::new(body, MAX_UPDATE_BYTES).collect(),
-        )
-        .await
-        .map_err(|_| {
-            ApiError::new(
-                ErrorKind::BodyReadTimeout,
-                "the request body did not arrive in time",
-            )
-        })?
-        .map_err(|e| {
-            ApiError::new(
-                ErrorKind::BodyTooLarge,
-                format!("the request body could not be read: {e}"),
-            )
-        })?
-        .to_bytes();
+        // A metadata update replaces the metadata: the tenant's tag goes back in. Read as a
+        // request body is: capped in size and time, and counted in the body budget.
+        let limits = BodyLimits {
+            cap: MAX_UPDATE_BYTES,
+            deadline: crate::clock::now() + gw.server.body_read_timeout,
+            timeout: gw.server.body_read_timeout,
+        };
+        let held = caller.places.body_held();
+        let (read, _hold) = read_body(body, limits, &gw.body_budget, held).await?;
         with_tenant_tag(&read, &tenant.name)?
     } else {
         Bytes::new()

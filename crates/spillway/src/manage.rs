@@ -100,9 +100,18 @@ pub enum Setting {
     DefaultModel,
 }
 
-/// `Some(Some(v))` to set, `Some(None)` to clear, `None` to leave; both at once is a mistake.
-fn change<T>(value: Option<T>, clear: bool, flag: &str) -> anyhow::Result<Option<Option<T>>> {
-    match (value, clear) {
+/// `Some(Some(v))` to set, `Some(None)` to clear (`setting` is among `clear`), `None` to leave;
+/// both at once is a mistake. The setting's option has its name (`--rpm`, `--clear rpm`).
+fn change<T>(
+    value: Option<T>,
+    clear: &[Setting],
+    setting: Setting,
+) -> anyhow::Result<Option<Option<T>>> {
+    let flag = setting
+        .to_possible_value()
+        .map(|v| v.get_name().to_owned())
+        .unwrap_or_default();
+    match (value, clear.contains(&setting)) {
         (Some(_), true) => anyhow::bail!("--{flag} and --clear {flag} contradict each other"),
         (Some(v), false) => Ok(Some(Some(v))),
         (None, true) => Ok(Some(None)),
@@ -226,23 +235,14 @@ pub async fn tenants(command: TenantsCommand, args: StoreArgs) -> anyhow::Result
             enable,
             clear,
         } => {
-            let cleared = |s| clear.contains(&s);
             let update = TenantUpdate {
-                requests_per_min: change(limits.rpm, cleared(Setting::Rpm), "rpm")?,
-                tokens_per_min: change(limits.tpm, cleared(Setting::Tpm), "tpm")?,
-                max_concurrency: change(
-                    limits.max_concurrency,
-                    cleared(Setting::MaxConcurrency),
-                    "max-concurrency",
-                )?,
+                requests_per_min: change(limits.rpm, &clear, Setting::Rpm)?,
+                tokens_per_min: change(limits.tpm, &clear, Setting::Tpm)?,
+                max_concurrency: change(limits.max_concurrency, &clear, Setting::MaxConcurrency)?,
                 priority: limits.priority,
-                allowed_models: change(limits.models, cleared(Setting::Models), "models")?,
-                pool: change(limits.pool, cleared(Setting::Pool), "pool")?,
-                default_model: change(
-                    limits.default_model,
-                    cleared(Setting::DefaultModel),
-                    "default-model",
-                )?,
+                allowed_models: change(limits.models, &clear, Setting::Models)?,
+                pool: change(limits.pool, &clear, Setting::Pool)?,
+                default_model: change(limits.default_model, &clear, Setting::DefaultModel)?,
                 enabled: enable.then_some(true),
             };
             let t = store.update_tenant(&name, &update).await?;

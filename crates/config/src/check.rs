@@ -65,6 +65,7 @@ pub(crate) fn check(raw: RawConfig) -> Result<Config, Vec<Problem>> {
     let mut health_check = resilience::check_health(raw.health_check, &mut p);
     let mut adaptive_concurrency = resilience::check_adaptive(raw.adaptive_concurrency, &mut p);
     let engine_metrics = engine::check_engine_metrics(raw.engine_metrics, &mut p);
+    let reload = metadata::check_reload(raw.reload, &mut p);
     let mut models = check_models(raw.models, &mut p);
     if naive {
         resilience::without_protections(
@@ -107,6 +108,7 @@ pub(crate) fn check(raw: RawConfig) -> Result<Config, Vec<Problem>> {
             health_check,
             adaptive_concurrency,
             engine_metrics,
+            reload,
             tenants,
             models,
         })

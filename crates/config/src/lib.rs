@@ -53,7 +53,7 @@ pub enum ConfigError {
 }
 
 /// A checked configuration.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Config {
     pub server: ServerConfig,
     pub upstream: UpstreamConfig,
@@ -66,12 +66,13 @@ pub struct Config {
     pub health_check: HealthCheckConfig,
     pub adaptive_concurrency: AdaptiveConfig,
     pub engine_metrics: EngineMetricsConfig,
+    pub reload: ReloadConfig,
     pub tenants: Vec<TenantConfig>,
     pub models: Vec<ModelConfig>,
 }
 
 /// The listeners and the limits of the client-facing side.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ServerConfig {
     pub listen: SocketAddr,
     pub admin_listen: SocketAddr,
@@ -106,8 +107,21 @@ pub struct ServerConfig {
     pub admin_max_connections: usize,
 }
 
+/// `[reload]`: changing the configuration of a running gateway.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReloadConfig {
+    /// Reload when the file's content changes (polled, so a replaced file or a Kubernetes
+    /// ConfigMap's swapped symlink is seen like an edit).
+    pub watch: bool,
+    /// How often a watched file is looked at.
+    pub watch_interval: Duration,
+    /// A configuration that has served this long without an anomaly is saved as the
+    /// last-known-good one.
+    pub last_known_good_after: Duration,
+}
+
 /// How spillway talks to backends.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct UpstreamConfig {
     pub connect_timeout: Duration,
     /// Time allowed from sending a request to receiving the response head.
@@ -120,7 +134,7 @@ pub struct UpstreamConfig {
     pub unreachable_cooldown: Duration,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct TenantConfig {
     pub name: String,
     pub keys: Vec<KeySource>,
@@ -138,7 +152,7 @@ pub struct TenantConfig {
 }
 
 /// `[store]`: where tenants and keys live.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct StoreConfig {
     /// `sqlite://PATH` or `postgres://...`.
     pub url: String,
@@ -147,7 +161,7 @@ pub struct StoreConfig {
 }
 
 /// `[admission]`: the caps every request passes, whatever its tenant.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct AdmissionConfig {
     /// Requests being served at once, all tenants together; beyond it: 503 at once.
     pub max_in_flight: usize,
@@ -176,7 +190,7 @@ pub struct AdmissionConfig {
 }
 
 /// `[admin]`: the admin API's protection.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct AdminConfig {
     /// Environment variable holding the admin token; without it the admin API is off.
     pub token_env: String,
@@ -189,7 +203,7 @@ pub enum KeySource {
     Env(String),
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ModelConfig {
     pub name: String,
     pub backends: Vec<BackendConfig>,
@@ -239,7 +253,7 @@ impl Balance {
     }
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct BackendConfig {
     pub name: String,
     pub kind: BackendKind,
@@ -316,7 +330,7 @@ pub fn default_metrics_url(base: &http::Uri) -> Option<http::Uri> {
 }
 
 /// `[retry]`: how many attempts, how far apart, and the shared budget they draw from.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct RetryConfig {
     pub policy: RetryPolicy,
     pub budget: BudgetConfig,
@@ -333,7 +347,7 @@ pub struct RetryConfig {
 }
 
 /// `[outlier]`: passive ejection of failing backends.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct OutlierSettings {
     pub enabled: bool,
     pub detector: OutlierConfig,
@@ -344,7 +358,7 @@ pub struct OutlierSettings {
 }
 
 /// `[health_check]`: active probes of each backend.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct HealthCheckConfig {
     pub enabled: bool,
     pub interval: Duration,
@@ -354,7 +368,7 @@ pub struct HealthCheckConfig {
 }
 
 /// `[adaptive_concurrency]`: the AIMD limit under each backend's `max_concurrency`.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct AdaptiveConfig {
     pub enabled: bool,
     pub min_limit: u32,
@@ -366,7 +380,7 @@ pub struct AdaptiveConfig {
 }
 
 /// `[engine_metrics]`: how often each engine's own `/metrics` is read, and what counts as full.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct EngineMetricsConfig {
     pub interval: Duration,
     /// Each interval is randomly shortened or lengthened by up to this share.

@@ -35,6 +35,8 @@ pub struct RawConfig {
     #[serde(default)]
     pub engine_metrics: RawEngineMetrics,
     #[serde(default)]
+    pub reload: RawReload,
+    #[serde(default)]
     pub tenants: Vec<RawTenant>,
     #[serde(default)]
     pub models: Vec<RawModel>,
@@ -67,6 +69,16 @@ pub struct RawServer {
     pub http2_keepalive_timeout: Option<Duration>,
     pub http2_max_concurrent_streams: Option<u32>,
     pub admin_max_connections: Option<usize>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawReload {
+    pub watch: Option<bool>,
+    #[serde(default, with = "humantime_serde")]
+    pub watch_interval: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    pub last_known_good_after: Option<Duration>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -51,8 +51,8 @@ pub(crate) fn store_error(e: StoreError) -> ApiError {
     }
 }
 
-/// The routes under `/admin`, behind the token check.
-pub(crate) fn router(api: AdminApi) -> Router {
+/// The routes under `/admin`, and `more` of them, behind the token check.
+pub(crate) fn router(api: AdminApi, more: Router) -> Router {
     Router::new()
         .route("/admin/tenants", get(list_tenants).post(create_tenant))
         .route(
@@ -66,9 +66,10 @@ pub(crate) fn router(api: AdminApi) -> Router {
         )
         .route("/admin/keys/{id}/revoke", post(revoke_key))
         .route("/admin/cache/flush", post(flush_cache))
-        .layer(middleware::from_fn_with_state(api.clone(), require_token))
+        .with_state(api.clone())
+        .merge(more)
+        .layer(middleware::from_fn_with_state(api, require_token))
         .layer(DefaultBodyLimit::max(MAX_ADMIN_BODY))
-        .with_state(api)
 }
 
 async fn require_token(State(api): State<AdminApi>, req: Request, next: Next) -> Response {

@@ -1,24 +1,27 @@
 //! The shared state of the request path, built once from the checked config.
 //!
-//! Everything a request reads lives here: the tenants and their cache, the model pools, the
-//! upstream seam, admission and the settings of each stage. The process around it (listeners,
-//! mock backends, background tasks, shutdown) is `server.rs`'s; this file knows nothing of it.
+//! Everything a request reads lives here: the tenants and their cache, the upstream seam, the
+//! client connections and, behind one atomic pointer, the current config's state (`live.rs`:
+//! the model pools, admission, the settings of each stage), which a reload replaces. The process
+//! around it (listeners, background tasks, shutdown) is `server.rs`'s; this file knows nothing of
+//! it.
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
-use std::time::Duration;
 
-use http::{HeaderName, Uri};
-use spillway_config::{BackendKind, Config, EngineMetricsConfig, HealthCheckConfig, ServerConfig};
+use arc_swap::ArcSwap;
+use http::Uri;
+use spillway_config::{BackendKind, Config};
 use tracing::{info, warn};
 
 use crate::admission::Admission;
-use crate::attempt::Retries;
 use crate::auth::TenantDirectory;
 use crate::connections::Connections;
+use crate::live::Live;
+use crate::mocks::{MockBases, MockFleet, MockPlan};
 use crate::pool::Models;
+use crate::reload::{Changes, Startup};
 use crate::request::BodyBudget;
 use crate::tenants::StoreDirectory;
 use crate::upstream::HyperUpstream;
@@ -37,56 +40,34 @@ pub enum StartError {
 
 /// Shared state of the request path.
 pub struct Gateway {
-    pub(crate) server: ServerConfig,
     pub(crate) directory: Arc<dyn TenantDirectory>,
     pub(crate) tenants: Arc<StoreDirectory>,
     pub(crate) admin_token: Option<[u8; 32]>,
-    pub(crate) models: Models,
     /// What the attempt loop sends through; its pooled client also serves health checks and
     /// engine scrapes, so they reuse the requests' connections.
     pub(crate) upstream: HyperUpstream,
-    pub(crate) retries: Retries,
-    /// The region tried first when the caller names none (`server.home_region`).
-    pub(crate) home_region: Option<Arc<str>>,
-    /// Request headers that mark a caller's own retry (`retry.client_retry_headers`).
-    pub(crate) client_retry_headers: Vec<HeaderName>,
-    pub(crate) relay: Relay,
-    pub(crate) health_check: HealthCheckConfig,
-    pub(crate) engine_metrics: EngineMetricsConfig,
     pub(crate) ready: AtomicBool,
-    pub(crate) admission: Admission,
     /// The API listener's client connections (`server.max_connections`).
     pub(crate) connections: Arc<Connections>,
     pub(crate) body_budget: Arc<BodyBudget>,
     /// The backend each stored response lives on (the Responses API).
     pub(crate) homes: Arc<crate::homes::Homes>,
+    /// The in-process mock backends.
+    pub(crate) mocks: MockFleet,
+    /// The current config's state; replaced whole by a reload.
+    live: ArcSwap<Live>,
+    /// Reloads, one at a time, and the last-known-good config.
+    pub(crate) changes: Changes,
 }
-
-/// How chosen responses are relayed.
-pub(crate) struct Relay {
-    /// A stream that sends nothing for this long is broken off (`upstream.stream_idle_timeout`).
-    pub stream_idle_timeout: Duration,
-    /// Relayed 5xx answers tell callers not to retry (`x-should-retry: false`).
-    pub discourage_caller_retries: bool,
-}
-
-/// A mock backend's base URL, by (model, backend) name.
-pub(crate) type MockBases<'a> = HashMap<(&'a str, &'a str), String>;
 
 impl Gateway {
-    /// The request path's state for `config`; `mocks` are the base URLs of the mock backends
-    /// already started for it.
-    pub(crate) async fn build(config: &Config, mocks: &MockBases<'_>) -> Result<Self, StartError> {
-        let tenants = Arc::new(open_tenants(config).await?);
-        let models = Models::new(config, |m, b| match &b.kind {
-            BackendKind::OpenAi { url } | BackendKind::Azure { url, .. } => Ok(url.clone()),
-            BackendKind::Mock(_) => mocks
-                .get(&(m.name.as_str(), b.name.as_str()))
-                .ok_or("mock backend was not started")?
-                .parse::<Uri>()
-                .map_err(|e| e.to_string()),
-        })
-        .map_err(StartError::Setup)?;
+    /// The request path's state for the config of `startup`; `mocks` are the mock backends
+    /// started for it.
+    pub(crate) async fn build(startup: Startup, mocks: MockPlan) -> Result<Self, StartError> {
+        let (config, source) = (startup.config(), startup.source());
+        let tenants = Arc::new(open_tenants(&config).await?);
+        let bases = mocks.bases();
+        let models = Models::new(&config, base_resolver(&bases)).map_err(StartError::Setup)?;
         let shared = match &config.admission.redis {
             Some(url) => Some(
                 crate::shared_limits::SharedLimits::start(url, config.admission.redis_timeout)
@@ -98,31 +79,17 @@ impl Gateway {
         let admission = Admission::new(
             &config.admission,
             config.retry.shed_client_retries,
-            models
-                .names
-                .iter()
-                .filter_map(|n| models.get(n))
-                .map(|p| &**p),
+            models.pools().iter().map(|p| &**p),
             shared,
         );
+        let fleet = MockFleet::default();
+        fleet.commit(mocks, config.server.shutdown_grace);
         Ok(Gateway {
             upstream: HyperUpstream::new(&config.upstream),
-            retries: Retries::new(&config.retry, &config.upstream, admission.queue_wait()),
-            home_region: config.server.home_region.as_deref().map(Arc::from),
-            client_retry_headers: config.retry.client_retry_headers.clone(),
-            relay: Relay {
-                stream_idle_timeout: config.upstream.stream_idle_timeout,
-                discourage_caller_retries: config.retry.discourage_caller_retries,
-            },
-            server: config.server.clone(),
-            health_check: config.health_check.clone(),
-            engine_metrics: config.engine_metrics.clone(),
             directory: tenants.clone(),
             tenants,
             admin_token: admin_token(&config.admin.token_env),
-            models,
             ready: AtomicBool::new(false),
-            admission,
             connections: Arc::new(
                 Connections::new(&config.server, config.server.max_connections, "api")
                     .with_request_ids(),
@@ -132,7 +99,35 @@ impl Gateway {
                 config.admission.max_buffered_body_bytes_per_tenant,
             ),
             homes: Arc::default(),
+            mocks: fleet,
+            live: ArcSwap::from_pointee(Live::new(config, source, models, admission)),
+            changes: Changes::new(startup),
         })
+    }
+
+    /// The current config's state. A request takes it once and keeps it to its end.
+    pub(crate) fn live(&self) -> Arc<Live> {
+        self.live.load_full()
+    }
+
+    /// Puts `next` in place of the current config's state and returns the one it replaced.
+    pub(crate) fn swap(&self, next: Live) -> Arc<Live> {
+        self.live.swap(Arc::new(next))
+    }
+}
+
+/// Resolves a backend's base URL: its own, or the address its mock was started on.
+pub(crate) fn base_resolver(
+    bases: &MockBases,
+) -> impl FnMut(&spillway_config::ModelConfig, &spillway_config::BackendConfig) -> Result<Uri, String> + '_
+{
+    move |m, b| match &b.kind {
+        BackendKind::OpenAi { url } | BackendKind::Azure { url, .. } => Ok(url.clone()),
+        BackendKind::Mock(_) => bases
+            .get(&(m.name.clone(), b.name.clone()))
+            .ok_or("mock backend was not started")?
+            .parse::<Uri>()
+            .map_err(|e| e.to_string()),
     }
 }
 

@@ -14,6 +14,7 @@ use crate::endpoint::Dialect;
 use crate::error::{ApiError, ErrorKind};
 use crate::gateway::Gateway;
 use crate::handler::counted;
+use crate::live::Live;
 use crate::metrics::RequestLabels;
 
 pub(crate) async fn list(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
@@ -21,12 +22,13 @@ pub(crate) async fn list(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> 
         Ok(t) => t,
         Err(response) => return response,
     };
-    let data: Vec<_> = gw
+    let live = gw.live();
+    let data: Vec<_> = live
         .models
         .names
         .iter()
         .filter(|m| tenant.may_use(m))
-        .map(|m| model(&gw, &tenant, m))
+        .map(|m| model(&live, &tenant, m))
         .collect();
     answered(&tenant, 200);
     Json(json!({ "object": "list", "data": data })).into_response()
@@ -42,7 +44,8 @@ pub(crate) async fn one(
         Err(response) => return response,
     };
     // A model the key may not use is not shown to exist, as in the list.
-    if gw.models.get(&id).is_none() || !tenant.may_use(&id) {
+    let live = gw.live();
+    if live.models.get(&id).is_none() || !tenant.may_use(&id) {
         let shown: String = id.chars().take(64).collect();
         let e = ApiError::new(
             ErrorKind::ModelNotFound,
@@ -52,7 +55,7 @@ pub(crate) async fn one(
         return e.into_response();
     }
     answered(&tenant, 200);
-    Json(model(&gw, &tenant, &id)).into_response()
+    Json(model(&live, &tenant, &id)).into_response()
 }
 
 /// The caller's tenant; or the refusal, counted.
@@ -70,8 +73,8 @@ fn answered(tenant: &Tenant, status: u16) {
 
 /// One model as the list shows it: the OpenAI model object, plus the surfaces of the backends
 /// this tenant's requests may reach.
-fn model(gw: &Gateway, tenant: &Tenant, name: &str) -> Value {
-    let surfaces: Vec<&str> = gw.models.get(name).map_or_else(Vec::new, |pool| {
+fn model(live: &Live, tenant: &Tenant, name: &str) -> Value {
+    let surfaces: Vec<&str> = live.models.get(name).map_or_else(Vec::new, |pool| {
         spillway_config::Surface::ALL
             .into_iter()
             .filter(|s| pool.serves(*s, tenant.pool.as_deref()))

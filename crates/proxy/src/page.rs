@@ -19,15 +19,17 @@ pub(crate) fn recorder() -> PrometheusHandle {
     let handle = crate::metrics::recorder();
     crate::admission::metrics::describe();
     crate::engine::metrics::describe();
+    crate::reload::describe();
     handle
 }
 
 /// Renders the page, refreshing the gauges that are read rather than pushed.
 pub(crate) fn render(handle: &PrometheusHandle, gw: &Gateway) -> String {
-    crate::admission::metrics::caps(gw.admission.in_flight(), gw.body_budget.usage());
+    let live = gw.live();
+    crate::admission::metrics::caps(live.admission.in_flight(), gw.body_budget.usage());
     let (open, max) = gw.connections.open();
     crate::admission::metrics::connections(open, max);
-    crate::admission::metrics::queues(&gw.admission.queue_figures());
+    crate::admission::metrics::queues(&live.admission.queue_figures());
     gw.tenants.cache().stats(); // sets the key cache's gauges
     let pool = gw.tenants.store().pool_stats();
     gauge!(STORE_POOL_CONNECTIONS, "state" => "idle").set(f64::from(pool.idle));
@@ -37,7 +39,7 @@ pub(crate) fn render(handle: &PrometheusHandle, gw: &Gateway) -> String {
     gauge!(STORE_POOL_WAITERS).set(pool.waiters as f64);
     counter!(STORE_POOL_TIMEOUTS).absolute(pool.acquire_timeouts);
     let now = crate::clock::now();
-    for pool in gw.models.pools() {
+    for pool in live.models.pools() {
         for b in &pool.backends {
             let ejected = b.health.health(now) != Health::Healthy;
             b.metrics
@@ -48,5 +50,7 @@ pub(crate) fn render(handle: &PrometheusHandle, gw: &Gateway) -> String {
         }
     }
     handle.run_upkeep();
-    handle.render()
+    let mut page = handle.render();
+    crate::reload::render(&live, &gw.changes, &mut page);
+    page
 }

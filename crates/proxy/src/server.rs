@@ -20,15 +20,16 @@ use axum::routing::{get, post};
 use axum::Router;
 use http::StatusCode;
 use metrics_exporter_prometheus::PrometheusHandle;
-use spillway_config::{BackendKind, Config};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::endpoint::{Dialect, Endpoint};
 use crate::error::{ApiError, ErrorKind};
-use crate::gateway::{Gateway, MockBases, StartError};
+use crate::gateway::{Gateway, StartError};
 use crate::handler;
+use crate::mocks::MockFleet;
+use crate::reload::Startup;
 
 /// A gateway whose listeners are bound and whose mock backends run, ready to serve.
 pub struct BoundGateway {
@@ -36,34 +37,23 @@ pub struct BoundGateway {
     metrics: PrometheusHandle,
     listener: TcpListener,
     admin_listener: TcpListener,
-    mocks: watch::Sender<bool>,
     warm_batch: u32,
     warm_max_keys: u64,
 }
 
 impl BoundGateway {
     /// Binds both listeners, starts in-process mock backends and builds the request path.
-    pub async fn bind(config: Config) -> Result<Self, StartError> {
+    pub async fn bind(startup: Startup) -> Result<Self, StartError> {
+        let config = startup.config();
         let listener = bind(config.server.listen).await?;
         let admin_listener = bind(config.server.admin_listen).await?;
-        let (mocks, mocks_stop) = watch::channel(false);
-        let mut mock_bases = MockBases::new();
-        for m in &config.models {
-            for b in &m.backends {
-                if let BackendKind::Mock(profile) = &b.kind {
-                    let addr = start_mock(profile.clone(), mocks_stop.clone()).await?;
-                    info!(model = %m.name, backend = %b.name, region = %b.region, "mock backend listening on http://{addr}");
-                    mock_bases.insert((&m.name, &b.name), format!("http://{addr}/v1"));
-                }
-            }
-        }
-        let gateway = Arc::new(Gateway::build(&config, &mock_bases).await?);
+        let mocks = MockFleet::default().plan(&config).await?;
+        let gateway = Arc::new(Gateway::build(startup, mocks).await?);
         Ok(Self {
             gateway,
             metrics: crate::page::recorder(),
             listener,
             admin_listener,
-            mocks,
             warm_batch: config.cache.warm_batch,
             warm_max_keys: config.cache.warm_max_keys,
         })
@@ -89,7 +79,8 @@ impl BoundGateway {
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> std::io::Result<()> {
         let gw = self.gateway;
-        let grace = gw.server.shutdown_grace;
+        let started = gw.live();
+        let server = started.config.server.clone();
         let (stop_tx, stop_rx) = watch::channel(false);
         let main = Api {
             gw: gw.clone(),
@@ -104,8 +95,8 @@ impl BoundGateway {
             let _ = rx.wait_for(|s| *s).await;
         };
         let admin_connections = Arc::new(crate::connections::Connections::new(
-            &gw.server,
-            gw.server.admin_max_connections,
+            &server,
+            server.admin_max_connections,
             "admin",
         ));
         let main_server =
@@ -126,18 +117,11 @@ impl BoundGateway {
                 upkeep.run_upkeep();
             }
         });
-        crate::probe::spawn_checks(
-            gw.models.pools(),
-            gw.upstream.client().clone(),
-            gw.health_check.clone(),
-            stop_rx.clone(),
-        );
-        crate::engine::spawn_scrapes(
-            gw.models.pools(),
-            gw.upstream.client().clone(),
-            gw.engine_metrics.clone(),
-            stop_rx.clone(),
-        );
+        started.spawn_tasks(gw.upstream.client());
+        drop(started);
+        if let Err(e) = crate::reload::spawn_tasks(&gw, &stop_rx) {
+            warn!("{e}");
+        }
         let warm = gw.tenants.clone();
         let (batch, max_keys) = (self.warm_batch, self.warm_max_keys);
         let warm_task = tokio::spawn(async move {
@@ -156,7 +140,14 @@ impl BoundGateway {
             Err(e) => warn!("key cache snapshot not saved: {e}"),
         }
         gw.ready.store(false, Ordering::Release);
-        let delay = gw.server.shutdown_delay;
+        // The config in place at shutdown says how long to wait.
+        let (delay, grace) = {
+            let live = gw.live();
+            (
+                live.config.server.shutdown_delay,
+                live.config.server.shutdown_grace,
+            )
+        };
         if !delay.is_zero() {
             info!(delay = ?delay, "shutting down: readiness off, still accepting for the delay");
             tokio::time::sleep(delay).await;
@@ -170,7 +161,8 @@ impl BoundGateway {
         })
         .await;
         upkeep_task.abort();
-        let _ = self.mocks.send(true);
+        gw.live().retire();
+        gw.mocks.stop_all();
         match drained {
             Ok((main, _)) => main.map_err(std::io::Error::other),
             Err(_) => {
@@ -185,26 +177,6 @@ async fn bind(addr: SocketAddr) -> Result<TcpListener, StartError> {
     TcpListener::bind(addr)
         .await
         .map_err(|source| StartError::Bind { addr, source })
-}
-
-async fn start_mock(
-    profile: spillway_config::MockProfile,
-    mut stop: watch::Receiver<bool>,
-) -> Result<SocketAddr, StartError> {
-    let listener = bind(SocketAddr::from(([127, 0, 0, 1], 0))).await?;
-    let addr = listener
-        .local_addr()
-        .map_err(|e| StartError::Setup(e.to_string()))?;
-    let server = spillway_mock::MockServer::new(profile);
-    tokio::spawn(async move {
-        let stopped = async move {
-            let _ = stop.wait_for(|s| *s).await;
-        };
-        if let Err(e) = server.serve(listener, stopped).await {
-            warn!("mock backend on {addr} stopped: {e}");
-        }
-    });
-    Ok(addr)
 }
 
 /// The API listener's service: the inference routes (each a `POST` to a fixed path) go straight
@@ -333,11 +305,14 @@ fn admin_router(state: AdminState) -> Router {
             )
         })
         .with_state(state.clone())
-        .merge(crate::admin::router(crate::admin::AdminApi {
-            store: state.gateway.tenants.store().clone(),
-            directory: state.gateway.tenants.clone(),
-            token: state.gateway.admin_token,
-        }))
+        .merge(crate::admin::router(
+            crate::admin::AdminApi {
+                store: state.gateway.tenants.store().clone(),
+                directory: state.gateway.tenants.clone(),
+                token: state.gateway.admin_token,
+            },
+            crate::reload::routes(state.gateway.clone()),
+        ))
         .layer(middleware::map_response(json_errors))
 }
 

@@ -7,10 +7,12 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use spillway_config::{Config, ConfigError, QUICKSTART_KEY};
+use spillway_config::{Config, ConfigError, QUICKSTART_KEY, QUICKSTART_TOML};
+use spillway_proxy::reload::{Loaded, Startup};
 use spillway_proxy::BoundGateway;
 
 mod manage;
+mod remote;
 
 // glibc's allocator took about a tenth of the request path's CPU in profiles (arena locking and
 // consolidation on many small short-lived buffers); mimalloc's thread-local free lists do not.
@@ -54,6 +56,21 @@ enum Command {
         /// Serve the admin API and metrics here instead of `server.admin_listen`.
         #[arg(long)]
         admin_listen: Option<std::net::SocketAddr>,
+        /// Where the gateway keeps its own state: the last-known-good config.
+        #[arg(long, env = "SPILLWAY_DATA_DIR", default_value = "spillway-data")]
+        data_dir: PathBuf,
+        /// When the config file does not pass its checks, serve the last-known-good config
+        /// saved in the data directory instead of refusing to start (and say so loudly).
+        #[arg(long)]
+        fallback_to_last_known_good: bool,
+    },
+    /// Make a running gateway reload its config file (through its admin API): the file is
+    /// checked whole and swapped in, or nothing changes and the problems are printed.
+    Reload(remote::AdminArgs),
+    /// Look at or roll back a running gateway's config (through its admin API).
+    Config {
+        #[command(subcommand)]
+        command: remote::ConfigCommand,
     },
     /// Run the simulated OpenAI-compatible inference server on its own.
     MockBackend(spillway_mock::MockArgs),
@@ -106,31 +123,42 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             config,
             listen,
             admin_listen,
+            data_dir,
+            fallback_to_last_known_good,
         } => {
-            let config_path = config.clone();
-            let (mut config, quickstart) = match config {
-                Some(path) => match Config::load(&path) {
-                    Ok(c) => (c, false),
-                    Err(e) => {
-                        print_config_error(&path.display().to_string(), &e);
-                        return Ok(ExitCode::FAILURE);
-                    }
-                },
-                None => (Config::quickstart(), true),
-            };
-            let problems = spillway_proxy::preflight::preflight(&config, Some(&env_var));
-            if !problems.is_empty() {
-                let source = match &config_path {
-                    Some(path) => path.display().to_string(),
-                    None => "quickstart".to_owned(),
+            let quickstart = config.is_none();
+            let (loaded, last_known_good) =
+                match starting_config(config.as_deref(), &data_dir, fallback_to_last_known_good) {
+                    Some(found) => found,
+                    None => return Ok(ExitCode::FAILURE),
                 };
-                print_config_error(&source, &ConfigError::Invalid(problems));
-                return Ok(ExitCode::FAILURE);
-            }
-            config.server.listen = listen.unwrap_or(config.server.listen);
-            config.server.admin_listen = admin_listen.unwrap_or(config.server.admin_listen);
-            runtime(config.server.worker_threads)?.block_on(serve(config, quickstart))?;
+            let startup = Startup {
+                loaded,
+                path: config,
+                last_known_good,
+                listen,
+                admin_listen,
+                data_dir,
+            };
+            let workers = startup.loaded.config.server.worker_threads;
+            runtime(workers)?.block_on(serve(startup, quickstart))?;
             Ok(ExitCode::SUCCESS)
+        }
+        Command::Reload(admin) => {
+            let ok = runtime(Some(1))?.block_on(remote::reload(admin))?;
+            Ok(if ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
+        Command::Config { command } => {
+            let ok = runtime(Some(1))?.block_on(remote::config(command))?;
+            Ok(if ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
         }
         Command::MockBackend(args) => {
             runtime(None)?.block_on(spillway_mock::run(args, shutdown_signal()))?;
@@ -171,8 +199,63 @@ fn runtime(workers: Option<usize>) -> anyhow::Result<tokio::runtime::Runtime> {
     Ok(builder.enable_all().build()?)
 }
 
-async fn serve(config: Config, quickstart: bool) -> anyhow::Result<()> {
-    let gateway = BoundGateway::bind(config).await?;
+/// The config `serve` starts with, and whether it is the last-known-good one; `None` (the
+/// problems printed) when there is none to start with.
+fn starting_config(
+    path: Option<&std::path::Path>,
+    data_dir: &std::path::Path,
+    fallback: bool,
+) -> Option<(Loaded, bool)> {
+    let Some(path) = path else {
+        return match Loaded::from_text(QUICKSTART_TOML.to_owned()) {
+            Ok(l) => Some((l, false)),
+            Err(e) => {
+                print_config_error("quickstart", &e);
+                None
+            }
+        };
+    };
+    let e = match Loaded::from_file(path) {
+        Ok(l) => return Some((l, false)),
+        Err(e) => e,
+    };
+    print_config_error(&path.display().to_string(), &e);
+    if !fallback {
+        return None;
+    }
+    match spillway_proxy::reload::saved::load(data_dir) {
+        Ok(Some((loaded, saved))) => {
+            tracing::error!(
+                file = %path.display(),
+                last_known_good = %loaded.hash,
+                saved_from = saved.source.as_deref().unwrap_or("?"),
+                "THE CONFIG FILE DOES NOT PASS ITS CHECKS: SERVING THE LAST-KNOWN-GOOD CONFIG \
+                 INSTEAD (--fallback-to-last-known-good); fix the file and reload"
+            );
+            eprintln!(
+                "spillway: {}: does not pass its checks; serving the last-known-good config {} saved in {}",
+                path.display(),
+                loaded.hash,
+                spillway_proxy::reload::saved::path(data_dir).display()
+            );
+            Some((loaded, true))
+        }
+        Ok(None) => {
+            eprintln!(
+                "spillway: no last-known-good config to fall back to in {}",
+                data_dir.display()
+            );
+            None
+        }
+        Err(e) => {
+            eprintln!("spillway: cannot fall back to the last-known-good config: {e}");
+            None
+        }
+    }
+}
+
+async fn serve(startup: Startup, quickstart: bool) -> anyhow::Result<()> {
+    let gateway = BoundGateway::bind(startup).await?;
     let addr = gateway.local_addr();
     // One line on stdout that scripts and tests can read the bound addresses from.
     println!(

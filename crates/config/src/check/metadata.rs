@@ -1,12 +1,13 @@
-//! The `[store]`, `[cache]` and `[admin]` sections: where tenants and keys live, how lookups are
-//! cached in front of them, and how the admin API is protected.
+//! The `[store]`, `[cache]`, `[admin]` and `[reload]` sections: where tenants and keys live, how
+//! lookups are cached in front of them, how the admin API is protected, and how the running
+//! configuration is changed.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use super::Problems;
-use crate::raw::{RawAdmin, RawCache, RawStore};
-use crate::{AdminConfig, CacheConfig, StoreConfig};
+use crate::raw::{RawAdmin, RawCache, RawReload, RawStore};
+use crate::{AdminConfig, CacheConfig, ReloadConfig, StoreConfig};
 
 /// The store when the config names none: an SQLite file created on first run.
 pub const DEFAULT_STORE_URL: &str = "sqlite://spillway-data/spillway.db";
@@ -132,4 +133,44 @@ pub(super) fn check_admin(raw: RawAdmin, p: &mut Problems) -> AdminConfig {
         .unwrap_or_else(|| "SPILLWAY_ADMIN_TOKEN".to_owned());
     super::check_env_name(&token_env, "admin.token_env", p);
     AdminConfig { token_env }
+}
+
+/// Between these, a watched file is looked at (100 ms to an hour).
+const WATCH_INTERVAL: (Duration, Duration) =
+    (Duration::from_millis(100), Duration::from_secs(3600));
+/// Between these, a configuration serves before it is last-known-good (1 s to a week).
+const LAST_KNOWN_GOOD_AFTER: (Duration, Duration) =
+    (Duration::from_secs(1), Duration::from_secs(7 * 24 * 3600));
+
+pub(super) fn check_reload(raw: RawReload, p: &mut Problems) -> ReloadConfig {
+    let within = |d: Duration, (lo, hi): (Duration, Duration), at: &str, p: &mut Problems| {
+        if d < lo || d > hi {
+            p.add(
+                at,
+                format!(
+                    "must be between {} and {}, got {}",
+                    humantime::format_duration(lo),
+                    humantime::format_duration(hi),
+                    humantime::format_duration(d)
+                ),
+            );
+        }
+        d.clamp(lo, hi)
+    };
+    ReloadConfig {
+        watch: raw.watch.unwrap_or(false),
+        watch_interval: within(
+            raw.watch_interval.unwrap_or(Duration::from_secs(5)),
+            WATCH_INTERVAL,
+            "reload.watch_interval",
+            p,
+        ),
+        last_known_good_after: within(
+            raw.last_known_good_after
+                .unwrap_or(Duration::from_secs(600)),
+            LAST_KNOWN_GOOD_AFTER,
+            "reload.last_known_good_after",
+            p,
+        ),
+    }
 }

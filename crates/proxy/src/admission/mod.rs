@@ -65,7 +65,8 @@ const CONCURRENCY_RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// The gateway's admission state: global counters and one gate per tenant seen.
 pub(crate) struct Admission {
-    gates: RwLock<HashMap<Arc<str>, Arc<Gate>>>,
+    /// Shared with the admission of the next config: a reload keeps each tenant's state.
+    gates: Arc<RwLock<HashMap<Arc<str>, Arc<Gate>>>>,
     in_flight: Arc<AtomicUsize>,
     max_in_flight: usize,
     default_completion_tokens: u64,
@@ -118,6 +119,38 @@ impl Admission {
         pools: impl IntoIterator<Item = &'a ModelPool>,
         shared: Option<crate::shared_limits::SharedLimits>,
     ) -> Admission {
+        let rates = Arc::new(Rates {
+            shared,
+            instances: config.instances,
+        });
+        Self::with_state(config, shed_client_retries, pools, None, rates)
+    }
+
+    /// Admission for the next config: it keeps this one's tenants' gates (their concurrency and
+    /// rates), the global count of requests in flight, the shared limits, and every queue whose
+    /// model, bulkhead and bounds are unchanged (with the seats its requests hold).
+    pub(crate) fn reloaded<'a>(
+        &self,
+        config: &AdmissionConfig,
+        shed_client_retries: bool,
+        pools: impl IntoIterator<Item = &'a ModelPool>,
+    ) -> Admission {
+        Self::with_state(
+            config,
+            shed_client_retries,
+            pools,
+            Some(self),
+            self.rates.clone(),
+        )
+    }
+
+    fn with_state<'a>(
+        config: &AdmissionConfig,
+        shed_client_retries: bool,
+        pools: impl IntoIterator<Item = &'a ModelPool>,
+        previous: Option<&Admission>,
+        rates: Arc<Rates>,
+    ) -> Admission {
         let (bounds, wait, max_in_flight) = if config.naive {
             let unbounded = spillway_policy::QueueBounds {
                 total: NAIVE_UNBOUNDED,
@@ -131,19 +164,23 @@ impl Admission {
             };
             (bounds, config.queue_wait, config.max_in_flight)
         };
+        let queue = |key: &QueueKey| {
+            previous
+                .and_then(|a| a.queues.get(key))
+                .filter(|q| q.settings() == (bounds, wait))
+                .cloned()
+                .unwrap_or_else(|| PoolQueue::new(bounds, wait))
+        };
         Admission {
-            gates: RwLock::new(HashMap::default()),
-            in_flight: Arc::new(AtomicUsize::new(0)),
+            gates: previous.map_or_else(Arc::default, |a| a.gates.clone()),
+            in_flight: previous.map_or_else(Arc::default, |a| a.in_flight.clone()),
             max_in_flight,
             queue_wait: wait,
             tenant_limits: !config.naive,
             fair_lines: !config.naive,
             shed_client_retries,
             default_completion_tokens: config.default_completion_tokens,
-            rates: Arc::new(Rates {
-                shared,
-                instances: config.instances,
-            }),
+            rates,
             queues: pools
                 .into_iter()
                 .flat_map(|p| {
@@ -151,7 +188,10 @@ impl Admission {
                         .iter()
                         .map(|b| (p.name.clone(), b.bulkhead.clone()))
                 })
-                .map(|key| (key, PoolQueue::new(bounds, wait)))
+                .map(|key| {
+                    let q = queue(&key);
+                    (key, q)
+                })
                 .collect(),
         }
     }

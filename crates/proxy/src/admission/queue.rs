@@ -46,6 +46,7 @@ type Queue = FairQueue<Arc<str>, oneshot::Sender<()>>;
 /// One pool's seats and waiters.
 pub(crate) struct PoolQueue {
     queue: Mutex<Queue>,
+    bounds: QueueBounds,
     wait: Duration,
 }
 
@@ -66,8 +67,14 @@ impl PoolQueue {
     pub(crate) fn new(bounds: QueueBounds, wait: Duration) -> Arc<PoolQueue> {
         Arc::new(PoolQueue {
             queue: Mutex::new(FairQueue::new(0, bounds)),
+            bounds,
             wait,
         })
+    }
+
+    /// Its bounds and longest wait, which a reload compares to decide whether to keep it.
+    pub(crate) fn settings(&self) -> (QueueBounds, Duration) {
+        (self.bounds, self.wait)
     }
 
     /// Requests waiting, by class (critical, standard, batch), and seats in use and in all.

@@ -84,6 +84,11 @@ impl EngineLoad {
         &self.uri
     }
 
+    /// How old a reading may be before it is stale.
+    pub fn stale_after(&self) -> Duration {
+        self.stale_after
+    }
+
     /// The engine as configured (possibly [`Engine::Auto`]).
     pub fn engine(&self) -> Engine {
         self.engine
@@ -173,6 +178,16 @@ impl EngineLoads {
         Self {
             stale_after,
             by_uri: Default::default(),
+        }
+    }
+
+    /// Shares `load` with the backends built from now on that read the same page, when it was
+    /// made with the same staleness: so a reload keeps an engine's reading.
+    pub(crate) fn keep(&mut self, load: &Arc<EngineLoad>) {
+        if load.stale_after() == self.stale_after {
+            self.by_uri
+                .entry(load.uri().clone())
+                .or_insert_with(|| load.clone());
         }
     }
 

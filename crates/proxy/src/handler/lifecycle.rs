@@ -90,7 +90,7 @@ pub(super) async fn answered(
     let response = match super::authenticate(gw, req.headers()).await {
         Ok(tenant) => {
             labels.tenant = tenant.name.clone();
-            match gw.admission.enter(&tenant) {
+            match gw.live().admission.enter(&tenant) {
                 Ok(places) => {
                     let caller = Caller { tenant, places };
                     call(gw, &caller, req, &mut labels).await
@@ -152,7 +152,7 @@ pub(super) async fn send(
     mut headers: http::HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    upstream::outbound_headers(&mut headers, &gw.server.region_header);
+    upstream::outbound_headers(&mut headers, &gw.live().config.server.region_header);
     let response = gw
         .upstream
         .forward(backend, method, uri, headers, body)
@@ -175,7 +175,7 @@ pub(super) fn home_of(
         return None;
     }
     let home = gw.homes.find(id, &tenant.name)?;
-    let pool = gw.models.get(&home.model)?.clone();
+    let pool = gw.live().models.get(&home.model)?.clone();
     let at = pool.backends.iter().position(|b| b.name == home.backend)?;
     labels.model = pool.name.clone();
     labels.backend = home.backend;

@@ -28,6 +28,7 @@ use crate::call::Call;
 use crate::endpoint::{Dialect, Endpoint};
 use crate::error::ApiError;
 use crate::gateway::Gateway;
+use crate::live::Live;
 use crate::metrics::RequestLabels;
 
 pub(crate) use read::authenticate;
@@ -71,9 +72,11 @@ pub(crate) async fn handle(gw: &Gateway, endpoint: Endpoint, req: Request) -> Re
     let anthropic_id = (dialect == Dialect::Anthropic)
         .then(|| req.headers().get(crate::call::X_REQUEST_ID).cloned())
         .flatten();
-    let mut response = match read::read(gw, endpoint, req).await {
+    // The config this request runs on, to its end, whatever a reload does meanwhile.
+    let live = gw.live();
+    let mut response = match read::read(gw, &live, endpoint, req).await {
         Ok(mut call) => {
-            let response = match admit_attempt_respond(gw, &mut call).await {
+            let response = match admit_attempt_respond(gw, &live, &mut call).await {
                 Ok(response) => response,
                 Err(e) => refused(e, dialect),
             };
@@ -87,13 +90,17 @@ pub(crate) async fn handle(gw: &Gateway, endpoint: Endpoint, req: Request) -> Re
     response
 }
 
-async fn admit_attempt_respond(gw: &Gateway, call: &mut Call) -> Result<Response, ApiError> {
-    let ticket = gw.admission.admit(call).await?;
-    let attempted = crate::attempt::run(call, &gw.retries, &gw.upstream, &gw.models).await;
+async fn admit_attempt_respond(
+    gw: &Gateway,
+    live: &Live,
+    call: &mut Call,
+) -> Result<Response, ApiError> {
+    let ticket = live.admission.admit(call).await?;
+    let attempted = crate::attempt::run(call, &live.retries, &gw.upstream, &live.models).await;
     if let Some(backend) = attempted.backend {
         call.labels.backend = backend;
     }
-    let mut response = respond::respond(gw, call, ticket, attempted.result?);
+    let mut response = respond::respond(gw, live, call, ticket, attempted.result?);
     let unasked = (!call.model_named).then(|| call.pool.name.clone());
     if let Some(model) = attempted.fallback.or(unasked) {
         // The model that answered, when it was not the one asked for.

@@ -17,17 +17,19 @@ use crate::call::Call;
 use crate::endpoint::Endpoint;
 use crate::error::{ApiError, ErrorKind};
 use crate::gateway::Gateway;
+use crate::live::Live;
 use crate::metrics::RequestLabels;
 use crate::request::{read_body, summarize, BodyLimits};
 
 /// Reads `req` into a call; a refusal comes with the labels known by then.
 pub(super) async fn read(
     gw: &Gateway,
+    live: &Live,
     endpoint: Endpoint,
     req: Request,
 ) -> Result<Call, (ApiError, RequestLabels)> {
     let mut labels = RequestLabels::unrouted();
-    match build(gw, endpoint, req, &mut labels).await {
+    match build(gw, live, endpoint, req, &mut labels).await {
         Ok(call) => Ok(call),
         Err(e) => Err((e, labels)),
     }
@@ -35,6 +37,7 @@ pub(super) async fn read(
 
 async fn build(
     gw: &Gateway,
+    live: &Live,
     endpoint: Endpoint,
     req: Request,
     labels: &mut RequestLabels,
@@ -43,11 +46,11 @@ async fn build(
     let (parts, body) = req.into_parts();
     let tenant = authenticate(gw, &parts.headers).await?;
     labels.tenant = tenant.name.clone();
-    let entered = gw.admission.enter(&tenant)?;
+    let entered = live.admission.enter(&tenant)?;
     let limits = BodyLimits {
-        cap: gw.server.max_body_bytes,
-        deadline: started + gw.server.body_read_timeout,
-        timeout: gw.server.body_read_timeout,
+        cap: live.config.server.max_body_bytes,
+        deadline: started + live.config.server.body_read_timeout,
+        timeout: live.config.server.body_read_timeout,
     };
     let (mut body, body_hold) =
         read_body(body, limits, &gw.body_budget, entered.body_held()).await?;
@@ -57,7 +60,7 @@ async fn build(
     if summary.model.is_empty() {
         body = defaulted(&tenant, &mut summary, &body)?;
     }
-    let pool = gw.models.get(&summary.model).cloned().ok_or_else(|| {
+    let pool = live.models.get(&summary.model).cloned().ok_or_else(|| {
         ApiError::new(
             ErrorKind::ModelNotFound,
             format!("the model {:?} does not exist", shown(&summary.model)),
@@ -85,13 +88,13 @@ async fn build(
     }
     let headers = parts.headers;
     let region = match headers
-        .get(&gw.server.region_header)
+        .get(&live.config.server.region_header)
         .and_then(|v| v.to_str().ok())
     {
         Some(asked) => Some(Arc::from(asked)),
-        None => gw.home_region.clone(),
+        None => live.home_region.clone(),
     };
-    let priority = requested_class(&headers, &gw.server.priority_header)?
+    let priority = requested_class(&headers, &live.config.server.priority_header)?
         .map_or(tenant.limits.priority, |asked| {
             tenant.limits.priority.lowered_to(asked)
         });
@@ -101,15 +104,15 @@ async fn build(
     let home = home
         .filter(|h| h.model == pool.name)
         .and_then(|h| pool.backends.iter().position(|b| b.name == h.backend));
-    let client_retry = is_client_retry(&headers, &gw.client_retry_headers);
+    let client_retry = is_client_retry(&headers, &live.client_retry_headers);
     let mut headers = headers;
-    crate::upstream::outbound_headers(&mut headers, &gw.server.region_header);
+    crate::upstream::outbound_headers(&mut headers, &live.config.server.region_header);
     Ok(Call {
         id,
         endpoint,
         query: parts.uri.query().map(Box::from),
         started,
-        deadline: started + gw.retries.deadline,
+        deadline: started + live.retries.deadline,
         affinity_key,
         home,
         client_retry,

@@ -18,12 +18,19 @@ use crate::call::Call;
 use crate::endpoint::{Endpoint, Surface};
 use crate::gateway::Gateway;
 use crate::homes::{Home, Homes, IdScanner};
+use crate::live::Live;
 use crate::pool::Backend;
 use crate::relay::{BodyEnd, EndObserver, RelayBody};
 use crate::upstream;
 
 /// The client's response for the `chosen` upstream one.
-pub(super) fn respond<B>(gw: &Gateway, call: &Call, ticket: Ticket, chosen: Chosen<B>) -> Response
+pub(super) fn respond<B>(
+    gw: &Gateway,
+    live: &Live,
+    call: &Call,
+    ticket: Ticket,
+    chosen: Chosen<B>,
+) -> Response
 where
     B: http_body::Body<Data = Bytes, Error: std::fmt::Display> + Send + Unpin + 'static,
 {
@@ -42,7 +49,7 @@ where
         status = head.status.as_u16(),
         "relaying the backend's response"
     );
-    if head.status.is_server_error() && gw.relay.discourage_caller_retries {
+    if head.status.is_server_error() && live.relay.discourage_caller_retries {
         head.headers
             .insert("x-should-retry", HeaderValue::from_static("false"));
     }
@@ -81,7 +88,7 @@ where
         body,
         sse,
         call.endpoint,
-        gw.relay.stream_idle_timeout,
+        live.relay.stream_idle_timeout,
         hold,
         observer,
     );

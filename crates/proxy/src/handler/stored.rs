@@ -107,10 +107,11 @@ async fn on_id(
     let body = if method == Method::POST {
         // A metadata update replaces the metadata: the tenant's tag goes back in. Read as a
         // request body is: capped in size and time, and counted in the body budget.
+        let read_timeout = gw.live().config.server.body_read_timeout;
         let limits = BodyLimits {
             cap: MAX_UPDATE_BYTES,
-            deadline: crate::clock::now() + gw.server.body_read_timeout,
-            timeout: gw.server.body_read_timeout,
+            deadline: crate::clock::now() + read_timeout,
+            timeout: read_timeout,
         };
         let held = caller.places.body_held();
         let (read, _hold) = read_body(body, limits, &gw.body_budget, held).await?;
@@ -144,16 +145,17 @@ async fn list_on(
     let asked = form_urlencoded::parse(query.as_bytes())
         .find(|(key, _)| key == "model")
         .map(|(_, model)| model.into_owned());
+    let live = gw.live();
     let names: Vec<&String> = match &asked {
-        Some(m) => gw.models.names.iter().filter(|n| *n == m).collect(),
-        None => gw.models.names.iter().collect(),
+        Some(m) => live.models.names.iter().filter(|n| *n == m).collect(),
+        None => live.models.names.iter().collect(),
     };
     let bulkhead = tenant.pool.as_deref();
     let found = names
         .into_iter()
         .filter(|n| tenant.may_use(n))
         .find_map(|n| {
-            let pool = gw.models.get(n)?;
+            let pool = live.models.get(n)?;
             let backend: &Arc<Backend> = pool.backends.iter().find(|b| {
                 b.bulkhead.as_deref() == bulkhead && b.surfaces.contains(Surface::StoredChat)
             })?;

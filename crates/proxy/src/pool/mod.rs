@@ -5,22 +5,22 @@
 //! after refusing a connection. Outstanding counts are taken with a compare-and-swap against the
 //! backend's `max_concurrency`, so the cap holds under any number of concurrent pickers.
 
+mod build;
 mod learn;
 mod pass;
 
+pub use build::{Models, Rebuilt};
 pub use pass::ThrottlePass;
 
-use foldhash::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use http::{HeaderName, HeaderValue, Uri};
-use spillway_config::{BackendConfig, BackendKind, Config};
+use spillway_config::{BackendConfig, BackendKind};
 use spillway_config::{Balance, Engine, Surface, Surfaces};
 use spillway_directory::log_gate::LogGate;
 use spillway_policy::balance::affinity::stable_hash;
-use spillway_policy::concurrency::AimdConfig;
 use spillway_policy::outlier::Health;
 use spillway_policy::{
     pick, AffinityOutcome, Candidate, EngineView, Refusal, RetryBudget, Rules, Saturation,
@@ -31,7 +31,7 @@ use tokio::sync::Notify;
 use tracing::info;
 
 use crate::endpoint::Endpoint;
-use crate::engine::{EngineLoad, EngineLoads};
+use crate::engine::EngineLoad;
 use crate::health::BackendHealth;
 use crate::metrics::{BackendMetrics, PoolMetrics};
 
@@ -75,6 +75,8 @@ pub struct Backend {
     /// Milliseconds since `epoch` before which this backend is skipped; 0 when it is not.
     skip_until_ms: AtomicU64,
     epoch: Instant,
+    /// What it was built from, when built from a config: a reload keeps it when unchanged.
+    recipe: Option<build::BackendRecipe>,
 }
 
 /// Wakes requests waiting for a backend of a pool to free a unit of concurrency. A release
@@ -176,6 +178,7 @@ impl Backend {
             freed,
             skip_until_ms: AtomicU64::new(0),
             epoch,
+            recipe: None,
         })
     }
 
@@ -358,6 +361,8 @@ pub struct ModelPool {
     pub fallbacks: Vec<spillway_policy::Fallback<String>>,
     /// The next turn of `round_robin`.
     turn: AtomicU64,
+    /// What it was built from: a reload keeps the pool when unchanged.
+    recipe: build::PoolRecipe,
 }
 
 impl ModelPool {
@@ -493,99 +498,5 @@ impl ModelPool {
             full.push(choice.index);
         }
         None
-    }
-}
-
-/// Every configured model's pool, by client-facing model name.
-#[derive(Debug, Default)]
-pub struct Models {
-    pools: HashMap<String, Arc<ModelPool>>,
-    /// Model names in configuration order, for `GET /v1/models`.
-    pub names: Vec<String>,
-}
-
-impl Models {
-    /// Builds the pools; `base_of` resolves each backend's base URL.
-    pub fn new(
-        config: &Config,
-        mut base_of: impl FnMut(&spillway_config::ModelConfig, &BackendConfig) -> Result<Uri, String>,
-    ) -> Result<Self, String> {
-        let epoch = crate::clock::now();
-        let outlier = config
-            .outlier
-            .enabled
-            .then(|| config.outlier.detector.clone());
-        let adaptive = &config.adaptive_concurrency;
-        let aimd = |b: &BackendConfig| {
-            adaptive.enabled.then(|| {
-                let min_limit = adaptive.min_limit.min(b.max_concurrency);
-                AimdConfig {
-                    min_limit,
-                    max_limit: b.max_concurrency,
-                    initial_limit: adaptive
-                        .initial_limit
-                        .unwrap_or(b.max_concurrency)
-                        .clamp(min_limit, b.max_concurrency),
-                    backoff_ratio: adaptive.backoff_ratio,
-                    recovery: adaptive.recovery,
-                    ..AimdConfig::with_max_limit(b.max_concurrency)
-                }
-            })
-        };
-        let mut out = Models::default();
-        let mut engines = EngineLoads::new(config.engine_metrics.stale_after);
-        for m in &config.models {
-            let name: Arc<str> = Arc::from(m.name.as_str());
-            let freed = Arc::new(Freed::default());
-            let backends = m
-                .backends
-                .iter()
-                .map(|b| {
-                    let health = BackendHealth::new(b.max_concurrency, outlier.clone(), aimd(b));
-                    let base = base_of(m, b)?;
-                    let mut backend = Backend::new(&name, b, &base, epoch, health, freed.clone())?;
-                    backend.engine = engines.for_backend(b, &base, backend.auth_header.as_ref())?;
-                    Ok::<_, String>(Arc::new(backend))
-                })
-                .collect::<Result<Vec<_>, _>>()?;
-            let pool = ModelPool {
-                metrics: PoolMetrics::new(&name),
-                name,
-                backends,
-                budget: Mutex::new(RetryBudget::new(config.retry.budget, epoch)),
-                throttle: config
-                    .retry
-                    .throttle
-                    .map(|t| Mutex::new(Throttle::new(t, epoch))),
-                throttle_pending: Arc::default(),
-                in_flight: AtomicU64::new(0),
-                retrying: AtomicU64::new(0),
-                max_ejected_share: config.outlier.max_ejected_share,
-                panic_threshold: config.outlier.panic_threshold,
-                freed,
-                balance: m.balance.clone(),
-                saturation: Saturation {
-                    max_queue: config.engine_metrics.max_queue,
-                    max_kv_usage: config.engine_metrics.max_kv_usage,
-                },
-                fallbacks: m.fallbacks.clone(),
-                turn: AtomicU64::new(0),
-            };
-            out.pools.insert(m.name.clone(), Arc::new(pool));
-            out.names.push(m.name.clone());
-        }
-        Ok(out)
-    }
-
-    pub fn get(&self, model: &str) -> Option<&Arc<ModelPool>> {
-        self.pools.get(model)
-    }
-
-    /// Every pool, in configuration order.
-    pub fn pools(&self) -> Vec<Arc<ModelPool>> {
-        self.names
-            .iter()
-            .filter_map(|n| self.get(n).cloned())
-            .collect()
     }
 }

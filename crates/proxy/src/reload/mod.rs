@@ -1,0 +1,409 @@
+//! Changing the configuration of a running gateway: reload, last-known-good, and what cannot
+//! change without a restart.
+//!
+//! In IL-0235 a configuration change that the deployed engines did not support failed requests
+//! in seven regions, and rolling it back took fifteen hours. Two lessons shape this module: a
+//! change must be checked completely before anything of it takes effect, and a configuration
+//! known to have worked must be at hand when a fresh one cannot be trusted.
+//!
+//! A reload (`SIGHUP`, `POST /admin/config/reload`, `spillway reload`, or the file watch) reads
+//! the file, checks it with every check `spillway check-config` makes (the environment variables
+//! it names included), and only then builds the new config's state, keeping the live state of
+//! every backend, pool, queue and tenant that did not change (`pool/build.rs`,
+//! `Admission::reloaded`), and swaps it in with one atomic store (`live.rs`). Requests in flight
+//! finish on the config they started with. A reload that fails any step changes nothing and says
+//! why: in its answer, in the log, and in `spillway_config_reloads_total{result="rejected"}`.
+//! Settings that a running process cannot change (the listeners, the store, the key cache, the
+//! upstream client; `restart.rs`) keep their running values and are reported as needing a
+//! restart. A config that has served for `reload.last_known_good_after` with no anomaly is saved
+//! as the last-known-good one (`saved.rs`), which `serve --fallback-to-last-known-good` starts
+//! with when the file does not pass its checks, and which `POST /admin/config/rollback` puts
+//! back in place.
+
+mod admin;
+mod restart;
+pub mod saved;
+mod tasks;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+use metrics::{counter, describe_counter};
+use serde::Serialize;
+use sha2::Digest;
+use spillway_config::{Config, ConfigError};
+use tracing::{info, warn};
+
+use crate::gateway::{base_resolver, Gateway};
+use crate::live::{Live, Source};
+use crate::pool::{Models, Rebuilt};
+
+pub(crate) use admin::routes;
+pub(crate) use tasks::spawn as spawn_tasks;
+
+const RELOADS: &str = "spillway_config_reloads_total";
+
+/// A configuration read and checked: what `serve` starts with, and what a reload puts in place.
+#[derive(Debug, Clone)]
+pub struct Loaded {
+    pub config: Config,
+    /// The file's text, kept to be saved as last-known-good.
+    pub text: Arc<str>,
+    /// The SHA-256 of the text, in hex.
+    pub hash: String,
+}
+
+impl Loaded {
+    /// Checks `text` as `spillway check-config` does, the environment variables it names
+    /// included.
+    pub fn from_text(text: String) -> Result<Loaded, ConfigError> {
+        let config = Config::from_toml(&text)?;
+        let env = |name: &str| std::env::var(name).ok();
+        let problems = crate::preflight::preflight(&config, Some(&env));
+        if !problems.is_empty() {
+            return Err(ConfigError::Invalid(problems));
+        }
+        Ok(Loaded {
+            config,
+            hash: hash(text.as_bytes()),
+            text: text.into(),
+        })
+    }
+
+    /// Reads and checks the file at `path`.
+    pub fn from_file(path: &Path) -> Result<Loaded, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Loaded::from_text(text)
+    }
+}
+
+/// The SHA-256 of a config's bytes, in hex, as `sha256sum` prints it.
+pub fn hash(bytes: &[u8]) -> String {
+    sha2::Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// What `serve` starts with.
+pub struct Startup {
+    pub loaded: Loaded,
+    /// The file it was read from; `None` for the built-in quickstart.
+    pub path: Option<PathBuf>,
+    /// Whether `loaded` is the saved last-known-good config, the file having failed its checks.
+    pub last_known_good: bool,
+    /// `--listen` and `--admin-listen`, which win over the file's at start and at every reload.
+    pub listen: Option<SocketAddr>,
+    pub admin_listen: Option<SocketAddr>,
+    /// Where the gateway keeps its own state (the last-known-good config).
+    pub data_dir: PathBuf,
+}
+
+impl Startup {
+    /// The config to start with, the command line's listeners applied.
+    pub(crate) fn config(&self) -> Config {
+        let mut config = self.loaded.config.clone();
+        self.apply_overrides(&mut config);
+        config
+    }
+
+    fn apply_overrides(&self, config: &mut Config) {
+        config.server.listen = self.listen.unwrap_or(config.server.listen);
+        config.server.admin_listen = self.admin_listen.unwrap_or(config.server.admin_listen);
+    }
+
+    pub(crate) fn source(&self) -> Source {
+        Source {
+            hash: self.loaded.hash.clone(),
+            text: self.loaded.text.clone(),
+            loaded_at: SystemTime::now(),
+            path: self.path.as_ref().map(|p| p.display().to_string()),
+            last_known_good: self.last_known_good,
+        }
+    }
+}
+
+/// A running gateway's means of changing its config: one reload at a time.
+pub(crate) struct Changes {
+    startup: Startup,
+    lock: tokio::sync::Mutex<()>,
+    /// The last reload's answer.
+    last: Mutex<Option<Outcome>>,
+    /// Anomalies seen (4xx jumps, halted rollouts): a config is last-known-good only after a
+    /// stretch without one.
+    anomalies: AtomicU64,
+}
+
+/// Where a reload reads its config from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum From {
+    /// The config file, as it is now.
+    File,
+    /// The saved last-known-good config (a rollback).
+    LastKnownGood,
+}
+
+/// How a reload ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum Ended {
+    /// The new config is in place.
+    Applied,
+    /// The config is the one running: nothing to do.
+    Unchanged,
+    /// Nothing changed; `problems` say why.
+    Rejected,
+}
+
+impl Ended {
+    fn as_str(self) -> &'static str {
+        match self {
+            Ended::Applied => "applied",
+            Ended::Unchanged => "unchanged",
+            Ended::Rejected => "rejected",
+        }
+    }
+}
+
+/// A reload's answer, as the admin API and `spillway reload` show it.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Outcome {
+    pub result: Ended,
+    /// The hash of the config that was read (absent when it could not be read).
+    pub hash: Option<String>,
+    /// The hash of the config running after the reload.
+    pub running: String,
+    /// Why it was rejected, one line each.
+    pub problems: Vec<String>,
+    /// Settings that differ but keep their running values until a restart.
+    pub restart_required: Vec<String>,
+    #[serde(flatten)]
+    pub rebuilt: Rebuilt,
+}
+
+impl Changes {
+    pub(crate) fn new(startup: Startup) -> Changes {
+        Changes {
+            startup,
+            lock: tokio::sync::Mutex::new(()),
+            last: Mutex::new(None),
+            anomalies: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn data_dir(&self) -> &Path {
+        &self.startup.data_dir
+    }
+
+    pub(crate) fn path(&self) -> Option<&Path> {
+        self.startup.path.as_deref()
+    }
+
+    pub(crate) fn anomalies(&self) -> u64 {
+        self.anomalies.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn last(&self) -> Option<Outcome> {
+        self.last.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+/// Reloads `gw`'s config from `from`: checks it whole, builds its state keeping what did not
+/// change, and swaps it in; or changes nothing and says why.
+pub(crate) async fn reload(gw: &Gateway, from: From) -> Outcome {
+    let changes = &gw.changes;
+    let _one_at_a_time = changes.lock.lock().await;
+    let running = gw.live();
+    let outcome = match read(changes, from) {
+        Err(problems) => rejected(&running, None, problems),
+        Ok((loaded, path)) => apply(gw, &running, loaded, path, from).await,
+    };
+    counter!(RELOADS, "result" => outcome.result.as_str()).increment(1);
+    match outcome.result {
+        Ended::Applied => info!(
+            hash = %outcome.hash.as_deref().unwrap_or(""),
+            kept = outcome.rebuilt.backends_kept.len(),
+            fresh = outcome.rebuilt.backends_fresh.len(),
+            restart_required = ?outcome.restart_required,
+            "config reloaded"
+        ),
+        Ended::Unchanged => info!(hash = %outcome.running, "config reload: unchanged"),
+        Ended::Rejected => warn!(
+            problems = %outcome.problems.join("; "),
+            "config reload rejected; the running config keeps serving"
+        ),
+    }
+    *changes.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(outcome.clone());
+    outcome
+}
+
+fn read(changes: &Changes, from: From) -> Result<(Loaded, Option<String>), Vec<String>> {
+    match from {
+        From::File => {
+            let Some(path) = changes.path() else {
+                return Err(vec![
+                    "the gateway runs the built-in quickstart: there is no config file to reload"
+                        .to_owned(),
+                ]);
+            };
+            let loaded = Loaded::from_file(path).map_err(problems)?;
+            Ok((loaded, Some(path.display().to_string())))
+        }
+        From::LastKnownGood => match saved::load(changes.data_dir()) {
+            Ok(Some((loaded, _))) => Ok((loaded, changes.path().map(|p| p.display().to_string()))),
+            Ok(None) => Err(vec![format!(
+                "no last-known-good config is saved in {}",
+                changes.data_dir().display()
+            )]),
+            Err(e) => Err(vec![e]),
+        },
+    }
+}
+
+pub(crate) fn describe() {
+    describe_counter!(
+        RELOADS,
+        "Config reloads, by result: applied, unchanged, or rejected (nothing changed)."
+    );
+    // Present from the start, so a rate or an alert on rejections has a series to read.
+    for ended in [Ended::Applied, Ended::Unchanged, Ended::Rejected] {
+        counter!(RELOADS, "result" => ended.as_str()).absolute(0);
+    }
+}
+
+/// Appends the running config's gauges to the metrics page. They are written here rather than
+/// registered, so the page shows only the running config's hash, never every hash it had.
+pub(crate) fn render(live: &Live, changes: &Changes, page: &mut String) {
+    use std::fmt::Write;
+    let s = &live.source;
+    let origin = match (&s.path, s.last_known_good) {
+        (_, true) => "last_known_good",
+        (Some(_), false) => "file",
+        (None, false) => "quickstart",
+    };
+    let loaded = s
+        .loaded_at
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64());
+    let restart = changes
+        .last()
+        .filter(|o| o.result == Ended::Applied)
+        .map_or(0, |o| o.restart_required.len());
+    let _ = write!(
+        page,
+        "# HELP spillway_config_info The running config: the SHA-256 of its text, and where it came from.\n\
+         # TYPE spillway_config_info gauge\n\
+         spillway_config_info{{sha256=\"{}\",source=\"{origin}\"}} 1\n\
+         # HELP spillway_config_loaded_timestamp_seconds When the running config was put in place.\n\
+         # TYPE spillway_config_loaded_timestamp_seconds gauge\n\
+         spillway_config_loaded_timestamp_seconds {loaded:.3}\n\
+         # HELP spillway_config_restart_required Settings the last reload changed that keep their running values until a restart.\n\
+         # TYPE spillway_config_restart_required gauge\n\
+         spillway_config_restart_required {restart}\n",
+        s.hash
+    );
+}
+
+/// A config's problems, one line each.
+fn problems(e: ConfigError) -> Vec<String> {
+    match e {
+        ConfigError::Invalid(problems) => problems.iter().map(|p| p.to_string()).collect(),
+        ConfigError::Parse(errors) => errors,
+        other => vec![other.to_string()],
+    }
+}
+
+fn rejected(running: &Live, hash: Option<String>, problems: Vec<String>) -> Outcome {
+    Outcome {
+        result: Ended::Rejected,
+        hash,
+        running: running.source.hash.clone(),
+        problems,
+        restart_required: Vec::new(),
+        rebuilt: Rebuilt::default(),
+    }
+}
+
+async fn apply(
+    gw: &Gateway,
+    running: &Arc<Live>,
+    loaded: Loaded,
+    path: Option<String>,
+    from: From,
+) -> Outcome {
+    let last_known_good = from == From::LastKnownGood;
+    if loaded.hash == running.source.hash && last_known_good == running.source.last_known_good {
+        return Outcome {
+            result: Ended::Unchanged,
+            hash: Some(loaded.hash),
+            ..rejected(running, None, Vec::new())
+        };
+    }
+    let mut config = loaded.config;
+    gw.changes.startup.apply_overrides(&mut config);
+    let restart_required = restart::pin(&running.config, &mut config);
+    let hash = Some(loaded.hash.clone());
+    let mocks = match gw.mocks.plan(&config).await {
+        Ok(plan) => plan,
+        Err(e) => return rejected(running, hash, vec![format!("mock backends: {e}")]),
+    };
+    let bases = mocks.bases();
+    let (models, rebuilt) = match Models::rebuilt(&config, base_resolver(&bases), &running.models) {
+        Ok(built) => built,
+        Err(e) => return rejected(running, hash, vec![e]),
+    };
+    if config.tenants != running.config.tenants {
+        if let Err(e) = apply_tenants(gw, &running.config, &config).await {
+            return rejected(running, hash, vec![e]);
+        }
+    }
+    let admission = running.admission.reloaded(
+        &config.admission,
+        config.retry.shed_client_retries,
+        models.pools().iter().map(|p| &**p),
+    );
+    let grace = config.server.shutdown_grace;
+    let source = Source {
+        hash: loaded.hash,
+        text: loaded.text,
+        loaded_at: SystemTime::now(),
+        path,
+        last_known_good,
+    };
+    let next = Live::new(config, source, models, admission);
+    next.spawn_tasks(gw.upstream.client());
+    gw.mocks.commit(mocks, grace);
+    let old = gw.swap(next);
+    old.retire();
+    Outcome {
+        result: Ended::Applied,
+        hash,
+        running: gw.live().source.hash.clone(),
+        problems: Vec::new(),
+        restart_required,
+        rebuilt,
+    }
+}
+
+/// Writes the config's tenants to the store, as at start, and forgets the cached lookups of
+/// those that changed. A tenant dropped from the file stays in the store, as one added through
+/// the admin API would: disable it there.
+async fn apply_tenants(gw: &Gateway, running: &Config, next: &Config) -> Result<(), String> {
+    let bootstrap = crate::tenants::Bootstrap::resolve(&next.tenants)?;
+    bootstrap
+        .apply(gw.tenants.store().as_ref())
+        .await
+        .map_err(|e| format!("tenants not written to the store, so nothing changed: {e}"))?;
+    for t in &next.tenants {
+        if !running.tenants.contains(t) {
+            gw.tenants.tenant_changed(&t.name);
+        }
+    }
+    Ok(())
+}

@@ -73,6 +73,12 @@ pub struct MockFault {
     /// Hang this long before answering each `GET /metrics`.
     #[serde(with = "humantime_serde")]
     pub metrics_stall: Option<Duration>,
+    /// Answer 400 `unsupported_parameter` to every inference request whose JSON body has this
+    /// top-level field with a value other than `null` (e.g. `"tools"`), as an engine version
+    /// without that feature does; requests without it are served normally. `null` counts as
+    /// absent because clients send unset options as `null`, and an engine that lacks a feature
+    /// fails only the requests that use it.
+    pub reject_field: Option<String>,
 }
 
 impl Default for MockProfile {
@@ -106,6 +112,7 @@ impl Default for MockFault {
             break_stream_after: None,
             metrics_error_status: None,
             metrics_stall: None,
+            reject_field: None,
         }
     }
 }
@@ -158,6 +165,10 @@ impl MockProfile {
                 out.push((field, format!("must be a 4xx or 5xx status, got {status}")));
             }
         }
+        // An empty name matches no field a client sends, so the fault would silently do nothing.
+        if self.fault.reject_field.as_deref() == Some("") {
+            out.push(("fault.reject_field", "must name a field".to_owned()));
+        }
         out
     }
 }
@@ -204,5 +215,30 @@ mod tests {
         };
         let fields: Vec<&str> = negative.problems().iter().map(|(f, _)| *f).collect();
         assert_eq!(fields, ["prefill_tokens_per_sec"]);
+    }
+
+    #[test]
+    fn reject_field_is_read_from_a_mock_backend_in_toml_and_must_name_a_field() {
+        let config = |field: &str| {
+            format!(
+                "[[models]]\nname = \"m\"\n[[models.backends]]\nname = \"b\"\nkind = \"mock\"\n\
+                 mock = {{ fault = {{ reject_field = \"{field}\" }} }}\n"
+            )
+        };
+        let c = crate::Config::from_toml(&config("tools")).unwrap();
+        let crate::BackendKind::Mock(p) = &c.models[0].backends[0].kind else {
+            panic!("not a mock backend: {:?}", c.models[0].backends[0].kind);
+        };
+        assert_eq!(p.fault.reject_field.as_deref(), Some("tools"));
+        let Err(crate::ConfigError::Invalid(problems)) = crate::Config::from_toml(&config(""))
+        else {
+            panic!("an empty reject_field must be refused");
+        };
+        let text: Vec<String> = problems.iter().map(ToString::to_string).collect();
+        assert!(
+            text.iter()
+                .any(|t| t.contains("mock.fault.reject_field: must name a field")),
+            "{text:?}"
+        );
     }
 }

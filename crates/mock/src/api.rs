@@ -2,10 +2,13 @@
 //!
 //! The order is the order a real, sometimes broken, backend would impose: the body is read and
 //! remembered (so `/stats` shows what reached the server even when a fault then hits it), the
-//! profile's faults strike before the server looks at the request, then the key, the request
-//! and the model are checked, a generation slot is taken (or 429), the prompt is looked up in
-//! the prefix cache, and only then is the reply generated at the profile's pace: the uncached
-//! part of the prompt prefilled, then the tokens. Every exit records exactly one outcome.
+//! profile's drawn faults strike before the server looks at the request, then the key is
+//! checked, a body using the profile's `reject_field` is refused as an engine refuses a
+//! parameter it does not support (while reading the request, so before the model is looked
+//! up), then the request and the model are checked, a generation slot is taken (or 429), the
+//! prompt is looked up in the prefix cache, and only then is the reply generated at the
+//! profile's pace: the uncached part of the prompt prefilled, then the tokens. Every exit
+//! records exactly one outcome.
 //!
 //! Every API surface (OpenAI chat, completions, embeddings and Responses; Anthropic Messages)
 //! takes this one path; the endpoint decides only how the request is read, what the reply
@@ -16,7 +19,7 @@
 //! compaction that names a `previous_response_id` is checked against the stored responses
 //! before the model (whose name it may supply), and a Responses or chat create to be stored is
 //! stored when it is answered (`responses.rs`, `chats.rs`). The routes of what was stored
-//! (`lifecycle.rs`) share the first steps: remembering, faults, the key.
+//! (`lifecycle.rs`) share the first steps: remembering, the drawn faults, the key.
 
 use std::sync::Arc;
 
@@ -209,6 +212,10 @@ async fn admit(
         )));
     }
     let fields = json_object(&body, json_error).map_err(invalid)?;
+    if let Some(field) = faults::rejected_field(&live.profile.fault, fields) {
+        let error = ApiError::unsupported_parameter(field);
+        return Err(Refusal::Error(error, Event::FieldRejected));
+    }
     let earlier = match endpoint {
         Endpoint::Generate(Surface::Responses) | Endpoint::Compact => {
             earlier(server, fields).map_err(invalid)?

@@ -79,6 +79,9 @@ pub struct MockArgs {
     /// Hang this long before answering `/metrics`, e.g. 2s.
     #[arg(long, value_name = "DURATION")]
     pub metrics_stall: Option<humantime::Duration>,
+    /// Answer 400 unsupported_parameter to inference requests whose body sets this field, e.g. tools.
+    #[arg(long, value_name = "NAME")]
+    pub reject_field: Option<String>,
     /// Require `Authorization: Bearer KEY`, `api-key: KEY` or `x-api-key: KEY`, with KEY read
     /// from this environment variable (the key itself never appears on the command line).
     #[arg(long, value_name = "VAR")]
@@ -110,6 +113,7 @@ impl MockArgs {
                 break_stream_after: self.break_stream_after,
                 metrics_error_status: self.metrics_error_status,
                 metrics_stall: self.metrics_stall.map(Into::into),
+                reject_field: self.reject_field.clone(),
             },
         };
         let problems = profile.problems();
@@ -210,6 +214,8 @@ mod tests {
             "0",
             "--metrics-stall",
             "2s",
+            "--reject-field",
+            "response_format",
         ])
         .profile()
         .unwrap();
@@ -222,15 +228,18 @@ mod tests {
         assert_eq!(p.prefill_tokens_per_sec, 1000.0);
         assert_eq!(p.prefix_cache_entries, 0);
         assert_eq!(p.fault.metrics_stall, Some(Duration::from_secs(2)));
+        assert_eq!(p.fault.reject_field.as_deref(), Some("response_format"));
     }
 
     #[test]
     fn invalid_flags_are_reported_together() {
-        let e = parse(&["--capacity", "0", "--reset-rate", "2"])
+        let e = parse(&["--capacity", "0", "--reset-rate", "2", "--reject-field", ""])
             .profile()
             .unwrap_err();
         assert!(
-            e.contains("capacity") && e.contains("fault.reset_rate"),
+            e.contains("capacity")
+                && e.contains("fault.reset_rate")
+                && e.contains("fault.reject_field"),
             "{e}"
         );
     }

@@ -147,6 +147,20 @@ mod tests {
     }
 
     #[test]
+    fn reject_field_is_set_and_cleared_by_a_patch() {
+        let set = patched(
+            &MockProfile::default(),
+            &json!({"fault": {"reject_field": "tools"}}),
+        )
+        .unwrap();
+        assert_eq!(set.fault.reject_field.as_deref(), Some("tools"));
+        let cleared = patched(&set, &json!({"fault": {"reject_field": null}})).unwrap();
+        assert_eq!(cleared, MockProfile::default());
+        let e = patched(&set, &json!({"fault": {"reject_field": ""}})).unwrap_err();
+        assert!(format!("{e:?}").contains("fault.reject_field"), "{e:?}");
+    }
+
+    #[test]
     fn arrays_are_replaced_not_merged() {
         let p = patched(&MockProfile::default(), &json!({"models": ["x"]})).unwrap();
         assert_eq!(p.models, vec!["x".to_owned()]);

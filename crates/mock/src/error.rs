@@ -8,6 +8,7 @@
 //! everything else. Anthropic's error `type` follows from the status alone, as its API documents
 //! it, and every Anthropic answer, error or not, carries a `request-id` header.
 
+use std::borrow::Cow;
 use std::time::Duration;
 
 use axum::response::{IntoResponse, Response};
@@ -61,7 +62,8 @@ pub(crate) struct ApiError {
     kind: &'static str,
     code: &'static str,
     message: String,
-    param: Option<&'static str>,
+    /// The request field at fault: one the mock reads, or one a profile names.
+    param: Option<Cow<'static, str>>,
     retry_after: Option<Duration>,
     dialect: Dialect,
 }
@@ -97,7 +99,7 @@ impl ApiError {
     /// Like [`ApiError::invalid`], naming the request field at fault.
     pub(crate) fn invalid_param(param: &'static str, message: impl Into<String>) -> Self {
         Self {
-            param: Some(param),
+            param: Some(param.into()),
             ..Self::invalid("invalid_value", message)
         }
     }
@@ -113,7 +115,7 @@ impl ApiError {
 
     pub(crate) fn model_not_found(model: &str) -> Self {
         Self {
-            param: Some("model"),
+            param: Some("model".into()),
             ..Self::new(
                 StatusCode::NOT_FOUND,
                 "invalid_request_error",
@@ -126,7 +128,7 @@ impl ApiError {
     /// A create or compaction whose `previous_response_id` names no response this server holds.
     pub(crate) fn previous_response_not_found(id: &str) -> Self {
         Self {
-            param: Some("previous_response_id"),
+            param: Some("previous_response_id".into()),
             ..Self::invalid(
                 "previous_response_not_found",
                 format!("Previous response with id '{}' not found.", shown(id)),
@@ -160,6 +162,21 @@ impl ApiError {
             "unknown_parameter",
             format!("Unrecognized request argument supplied: {}", shown(name)),
         )
+    }
+
+    /// A top-level body field this server does not support, worded as OpenAI words it, so a
+    /// backend without a feature fails the requests that use it the way a real one does.
+    pub(crate) fn unsupported_parameter(field: &str) -> Self {
+        Self {
+            param: Some(Cow::Owned(field.to_owned())),
+            ..Self::invalid(
+                "unsupported_parameter",
+                format!(
+                    "Unsupported parameter: '{}' is not supported with this model.",
+                    shown(field)
+                ),
+            )
+        }
     }
 
     pub(crate) fn unauthorized(code: &'static str, message: &str) -> Self {
@@ -352,6 +369,22 @@ mod tests {
             json!({"message": "No chat completion found with id 'chatcmpl-1'.",
                    "type": "invalid_request_error", "param": null, "code": "not_found"})
         );
+    }
+
+    #[tokio::test]
+    async fn an_unsupported_parameter_is_named_in_either_dialect() {
+        let e = ApiError::unsupported_parameter("tools");
+        let r = e.clone().into_response();
+        assert_eq!(r.status(), 400);
+        assert_eq!(
+            body(r).await["error"],
+            json!({"message": "Unsupported parameter: 'tools' is not supported with this model.",
+                   "type": "invalid_request_error", "param": "tools",
+                   "code": "unsupported_parameter"})
+        );
+        let v = body(Dialect::Anthropic.answer(e)).await;
+        assert_eq!(v["error"]["type"], "invalid_request_error");
+        assert!(v["error"]["message"].as_str().unwrap().contains("'tools'"));
     }
 
     #[test]

@@ -4,10 +4,15 @@
 //! and so the rates mean exactly what the profile says: each fault is drawn independently, a
 //! stall delays whatever follows it, and a reset wins over an error when both are drawn (a reset
 //! connection cannot also carry an error body).
+//!
+//! One fault is not drawn: `reject_field` refuses exactly the requests whose body uses a field,
+//! as an engine version without a feature does, so it is decided by the body
+//! ([`rejected_field`]) once the body has been read as a JSON object.
 
 use std::time::Duration;
 
 use rand::Rng;
+use serde_json::{Map, Value};
 use spillway_config::MockFault;
 
 /// The faults one request meets.
@@ -45,11 +50,24 @@ pub(crate) fn draw(fault: &MockFault, rng: &mut impl Rng) -> Draw {
     Draw { stall, outcome }
 }
 
+/// The field the profile's `reject_field` names, if this request body uses it: present at the
+/// top level with a value other than `null`, since clients send unset options as `null`.
+pub(crate) fn rejected_field<'a>(
+    fault: &'a MockFault,
+    body: &Map<String, Value>,
+) -> Option<&'a str> {
+    let field = fault.reject_field.as_deref()?;
+    body.get(field)
+        .is_some_and(|v| !v.is_null())
+        .then_some(field)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use rand::rngs::StdRng;
     use rand::SeedableRng;
+    use serde_json::json;
 
     fn fault(error: f64, stall: f64, reset: f64) -> MockFault {
         MockFault {
@@ -96,5 +114,44 @@ mod tests {
         let d = draw(&fault(f64::NAN, -1.0, 7.0), &mut rng);
         assert_eq!(d.outcome, Injected::Reset);
         assert_eq!(d.stall, None);
+    }
+
+    #[test]
+    fn reject_field_matches_a_top_level_field_with_a_value() {
+        let rejecting = |field: Option<&str>| MockFault {
+            reject_field: field.map(str::to_owned),
+            ..MockFault::default()
+        };
+        let body = |v: Value| v.as_object().unwrap().clone();
+        let tools = rejecting(Some("tools"));
+        for used in [
+            json!({"tools": [{"type": "function"}]}),
+            json!({"tools": []}),
+            json!({"tools": false}),
+            json!({"tools": ""}),
+        ] {
+            assert_eq!(
+                rejected_field(&tools, &body(used.clone())),
+                Some("tools"),
+                "{used}"
+            );
+        }
+        for unused in [
+            json!({}),
+            json!({"tools": null}),
+            json!({"tool_choice": "auto"}),
+            json!({"Tools": [1]}),
+            json!({"messages": [{"tools": [1]}]}),
+        ] {
+            assert_eq!(
+                rejected_field(&tools, &body(unused.clone())),
+                None,
+                "{unused}"
+            );
+        }
+        assert_eq!(
+            rejected_field(&rejecting(None), &body(json!({"tools": [1]}))),
+            None
+        );
     }
 }

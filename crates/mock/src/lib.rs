@@ -8,7 +8,8 @@
 //! `previous_response_id`, and compaction), and Anthropic's Messages API (with `count_tokens`) in Anthropic's shapes and
 //! errors, and a [`MockProfile`] makes it slow, saturated or broken on purpose: limited generation
 //! slots and a bounded queue, time to first token and tokens per second, injected error statuses,
-//! stalls, connection resets and streams broken off mid-way. The profile can be swapped while it
+//! stalls, connection resets, streams broken off mid-way, and a 400 for every request using a
+//! field the simulated engine does not support. The profile can be swapped while it
 //! runs (`PUT`/`PATCH /control`), and `/stats` reports what it saw and did, so a test or an
 //! incident replay can flip a healthy backend into a failure mode and then check what reached it.
 //!

@@ -30,6 +30,9 @@ pub struct MockStats {
     pub rejected_invalid: u64,
     /// Requests refused with 429 because every slot and the queue were taken.
     pub rejected_queue_full: u64,
+    /// Requests refused with 400 `unsupported_parameter` because their body used the profile's
+    /// `fault.reject_field` (counted here only, not under `rejected_invalid`).
+    pub rejected_field: u64,
     /// Requests answered with the profile's injected error status.
     pub errors_injected: u64,
     /// Connections reset by the profile before any response byte.
@@ -94,6 +97,7 @@ pub(crate) struct Recorder {
     served: AtomicU64,
     rejected_invalid: AtomicU64,
     rejected_queue_full: AtomicU64,
+    rejected_field: AtomicU64,
     errors_injected: AtomicU64,
     resets_injected: AtomicU64,
     stalls_injected: AtomicU64,
@@ -155,6 +159,7 @@ pub(crate) enum Event {
     Served,
     RejectedInvalid,
     RejectedQueueFull,
+    FieldRejected,
     ErrorInjected,
     ResetInjected,
     StallInjected,
@@ -194,6 +199,7 @@ impl Recorder {
             Event::Served => &self.served,
             Event::RejectedInvalid => &self.rejected_invalid,
             Event::RejectedQueueFull => &self.rejected_queue_full,
+            Event::FieldRejected => &self.rejected_field,
             Event::ErrorInjected => &self.errors_injected,
             Event::ResetInjected => &self.resets_injected,
             Event::StallInjected => &self.stalls_injected,
@@ -235,6 +241,7 @@ impl Recorder {
             served: get(&self.served),
             rejected_invalid: get(&self.rejected_invalid),
             rejected_queue_full: get(&self.rejected_queue_full),
+            rejected_field: get(&self.rejected_field),
             errors_injected: get(&self.errors_injected),
             resets_injected: get(&self.resets_injected),
             stalls_injected: get(&self.stalls_injected),
@@ -259,6 +266,7 @@ impl Recorder {
             &self.served,
             &self.rejected_invalid,
             &self.rejected_queue_full,
+            &self.rejected_field,
             &self.errors_injected,
             &self.resets_injected,
             &self.stalls_injected,

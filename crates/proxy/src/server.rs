@@ -39,12 +39,15 @@ pub struct BoundGateway {
     admin_listener: TcpListener,
     warm_batch: u32,
     warm_max_keys: u64,
+    /// `SIGHUP`, taken over before the gateway says it listens: it reloads the config.
+    hangups: tokio::signal::unix::Signal,
 }
 
 impl BoundGateway {
     /// Binds both listeners, starts in-process mock backends and builds the request path.
     pub async fn bind(startup: Startup) -> Result<Self, StartError> {
         let config = startup.config();
+        let hangups = crate::reload::hangups()?;
         let listener = bind(config.server.listen).await?;
         let admin_listener = bind(config.server.admin_listen).await?;
         let mocks = MockFleet::default().plan(&config).await?;
@@ -56,6 +59,7 @@ impl BoundGateway {
             admin_listener,
             warm_batch: config.cache.warm_batch,
             warm_max_keys: config.cache.warm_max_keys,
+            hangups,
         })
     }
 
@@ -119,9 +123,7 @@ impl BoundGateway {
         });
         started.spawn_tasks(gw.upstream.client());
         drop(started);
-        if let Err(e) = crate::reload::spawn_tasks(&gw, &stop_rx) {
-            warn!("{e}");
-        }
+        crate::reload::spawn_tasks(&gw, self.hangups, &stop_rx);
         let warm = gw.tenants.clone();
         let (batch, max_keys) = (self.warm_batch, self.warm_max_keys);
         let warm_task = tokio::spawn(async move {

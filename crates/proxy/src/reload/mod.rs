@@ -42,9 +42,13 @@ use crate::live::{Live, Source};
 use crate::pool::{Models, Rebuilt};
 
 pub(crate) use admin::routes;
-pub(crate) use tasks::spawn as spawn_tasks;
+pub(crate) use tasks::{hangups, spawn as spawn_tasks};
 
 const RELOADS: &str = "spillway_config_reloads_total";
+
+/// The largest config file read (a config is a few KiB; this leaves room for thousands of
+/// backends while a runaway file cannot take the gateway's memory).
+pub const MAX_CONFIG_BYTES: u64 = 4 * 1024 * 1024;
 
 /// A configuration read and checked: what `serve` starts with, and what a reload puts in place.
 #[derive(Debug, Clone)]
@@ -73,12 +77,24 @@ impl Loaded {
         })
     }
 
-    /// Reads and checks the file at `path`.
+    /// Reads and checks the file at `path` (at most [`MAX_CONFIG_BYTES`]).
     pub fn from_file(path: &Path) -> Result<Loaded, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        let read = |source| ConfigError::Read {
             path: path.display().to_string(),
             source,
-        })?;
+        };
+        let file = std::fs::File::open(path).map_err(read)?;
+        let mut text = String::new();
+        std::io::Read::read_to_string(
+            &mut std::io::Read::take(file, MAX_CONFIG_BYTES + 1),
+            &mut text,
+        )
+        .map_err(read)?;
+        if text.len() as u64 > MAX_CONFIG_BYTES {
+            return Err(read(std::io::Error::other(format!(
+                "larger than {MAX_CONFIG_BYTES} bytes"
+            ))));
+        }
         Loaded::from_text(text)
     }
 }

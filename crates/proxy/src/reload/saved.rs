@@ -18,8 +18,8 @@ use super::Loaded;
 /// The file's name in the data directory.
 pub const FILE: &str = "last-known-good.json";
 
-/// Configs larger than this are not read back (a config is a few KiB).
-const MAX_BYTES: u64 = 4 * 1024 * 1024;
+/// Saved files larger than this are not read back: the config and its JSON escaping.
+const MAX_BYTES: u64 = 2 * super::MAX_CONFIG_BYTES;
 
 /// What is saved.
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -5,21 +5,22 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::signal::unix::{signal, SignalKind};
+use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::sync::watch;
 use tracing::{info, warn};
 
 use super::{reload, saved, From};
 use crate::gateway::{Gateway, StartError};
 
-/// A config file larger than this is not read by the watch (a config is a few KiB).
-const MAX_WATCHED_BYTES: u64 = 4 * 1024 * 1024;
+/// Takes `SIGHUP` over from its default (ending the process). Done while the gateway binds, before
+/// it says it listens, so no hangup sent once it is up can end it.
+pub(crate) fn hangups() -> Result<Signal, StartError> {
+    signal(SignalKind::hangup())
+        .map_err(|e| StartError::Setup(format!("cannot handle SIGHUP: {e}")))
+}
 
-/// Starts the three tasks; they end when `stop` turns true. `SIGHUP` is taken over here, before
-/// the gateway says it is ready, so a hangup can never end the process.
-pub(crate) fn spawn(gw: &Arc<Gateway>, stop: &watch::Receiver<bool>) -> Result<(), StartError> {
-    let mut hangups = signal(SignalKind::hangup())
-        .map_err(|e| StartError::Setup(format!("cannot handle SIGHUP: {e}")))?;
+/// Starts the three tasks; they end when `stop` turns true.
+pub(crate) fn spawn(gw: &Arc<Gateway>, mut hangups: Signal, stop: &watch::Receiver<bool>) {
     let (g, mut s) = (gw.clone(), stop.clone());
     tokio::spawn(async move {
         loop {
@@ -33,7 +34,6 @@ pub(crate) fn spawn(gw: &Arc<Gateway>, stop: &watch::Receiver<bool>) -> Result<(
     });
     tokio::spawn(until(stop.clone(), watch_file(gw.clone())));
     tokio::spawn(until(stop.clone(), keep_last_known_good(gw.clone())));
-    Ok(())
 }
 
 async fn until(mut stop: watch::Receiver<bool>, task: impl std::future::Future<Output = ()>) {
@@ -75,7 +75,7 @@ fn read_capped(path: &std::path::Path) -> std::io::Result<Vec<u8>> {
     let mut bytes = Vec::new();
     let file = std::fs::File::open(path)?;
     std::io::Read::read_to_end(
-        &mut std::io::Read::take(file, MAX_WATCHED_BYTES),
+        &mut std::io::Read::take(file, super::MAX_CONFIG_BYTES + 1),
         &mut bytes,
     )?;
     Ok(bytes)

@@ -46,6 +46,26 @@ impl Proc {
         self.child.id()
     }
 
+    /// The config file a gateway was started with.
+    pub fn config_path(&self) -> &std::path::Path {
+        self.config
+            .as_deref()
+            .expect("a gateway started from a config file")
+    }
+
+    /// Where a gateway keeps its own state (`--data-dir`), beside its config.
+    pub fn data_dir(&self) -> PathBuf {
+        data_dir_of(self.config_path())
+    }
+
+    /// Replaces the gateway's config file with `body` in the frame `gateway` puts it in (the
+    /// same listeners, tenants and store), for a reload to read.
+    pub fn rewrite_config(&self, body: &str) {
+        let path = self.config_path();
+        let db = path.with_extension("db");
+        std::fs::write(path, gateway_config(body, &db)).unwrap();
+    }
+
     pub fn signal(&self, sig: &str) {
         let ok = Command::new("kill")
             .args(["-s", sig, &self.pid().to_string()])
@@ -66,6 +86,7 @@ impl Drop for Proc {
         let _ = self.child.wait();
         if let Some(path) = &self.config {
             let _ = std::fs::remove_file(path);
+            let _ = std::fs::remove_dir_all(data_dir_of(path));
             // The gateway's own SQLite store, next to its config.
             for ext in ["db", "db-wal", "db-shm"] {
                 let _ = std::fs::remove_file(path.with_extension(ext));
@@ -192,24 +213,55 @@ pub fn gateway(body: &str) -> Proc {
 }
 
 pub fn gateway_with_env(body: &str, envs: &[(&str, &str)]) -> Proc {
+    gateway_with_args(body, envs, &[])
+}
+
+/// `spillway serve` with `body` in the test frame, extra `envs` and extra `args`.
+pub fn gateway_with_args(body: &str, envs: &[(&str, &str)], args: &[&str]) -> Proc {
+    let path = new_config_path();
+    std::fs::write(&path, gateway_config(body, &path.with_extension("db"))).unwrap();
+    serve_file(path, envs, args)
+}
+
+/// A fresh config file name in the temporary directory (the gateway's store and data directory
+/// go beside it).
+pub fn new_config_path() -> PathBuf {
     let n = CONFIGS.fetch_add(1, Ordering::Relaxed);
-    let db = std::env::temp_dir().join(format!("spillway-test-{}-{n}.db", std::process::id()));
+    std::env::temp_dir().join(format!("spillway-test-{}-{n}.toml", std::process::id()))
+}
+
+/// `spillway serve --config PATH` with the test environment; the file and what the gateway keeps
+/// beside it are removed when the process is dropped.
+pub fn serve_file(path: PathBuf, envs: &[(&str, &str)], args: &[&str]) -> Proc {
+    let mut env = vec![("TEST_TENANT_B_KEY", OTHER_KEY)];
+    env.extend_from_slice(envs);
+    let config = path.to_str().unwrap().to_owned();
+    let data = data_dir_of(&path).to_str().unwrap().to_owned();
+    let mut all = vec!["serve", "--config", &config];
+    if !args.contains(&"--data-dir") {
+        all.extend(["--data-dir", &data]);
+    }
+    all.extend_from_slice(args);
+    start(&all, &env, Some(path))
+}
+
+/// The data directory of the gateway whose config is `path`.
+pub fn data_dir_of(path: &std::path::Path) -> PathBuf {
+    path.with_extension("data")
+}
+
+/// A gateway's config: listeners on port 0, `body`, the test tenants, and its own SQLite store
+/// at `db` unless `body` names a store.
+pub fn gateway_config(body: &str, db: &std::path::Path) -> String {
     let toml = format!(
         "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n{body}\n{}",
         tenants()
     );
-    // Each gateway gets its own SQLite store, unless the test names one.
-    let toml = if body.contains("[store]") {
+    if body.contains("[store]") {
         toml
     } else {
         format!("{toml}\n[store]\nurl = \"sqlite://{}\"\n", db.display())
-    };
-    let path = std::env::temp_dir().join(format!("spillway-test-{}-{n}.toml", std::process::id()));
-    std::fs::write(&path, toml).unwrap();
-    let mut env = vec![("TEST_TENANT_B_KEY", OTHER_KEY)];
-    env.extend_from_slice(envs);
-    let arg = path.to_str().unwrap().to_owned();
-    start(&["serve", "--config", &arg], &env, Some(path))
+    }
 }
 
 /// A `[[models]]` block with one openai backend per (name, region, url).

@@ -11,17 +11,16 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
-use http::Uri;
-use spillway_config::{BackendKind, Config};
+use spillway_config::Config;
 use tracing::{info, warn};
 
 use crate::admission::Admission;
 use crate::auth::TenantDirectory;
+use crate::changes::{Changes, Startup};
 use crate::connections::Connections;
 use crate::live::Live;
-use crate::mocks::{MockBases, MockFleet, MockPlan};
+use crate::mocks::{base_resolver, MockFleet, MockPlan};
 use crate::pool::Models;
-use crate::reload::{Changes, Startup};
 use crate::request::BodyBudget;
 use crate::tenants::StoreDirectory;
 use crate::upstream::HyperUpstream;
@@ -113,21 +112,6 @@ impl Gateway {
     /// Puts `next` in place of the current config's state and returns the one it replaced.
     pub(crate) fn swap(&self, next: Live) -> Arc<Live> {
         self.live.swap(Arc::new(next))
-    }
-}
-
-/// Resolves a backend's base URL: its own, or the address its mock was started on.
-pub(crate) fn base_resolver(
-    bases: &MockBases,
-) -> impl FnMut(&spillway_config::ModelConfig, &spillway_config::BackendConfig) -> Result<Uri, String> + '_
-{
-    move |m, b| match &b.kind {
-        BackendKind::OpenAi { url } | BackendKind::Azure { url, .. } => Ok(url.clone()),
-        BackendKind::Mock(_) => bases
-            .get(&(m.name.clone(), b.name.clone()))
-            .ok_or("mock backend was not started")?
-            .parse::<Uri>()
-            .map_err(|e| e.to_string()),
     }
 }
 

@@ -14,6 +14,7 @@ mod affinity;
 mod attempt;
 pub mod auth;
 mod call;
+mod changes;
 mod clock;
 mod connections;
 pub mod endpoint;

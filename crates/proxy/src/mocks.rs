@@ -7,12 +7,11 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use http::Uri;
 use spillway_config::{BackendKind, Config, MockProfile};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tracing::{info, warn};
-
-use crate::gateway::StartError;
 
 /// A mock backend's base URL, by (model, backend) name.
 pub(crate) type MockBases = HashMap<(String, String), String>;
@@ -59,9 +58,24 @@ impl Drop for MockPlan {
     }
 }
 
+/// Resolves a backend's base URL: its own, or the address its mock was started on.
+pub(crate) fn base_resolver(
+    bases: &MockBases,
+) -> impl FnMut(&spillway_config::ModelConfig, &spillway_config::BackendConfig) -> Result<Uri, String> + '_
+{
+    move |m, b| match &b.kind {
+        BackendKind::OpenAi { url } | BackendKind::Azure { url, .. } => Ok(url.clone()),
+        BackendKind::Mock(_) => bases
+            .get(&(m.name.clone(), b.name.clone()))
+            .ok_or("mock backend was not started")?
+            .parse::<Uri>()
+            .map_err(|e| e.to_string()),
+    }
+}
+
 impl MockFleet {
     /// Starts the mock backends of `config` that are not running with the same profile.
-    pub(crate) async fn plan(&self, config: &Config) -> Result<MockPlan, StartError> {
+    pub(crate) async fn plan(&self, config: &Config) -> std::io::Result<MockPlan> {
         let running = self
             .running
             .lock()
@@ -137,14 +151,9 @@ impl MockFleet {
 async fn start(
     profile: MockProfile,
     mut stop: watch::Receiver<bool>,
-) -> Result<SocketAddr, StartError> {
-    let addr = SocketAddr::from(([127, 0, 0, 1], 0));
-    let listener = TcpListener::bind(addr)
-        .await
-        .map_err(|source| StartError::Bind { addr, source })?;
-    let addr = listener
-        .local_addr()
-        .map_err(|e| StartError::Setup(e.to_string()))?;
+) -> std::io::Result<SocketAddr> {
+    let listener = TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0))).await?;
+    let addr = listener.local_addr()?;
     let server = spillway_mock::MockServer::new(profile);
     tokio::spawn(async move {
         let stopped = async move {

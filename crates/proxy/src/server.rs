@@ -24,12 +24,12 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
+use crate::changes::Startup;
 use crate::endpoint::{Dialect, Endpoint};
 use crate::error::{ApiError, ErrorKind};
 use crate::gateway::{Gateway, StartError};
 use crate::handler;
 use crate::mocks::MockFleet;
-use crate::reload::Startup;
 
 /// A gateway whose listeners are bound and whose mock backends run, ready to serve.
 pub struct BoundGateway {
@@ -50,7 +50,10 @@ impl BoundGateway {
         let hangups = crate::reload::hangups()?;
         let listener = bind(config.server.listen).await?;
         let admin_listener = bind(config.server.admin_listen).await?;
-        let mocks = MockFleet::default().plan(&config).await?;
+        let mocks = MockFleet::default()
+            .plan(&config)
+            .await
+            .map_err(|e| StartError::Setup(format!("mock backends: {e}")))?;
         let gateway = Arc::new(Gateway::build(startup, mocks).await?);
         Ok(Self {
             gateway,

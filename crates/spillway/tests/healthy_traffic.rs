@@ -454,9 +454,24 @@ async fn a_passing_health_check_readmits_a_restarted_backend_before_its_ejection
 
 #[tokio::test]
 async fn failures_that_happen_together_all_fail_over_within_the_budget() {
-    // A proxy in front of a dead engine answers 502 to everything at once; the healthy backend
-    // takes a second per request, so every retry is still running when the next failure comes.
-    let broken = mock(&["--model", "m", "--error-rate", "1", "--error-status", "502"]);
+    // A proxy in front of a dead engine answers 502 to everything; the healthy backend takes a
+    // second per request, so every retry is still running when the next failure comes. The
+    // 502s come half a second after each request, so that all eight are in the gateway before
+    // the first failure is known, as failures that happen together are; without that pause a
+    // slow machine reads the requests one by one, and the pool's adaptive throttling rightly
+    // refuses requests to a pool whose every answered attempt has failed.
+    let broken = mock(&[
+        "--model",
+        "m",
+        "--error-rate",
+        "1",
+        "--error-status",
+        "502",
+        "--stall-rate",
+        "1",
+        "--stall",
+        "500ms",
+    ]);
     let healthy = mock(&["--model", "m", "--ttft", "1s", "--tokens-per-sec", "0"]);
     let cfg = format!(
         "[health_check]\nenabled = false\n[outlier]\nenabled = false\n\n{}",

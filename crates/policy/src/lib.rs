@@ -8,11 +8,16 @@
 //! whether the reading is recent) enters as plain numbers: [`EngineView`] for the balancer,
 //! [`Aimd::on_engine`] for the concurrency limit. Scraping and parsing their metrics is the
 //! proxy's work; deciding what the numbers mean is this crate's.
+//!
+//! The staged rollout's vocabulary (its status, verdicts, the classes it compares) is read through
+//! [`rollout`], whose names would be ambiguous at the crate's root; only its entry points are
+//! re-exported here.
 
 // Tests may time real processes and sockets on the system clock (see clippy.toml).
 #![cfg_attr(test, allow(clippy::disallowed_methods))]
 
 pub mod balance;
+mod binomial;
 pub mod budget;
 pub mod classify;
 pub mod concurrency;
@@ -22,6 +27,7 @@ pub mod outlier;
 pub mod pause;
 pub mod rate;
 pub mod retry;
+pub mod rollout;
 pub mod throttle;
 mod window;
 
@@ -39,4 +45,5 @@ pub use rate::{
     Reservation, TenantLimiter,
 };
 pub use retry::{Backoff, Decision, RetryPolicy, Stop};
+pub use rollout::{takes_new, Rollout, RolloutConfig, RolloutConfigError, RolloutState};
 pub use throttle::{Throttle, ThrottleConfig};

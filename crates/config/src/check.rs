@@ -15,13 +15,14 @@ mod engine;
 mod fallbacks;
 mod metadata;
 mod resilience;
+mod rollout;
 mod routing;
 mod tenants;
 
 pub use metadata::DEFAULT_STORE_URL;
 
 use crate::raw::{RawBackend, RawConfig, RawModel, RawServer, RawUpstream};
-use crate::{BackendConfig, BackendKind, Config, ModelConfig, ServerConfig, UpstreamConfig};
+use crate::{BackendConfig, BackendKind, Config, ModelConfig, ServerConfig, Side, UpstreamConfig};
 
 /// One thing wrong with a configuration and where it is (a TOML key path).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -303,19 +304,35 @@ fn check_models(raw: Vec<RawModel>, p: &mut Problems) -> Vec<ModelConfig> {
         }
         let balance = balance::check_balance(&m, &at, p);
         let fallbacks = fallbacks::check_fallbacks(&m, &at, p);
+        let (rollout, next) = match m.rollout {
+            Some(r) => {
+                let (plan, backends) = rollout::check_rollout(r, &at, p);
+                (Some(plan), backends)
+            }
+            None => (None, Vec::new()),
+        };
         let mut names = HashSet::new();
-        let backends = m
+        let current = m
             .backends
             .into_iter()
             .enumerate()
-            .filter_map(|(j, b)| {
+            .map(|(j, b)| (Side::Old, format!("{at}.backends[{j}]"), b));
+        let coming = next
+            .into_iter()
+            .enumerate()
+            .map(|(j, b)| (Side::New, format!("{at}.rollout.backends[{j}]"), b));
+        let backends = current
+            .chain(coming)
+            .filter_map(|(side, place, b)| {
                 if !names.insert(b.name.clone()) {
                     p.add(
-                        format!("{at}.backends[{j}].name"),
+                        format!("{place}.name"),
                         format!("backend {:?} is declared twice in this model", b.name),
                     );
                 }
-                check_backend(b, &m.name, &format!("{at}.backends[{j}]"), p)
+                let mut checked = check_backend(b, &m.name, &place, p)?;
+                checked.side = side;
+                Some(checked)
             })
             .collect();
         models.push(ModelConfig {
@@ -323,6 +340,7 @@ fn check_models(raw: Vec<RawModel>, p: &mut Problems) -> Vec<ModelConfig> {
             backends,
             balance,
             fallbacks,
+            rollout,
         });
     }
     fallbacks::check_fallback_models(&models, p);
@@ -464,6 +482,7 @@ fn check_backend(b: RawBackend, model: &str, at: &str, p: &mut Problems) -> Opti
         engine,
         metrics_url,
         surfaces,
+        side: Side::Old,
     })
 }
 

@@ -15,6 +15,7 @@ mod parse;
 mod raw;
 mod surface;
 
+pub use spillway_policy::rollout::Side;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
@@ -210,6 +211,27 @@ pub struct ModelConfig {
     pub balance: BalanceConfig,
     /// Other models a request goes to, in order, when this one cannot answer it.
     pub fallbacks: Vec<Fallback<String>>,
+    /// A new version of its backends being rolled out (`[models.rollout]`): those backends are
+    /// in `backends` with `side` [`Side::New`].
+    pub rollout: Option<RolloutPlan>,
+}
+
+/// How a model's new backends take over from its current ones.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RolloutPlan {
+    pub mode: RolloutMode,
+    /// The steps and the comparator (for [`RolloutMode::Staged`]).
+    pub policy: spillway_policy::RolloutConfig,
+}
+
+/// Whether a rollout goes step by step or all at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RolloutMode {
+    /// A growing share, each step compared with the current version and halted on an excess.
+    Staged,
+    /// The new version takes every request at once, unwatched: what a deployment without
+    /// stages does, for `spillway replay bad-rollout`.
+    Replace,
 }
 
 /// How a model's requests are spread over its backends (`[[models]]` `balance` and the
@@ -281,6 +303,8 @@ pub struct BackendConfig {
     pub metrics_url: Option<http::Uri>,
     /// The API surfaces it serves: only requests on these are routed to it.
     pub surfaces: Surfaces,
+    /// The version it belongs to: the model's current one, or the one its rollout brings.
+    pub side: Side,
 }
 
 /// The inference engine serving a backend: which names its `/metrics` page uses.

@@ -195,6 +195,24 @@ pub struct RawModel {
     pub session_from_user: Option<bool>,
     #[serde(default)]
     pub fallbacks: Vec<RawFallback>,
+    pub rollout: Option<RawRollout>,
+}
+
+/// `[models.rollout]`: a new version of a model's backends, rolled out in steps.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRollout {
+    pub mode: Option<String>,
+    pub steps: Option<Vec<f64>>,
+    #[serde(default, with = "humantime_serde")]
+    pub min_step_duration: Option<Duration>,
+    pub min_step_requests: Option<u64>,
+    pub alpha: Option<f64>,
+    pub min_excess_events: Option<u64>,
+    pub min_ratio: Option<f64>,
+    pub ttft_quantile: Option<f64>,
+    #[serde(default)]
+    pub backends: Vec<RawBackend>,
 }
 
 #[derive(Debug, Deserialize)]

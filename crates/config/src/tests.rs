@@ -653,3 +653,44 @@ fn fallbacks_name_other_configured_models_and_known_triggers() {
         );
     }
 }
+
+#[test]
+fn a_rollout_brings_its_backends_as_the_new_side_with_the_policy_defaults() {
+    let c = Config::from_toml(&format!(
+        "{MINIMAL}[models.rollout]\nsteps = [10, 100]\n[[models.rollout.backends]]\nname = \"v2\"\nurl = \"http://127.0.0.1:8001/v1\"\n"
+    ))
+    .unwrap();
+    let m = c.model("m").unwrap();
+    let sides: Vec<_> = m
+        .backends
+        .iter()
+        .map(|b| (b.name.as_str(), b.side))
+        .collect();
+    assert_eq!(sides, [("b", Side::Old), ("v2", Side::New)]);
+    let plan = m.rollout.as_ref().unwrap();
+    assert_eq!(plan.mode, RolloutMode::Staged);
+    assert_eq!(plan.policy.steps, [10.0, 100.0]);
+    assert_eq!(
+        plan.policy.min_step_requests,
+        spillway_policy::RolloutConfig::default().min_step_requests
+    );
+}
+
+#[test]
+fn a_rollout_s_problems_name_their_keys() {
+    let p = problems(&format!(
+        "{MINIMAL}[models.rollout]\nmode = \"yolo\"\nsteps = [50, 20]\n[[models.rollout.backends]]\nname = \"b\"\nurl = \"http://127.0.0.1:8001/v1\"\n"
+    ));
+    let at: Vec<_> = p.iter().map(|p| p.location.as_str()).collect();
+    assert_eq!(
+        at,
+        [
+            r#"models["m"].rollout.mode"#,
+            r#"models["m"].rollout.steps"#,
+            r#"models["m"].rollout.backends[0].name"#,
+        ],
+        "{p:?}"
+    );
+    let p = problems(&format!("{MINIMAL}[models.rollout]\n"));
+    assert_eq!(p[0].location, r#"models["m"].rollout.backends"#, "{p:?}");
+}

@@ -125,7 +125,7 @@ pub(crate) struct Changes {
     pub(crate) last: Mutex<Option<Outcome>>,
     /// Anomalies seen (4xx jumps, halted rollouts): a config is last-known-good only after a
     /// stretch without one.
-    anomalies: AtomicU64,
+    anomalies: Arc<AtomicU64>,
 }
 
 impl Changes {
@@ -134,7 +134,7 @@ impl Changes {
             startup,
             lock: tokio::sync::Mutex::new(()),
             last: Mutex::new(None),
-            anomalies: AtomicU64::new(0),
+            anomalies: Arc::default(),
         }
     }
 
@@ -144,6 +144,11 @@ impl Changes {
 
     pub(crate) fn path(&self) -> Option<&Path> {
         self.startup.path.as_deref()
+    }
+
+    /// The count of anomalies, for those who see them (halted rollouts, 4xx jumps).
+    pub(crate) fn anomaly_counter(&self) -> Arc<AtomicU64> {
+        self.anomalies.clone()
     }
 
     pub(crate) fn anomalies(&self) -> u64 {

@@ -22,6 +22,7 @@ use crate::live::Live;
 use crate::mocks::{base_resolver, MockFleet, MockPlan};
 use crate::pool::Models;
 use crate::request::BodyBudget;
+use crate::rollout::Rollouts;
 use crate::tenants::StoreDirectory;
 use crate::upstream::HyperUpstream;
 
@@ -57,6 +58,8 @@ pub struct Gateway {
     live: ArcSwap<Live>,
     /// Reloads, one at a time, and the last-known-good config.
     pub(crate) changes: Changes,
+    /// The models' rollouts, kept across reloads and restarts.
+    pub(crate) rollouts: Rollouts,
 }
 
 impl Gateway {
@@ -66,7 +69,14 @@ impl Gateway {
         let (config, source) = (startup.config(), startup.source());
         let tenants = Arc::new(open_tenants(&config).await?);
         let bases = mocks.bases();
-        let models = Models::new(&config, base_resolver(&bases)).map_err(StartError::Setup)?;
+        let changes = Changes::new(startup);
+        let rollouts = Rollouts::load(changes.data_dir(), changes.anomaly_counter());
+        let (models, _) =
+            Models::rebuilt(&config, base_resolver(&bases), &Models::default(), &|m| {
+                rollouts.cell_for(m)
+            })
+            .map_err(StartError::Setup)?;
+        rollouts.adopt(models.rollouts());
         let shared = match &config.admission.redis {
             Some(url) => Some(
                 crate::shared_limits::SharedLimits::start(url, config.admission.redis_timeout)
@@ -100,7 +110,8 @@ impl Gateway {
             homes: Arc::default(),
             mocks: fleet,
             live: ArcSwap::from_pointee(Live::new(config, source, models, admission)),
-            changes: Changes::new(startup),
+            changes,
+            rollouts,
         })
     }
 

@@ -35,6 +35,7 @@ mod probe;
 mod relay;
 pub mod reload;
 pub mod request;
+pub mod rollout;
 mod server;
 pub mod shared_limits;
 mod store_connect;

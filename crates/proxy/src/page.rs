@@ -20,6 +20,7 @@ pub(crate) fn recorder() -> PrometheusHandle {
     crate::admission::metrics::describe();
     crate::engine::metrics::describe();
     crate::reload::describe();
+    crate::rollout::describe();
     handle
 }
 
@@ -52,5 +53,6 @@ pub(crate) fn render(handle: &PrometheusHandle, gw: &Gateway) -> String {
     handle.run_upkeep();
     let mut page = handle.render();
     crate::reload::render(&live, &gw.changes, &mut page);
+    gw.rollouts.render(&mut page);
     page
 }

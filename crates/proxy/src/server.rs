@@ -127,6 +127,8 @@ impl BoundGateway {
         started.spawn_tasks(gw.upstream.client());
         drop(started);
         crate::reload::spawn_tasks(&gw, self.hangups, &stop_rx);
+        let judge = gw.clone();
+        let judge_task = tokio::spawn(async move { crate::rollout::judge(&judge.rollouts).await });
         let warm = gw.tenants.clone();
         let (batch, max_keys) = (self.warm_batch, self.warm_max_keys);
         let warm_task = tokio::spawn(async move {
@@ -166,6 +168,7 @@ impl BoundGateway {
         })
         .await;
         upkeep_task.abort();
+        judge_task.abort();
         gw.live().retire();
         gw.mocks.stop_all();
         match drained {
@@ -316,7 +319,8 @@ fn admin_router(state: AdminState) -> Router {
                 directory: state.gateway.tenants.clone(),
                 token: state.gateway.admin_token,
             },
-            crate::reload::routes(state.gateway.clone()),
+            crate::reload::routes(state.gateway.clone())
+                .merge(crate::rollout::routes(state.gateway.clone())),
         ))
         .layer(middleware::map_response(json_errors))
 }

@@ -72,6 +72,11 @@ enum Command {
         #[command(subcommand)]
         command: remote::ConfigCommand,
     },
+    /// Show or steer a running gateway's staged rollouts (through its admin API).
+    Rollout {
+        #[command(subcommand)]
+        command: remote::RolloutCommand,
+    },
     /// Run the simulated OpenAI-compatible inference server on its own.
     MockBackend(spillway_mock::MockArgs),
     /// Replay an incident with real processes on 127.0.0.1 and print what callers and backends
@@ -146,6 +151,14 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
         }
         Command::Reload(admin) => {
             let ok = runtime(Some(1))?.block_on(remote::reload(admin))?;
+            Ok(if ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
+        Command::Rollout { command } => {
+            let ok = runtime(Some(1))?.block_on(remote::rollout(command))?;
             Ok(if ok {
                 ExitCode::SUCCESS
             } else {

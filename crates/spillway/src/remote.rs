@@ -36,6 +36,62 @@ pub enum ConfigCommand {
     Rollback(AdminArgs),
 }
 
+#[derive(Subcommand)]
+pub enum RolloutCommand {
+    /// Every running rollout: its step, the new version's share, its state and counts.
+    Status(AdminArgs),
+    /// Move MODEL's rollout to its next step now, whatever the step's time and counts.
+    Promote(Steered),
+    /// Stop MODEL's rollout: its new version takes no traffic from now on.
+    Abort(Steered),
+    /// Start MODEL's rollout again at its first step (after a halt or an abort).
+    Restart(Steered),
+}
+
+#[derive(Args)]
+pub struct Steered {
+    /// The model whose rollout to steer.
+    model: String,
+    #[command(flatten)]
+    admin: AdminArgs,
+}
+
+/// `spillway rollout ...`: shows or steers rollouts; prints the admin API's JSON answer.
+pub async fn rollout(command: RolloutCommand) -> anyhow::Result<bool> {
+    let (admin, method, path) = match command {
+        RolloutCommand::Status(admin) => {
+            (admin, reqwest::Method::GET, "/admin/rollouts".to_owned())
+        }
+        RolloutCommand::Promote(s) => steer(s, "promote"),
+        RolloutCommand::Abort(s) => steer(s, "abort"),
+        RolloutCommand::Restart(s) => steer(s, "restart"),
+    };
+    let answer = call(&admin, method, &path).await?;
+    println!("{}", serde_json::to_string_pretty(&answer)?);
+    Ok(true)
+}
+
+fn steer(s: Steered, what: &str) -> (AdminArgs, reqwest::Method, String) {
+    let model: String = url_path_segment(&s.model);
+    (
+        s.admin,
+        reqwest::Method::POST,
+        format!("/admin/rollouts/{model}/{what}"),
+    )
+}
+
+/// `text` escaped as one segment of a URL's path.
+fn url_path_segment(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
 /// `spillway reload`: the gateway reloads its config file; prints what changed.
 pub async fn reload(admin: AdminArgs) -> anyhow::Result<bool> {
     let answer = call(&admin, reqwest::Method::POST, "/admin/config/reload").await?;

@@ -177,6 +177,8 @@ impl Loop<'_> {
         let mut avoid_region: Option<String> = None;
         let mut last: Option<Failure> = None;
         let mut retrying: Option<Counted<'_>> = None;
+        // During a rollout: the version the next attempt goes to.
+        let mut side = pool.rollout.as_ref().map(|r| r.first_side());
         loop {
             let now = crate::clock::now();
             let ask = Ask {
@@ -187,6 +189,7 @@ impl Loop<'_> {
                 surface: call.endpoint.surface(),
                 // A call that continues a stored response goes to the backend that has it.
                 only: call.home.filter(|_| self.on_fallback.is_none()),
+                side,
             };
             // Once every backend of this model has failed it, a fallback for that is better
             // than another try on one of them.
@@ -247,6 +250,10 @@ impl Loop<'_> {
                 Err(outcome) => (outcome, None),
             };
             let now = crate::clock::now();
+            if let Some(rollout) = &pool.rollout {
+                rollout.attempt_failed(backend.side, outcome);
+                side = Some(rollout.retry_side());
+            }
             let class = classify(outcome, &backend.rules);
             let pushback = response
                 .as_ref()

@@ -21,6 +21,7 @@ use crate::homes::{Home, Homes, IdScanner};
 use crate::live::Live;
 use crate::pool::Backend;
 use crate::relay::{BodyEnd, EndObserver, RelayBody};
+use crate::rollout::RolloutCell;
 use crate::upstream;
 
 /// The client's response for the `chosen` upstream one.
@@ -53,6 +54,18 @@ where
         head.headers
             .insert("x-should-retry", HeaderValue::from_static("false"));
     }
+    // A success is counted on its rollout's side once its body has ended (an error status was
+    // counted by the attempt loop).
+    let rollout = live
+        .models
+        .get(&model)
+        .and_then(|p| p.rollout.clone())
+        .filter(|_| head.status.is_success())
+        .map(|cell| Counted {
+            cell,
+            status: head.status.as_u16(),
+            first_byte: None,
+        });
     let sse = is_sse(&head.headers);
     insert_rate_headers(&mut head.headers, ticket.rate_headers());
     // A create's answer names the object its backend stored: remember where it lives.
@@ -83,6 +96,7 @@ where
         started: call.started,
         ticket: ticket.relayed(sse),
         home,
+        rollout,
     };
     let relay = RelayBody::new(
         body,
@@ -109,6 +123,15 @@ struct Finish {
     started: Instant,
     ticket: Ticket,
     home: Option<Remember>,
+    rollout: Option<Counted>,
+}
+
+/// A relayed success of a model with a rollout, to be counted on its side when its body ends.
+struct Counted {
+    cell: Arc<RolloutCell>,
+    status: u16,
+    /// Since the call arrived, when the first byte of the body came.
+    first_byte: Option<std::time::Duration>,
 }
 
 /// Where a Responses API create's answer was stored, remembered once its id is read.
@@ -120,6 +143,11 @@ struct Remember {
 
 impl EndObserver for Finish {
     fn frame(&mut self, data: &Bytes) {
+        if let Some(c) = &mut self.rollout {
+            if c.first_byte.is_none() && !data.is_empty() {
+                c.first_byte = Some(crate::clock::since(self.started));
+            }
+        }
         self.ticket.frame(data);
         if let Some(r) = &mut self.home {
             r.scanner.feed(data);
@@ -136,6 +164,13 @@ impl EndObserver for Finish {
             BodyEnd::ClientGone => m.client_cancelled(),
         }
         self.ticket.ended(end == BodyEnd::Complete);
+        if let Some(c) = self.rollout.take() {
+            let broke = matches!(end, BodyEnd::UpstreamBroke | BodyEnd::UpstreamStalled);
+            if end != BodyEnd::ClientGone {
+                c.cell
+                    .body_ended(self.backend.side, c.status, c.first_byte, broke);
+            }
+        }
         if let Some(r) = self.home.take().filter(|_| end == BodyEnd::Complete) {
             if let Some(id) = r.scanner.id() {
                 r.homes.remember(id, r.home);

@@ -27,6 +27,7 @@ use super::{Backend, Freed, ModelPool};
 use crate::engine::EngineLoads;
 use crate::health::BackendHealth;
 use crate::metrics::PoolMetrics;
+use crate::rollout::RolloutCell;
 
 /// Every configured model's pool, by client-facing model name.
 #[derive(Debug, Default)]
@@ -76,15 +77,17 @@ impl Models {
         config: &Config,
         base_of: impl FnMut(&ModelConfig, &BackendConfig) -> Result<Uri, String>,
     ) -> Result<Self, String> {
-        Ok(Self::rebuilt(config, base_of, &Models::default())?.0)
+        Ok(Self::rebuilt(config, base_of, &Models::default(), &|_| None)?.0)
     }
 
     /// Builds the pools of `config`, keeping from `previous` every backend and pool that would
-    /// be built the same (see the module's doc), and says what was kept.
+    /// be built the same (see the module's doc), and says what was kept; `rollout_of` gives
+    /// each model with a rollout its rollout.
     pub fn rebuilt(
         config: &Config,
         mut base_of: impl FnMut(&ModelConfig, &BackendConfig) -> Result<Uri, String>,
         previous: &Models,
+        rollout_of: &dyn Fn(&ModelConfig) -> Option<Arc<RolloutCell>>,
     ) -> Result<(Self, Rebuilt), String> {
         let epoch = crate::clock::now();
         let mut engines = EngineLoads::new(config.engine_metrics.stale_after);
@@ -147,7 +150,9 @@ impl Models {
                         Some(_) => report.models_changed.push(m.name.clone()),
                         None => report.models_added.push(m.name.clone()),
                     }
-                    Arc::new(pool(config, name, recipe, backends, freed, old, epoch))
+                    let mut pool = pool(config, name, recipe, backends, freed, old, epoch);
+                    pool.rollout = rollout_of(m);
+                    Arc::new(pool)
                 }
             };
             out.pools.insert(m.name.clone(), pool);
@@ -160,6 +165,14 @@ impl Models {
             .cloned()
             .collect();
         Ok((out, report))
+    }
+
+    /// The rollouts of the models that have one.
+    pub fn rollouts(&self) -> Vec<Arc<RolloutCell>> {
+        self.pools()
+            .iter()
+            .filter_map(|p| p.rollout.clone())
+            .collect()
     }
 
     pub fn get(&self, model: &str) -> Option<&Arc<ModelPool>> {
@@ -261,6 +274,7 @@ fn pool(
         },
         fallbacks: m.fallbacks.clone(),
         turn: AtomicU64::new(0),
+        rollout: None,
         recipe,
     }
 }

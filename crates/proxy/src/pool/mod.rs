@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use http::{HeaderName, HeaderValue, Uri};
 use spillway_config::{BackendConfig, BackendKind};
-use spillway_config::{Balance, Engine, Surface, Surfaces};
+use spillway_config::{Balance, Engine, Side, Surface, Surfaces};
 use spillway_directory::log_gate::LogGate;
 use spillway_policy::balance::affinity::stable_hash;
 use spillway_policy::outlier::Health;
@@ -47,6 +47,8 @@ pub struct Backend {
     pub max_concurrency: u32,
     /// Its dedicated pool (bulkhead), if any: only tenants of that pool use it.
     pub bulkhead: Option<Arc<str>>,
+    /// The version of the model's backends it belongs to (new while a rollout brings it).
+    pub side: Side,
     /// At most one warning per interval that the backend refuses spillway's credential.
     pub auth_log: LogGate,
     /// Send the request's priority class as the body's `priority` field.
@@ -166,6 +168,7 @@ impl Backend {
             weight: cfg.weight,
             max_concurrency: cfg.max_concurrency,
             bulkhead: cfg.pool.as_deref().map(Arc::from),
+            side: cfg.side,
             forward_priority: cfg.forward_priority,
             auth_log: LogGate::new(Duration::from_secs(10)),
             rename_to: (cfg.upstream_model != **model).then(|| cfg.upstream_model.clone()),
@@ -333,6 +336,9 @@ pub struct Ask<'a> {
     pub surface: Surface,
     /// Only this backend, by index.
     pub only: Option<usize>,
+    /// Only backends of this version (during a rollout); when the new version has none with
+    /// room, the old one.
+    pub side: Option<Side>,
 }
 
 /// A model's backends, and the retry budget their requests share.
@@ -361,6 +367,8 @@ pub struct ModelPool {
     pub fallbacks: Vec<spillway_policy::Fallback<String>>,
     /// The next turn of `round_robin`.
     turn: AtomicU64,
+    /// Its rollout, when a new version of its backends is being rolled out.
+    pub rollout: Option<Arc<crate::rollout::RolloutCell>>,
     /// What it was built from: a reload keeps the pool when unchanged.
     recipe: build::PoolRecipe,
 }
@@ -423,10 +431,27 @@ impl ModelPool {
 
     /// Picks a backend with room for `ask`, skipping those in `exclude`, cooling down or ejected
     /// (unless the pool is in panic mode), and takes a unit of its concurrency.
+    /// A call on its way to a rollout's new version goes to the old one when no new backend has
+    /// room.
     pub fn acquire(&self, now: Instant, ask: Ask<'_>, exclude: &[usize]) -> Option<Acquired> {
+        let new = (ask.side == Some(Side::New))
+            .then(|| self.acquire_on(now, ask, exclude))
+            .flatten();
+        new.or_else(|| {
+            let old = Ask {
+                side: ask.side.map(|_| Side::Old),
+                ..ask
+            };
+            self.acquire_on(now, old, exclude)
+        })
+    }
+
+    /// [`ModelPool::acquire`] on the side `ask` names, or on both when it names none.
+    fn acquire_on(&self, now: Instant, ask: Ask<'_>, exclude: &[usize]) -> Option<Acquired> {
         let (states, panic) = self.states(now);
         let usable = |i: usize, b: &Backend| {
-            b.bulkhead.as_deref() == ask.bulkhead
+            ask.side.is_none_or(|s| s == b.side)
+                && b.bulkhead.as_deref() == ask.bulkhead
                 && b.surfaces.contains(ask.surface)
                 && ask.only.is_none_or(|o| o == i)
                 && !exclude.contains(&i)

@@ -193,10 +193,13 @@ async fn apply(
         Err(e) => return rejected(running, hash, vec![format!("mock backends: {e}")]),
     };
     let bases = mocks.bases();
-    let (models, rebuilt) = match Models::rebuilt(&config, base_resolver(&bases), &running.models) {
-        Ok(built) => built,
-        Err(e) => return rejected(running, hash, vec![e]),
-    };
+    let (models, rebuilt) =
+        match Models::rebuilt(&config, base_resolver(&bases), &running.models, &|m| {
+            gw.rollouts.cell_for(m)
+        }) {
+            Ok(built) => built,
+            Err(e) => return rejected(running, hash, vec![e]),
+        };
     if config.tenants != running.config.tenants {
         if let Err(e) = apply_tenants(gw, &running.config, &config).await {
             return rejected(running, hash, vec![e]);
@@ -218,7 +221,9 @@ async fn apply(
     let next = Live::new(config, source, models, admission);
     next.spawn_tasks(gw.upstream.client());
     gw.mocks.commit(mocks, grace);
+    let cells = next.models.rollouts();
     let old = gw.swap(next);
+    gw.rollouts.adopt(cells);
     old.retire();
     Outcome {
         result: Ended::Applied,

@@ -10,12 +10,13 @@
 //! proxy's work; deciding what the numbers mean is this crate's.
 //!
 //! The staged rollout's vocabulary (its status, verdicts, the classes it compares) is read through
-//! [`rollout`], whose names would be ambiguous at the crate's root; only its entry points are
-//! re-exported here.
+//! [`rollout`], and the 4xx detector's changes through [`anomaly`], whose names would be
+//! ambiguous at the crate's root; only their entry points are re-exported here.
 
 // Tests may time real processes and sockets on the system clock (see clippy.toml).
 #![cfg_attr(test, allow(clippy::disallowed_methods))]
 
+pub mod anomaly;
 pub mod balance;
 mod binomial;
 pub mod budget;
@@ -31,6 +32,7 @@ pub mod rollout;
 pub mod throttle;
 mod window;
 
+pub use anomaly::{AnomalyConfig, AnomalyConfigError, FourXxDetector};
 pub use balance::affinity::{hrw_score, splitmix64, stable_hash, DEFAULT_LOAD_FACTOR};
 pub use balance::{pick, AffinityOutcome, Candidate, EngineView, Pick, Saturation, Strategy};
 pub use budget::{BudgetConfig, Refusal, RetryBudget};

@@ -13,11 +13,16 @@
 //!
 //! How a step is judged: while it runs, both versions' outcomes are counted in a [`Tally`] each,
 //! from the moment the step began, so that both sides cover the same window and a change of the
-//! traffic's mix over the day affects both alike. At each [`Rollout::evaluate`] the classes are
-//! compared as `compare.rs` describes (an exact test per class, with a minimum of events and a
-//! minimum ratio on top of the significance level). An excess halts at any time, however young
-//! the step; promotion needs both `min_step_duration` and `min_step_requests` answered by the
-//! new version. On promotion both tallies start again from zero.
+//! traffic's mix over the day affects both alike. At each [`Rollout::evaluate`] every class is
+//! compared with the exact conditional binomial test for two rates: given `k` events of the
+//! class on both sides, the new version's `x_new` is `Binomial(k, n_new / (n_new + n_old))`
+//! under equal rates, and the p-value is `P(X >= x_new)`. A class is in excess when `p < alpha`,
+//! the new version shows at least `min_excess_events` of it, and its rate is at least
+//! `min_ratio` times the old one's. Slow first tokens are counted above the old version's TTFT
+//! quantile on both sides and compared the same way (see [`RolloutConfig`] for the defaults and
+//! the multiplicity behind `alpha`). An excess halts at any time, however young the step;
+//! promotion needs both `min_step_duration` and `min_step_requests` answered by the new
+//! version. On promotion both tallies start again from zero.
 //!
 //! The last step (100 %) sends the old version nothing, so it has no old window to compare with.
 //! There it compares with the old version's tally of the step before, kept at promotion: two

@@ -12,10 +12,12 @@
 //! estimate from the old version's requests. At the first step the old version has 99 times the
 //! requests and the two tests agree; at 50 % it has as many as the new one, the threshold is as
 //! noisy as the count above it, and a one-sample test that ignored that noise would find a
-//! "significant" excess about fifteen times as often as `alpha` says. Counting the old version's
-//! requests above the same threshold and comparing the two counts carries that noise. The old
-//! version must have at least `min_excess_events / (1 - q)` TTFTs (100 by default), so that the
-//! threshold is a quantile with that many requests beyond it, not its slowest request.
+//! "significant" excess far more often than `alpha` says: simulated with 400 requests on each
+//! side and identical versions, it did so at 20 times `alpha` (before the ratio rule), where the
+//! two-sample test did at 0.7 times. Counting the old version's requests above the same
+//! threshold and comparing the two counts carries that noise. The old version must have at least
+//! `min_excess_events / (1 - q)` TTFTs (100 by default), so that the threshold is a quantile
+//! with that many requests beyond it, not its slowest request.
 //!
 //! A class is in significant excess when the p-value is below `alpha`, the new version shows at
 //! least `min_excess_events` of it, and its rate is at least `min_ratio` times the old one's.

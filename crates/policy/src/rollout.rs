@@ -26,7 +26,9 @@
 //!
 //! The last step (100 %) sends the old version nothing, so it has no old window to compare with.
 //! There it compares with the old version's tally of the step before, kept at promotion: two
-//! windows side by side in time rather than the same one, which is the best comparison left.
+//! windows side by side in time rather than the same one, which is the best comparison left for
+//! error rates; first-token times are not compared there, as they move with the load of the
+//! moment, which two windows at different times do not share.
 //! Why not a one-sample test against a floor rate, as for a side with no requests: any class the
 //! old version also shows (the clients' own 400s, say 1 %) would exceed any small floor and halt
 //! a healthy rollout; what a rollout must judge is the difference the new version makes, and
@@ -222,12 +224,15 @@ impl Rollout {
         let Status::Running { step } = self.status else {
             return Verdict::Hold;
         };
-        let old = if self.share() == FULL_SHARE {
-            self.reference.as_ref()
-        } else {
+        let same_window = self.share() < FULL_SHARE;
+        let old = if same_window {
             Some(&self.old)
+        } else {
+            self.reference.as_ref()
         };
-        if let Some(evidence) = old.and_then(|old| most_significant(&self.config, &self.new, old)) {
+        let excess =
+            old.and_then(|old| most_significant(&self.config, &self.new, old, same_window));
+        if let Some(evidence) = excess {
             self.status = Status::Halted {
                 step,
                 reason: evidence.clone(),

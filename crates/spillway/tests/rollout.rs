@@ -178,7 +178,13 @@ async fn a_healthy_rollout_reaches_all_traffic() {
         || async {
             let statuses = wave(&gw, 20).await;
             assert!(statuses.iter().all(|&s| s == 200), "{statuses:?}");
-            status_of(&gw).await == "completed"
+            let status = status_of(&gw).await;
+            assert!(
+                status == "running" || status == "completed",
+                "a healthy rollout stopped: {:?}",
+                rollouts(&gw).await
+            );
+            status == "completed"
         },
     )
     .await;

@@ -86,10 +86,16 @@ impl fmt::Display for Evidence {
 }
 
 /// The class in the most significant excess on the new version, if any is.
+///
+/// `same_window` says whether `old` was counted over the same time as `new`. When it was not
+/// (the last step, compared with the old version's tally of the step before), first-token times
+/// are not compared: they move with the load of the moment, which two windows at different times
+/// do not share, so a busier minute would halt a healthy rollout. Error rates are compared still.
 pub(crate) fn most_significant(
     config: &RolloutConfig,
     new: &Tally,
     old: &Tally,
+    same_window: bool,
 ) -> Option<Evidence> {
     let mut found: Option<Evidence> = None;
     let mut consider = |evidence: Option<Evidence>| {
@@ -120,7 +126,9 @@ pub(crate) fn most_significant(
     ] {
         consider(counted(signal));
     }
-    consider(slow_first_tokens(config, new, old));
+    if same_window {
+        consider(slow_first_tokens(config, new, old));
+    }
     found
 }
 

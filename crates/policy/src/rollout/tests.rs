@@ -30,7 +30,7 @@ fn defaults_are_the_documented_ones() {
     assert_eq!(c.steps, [1.0, 5.0, 25.0, 50.0, 100.0]);
     assert_eq!(c.min_step_duration, Duration::from_secs(60));
     assert_eq!(c.min_step_requests, 100);
-    assert_eq!(c.alpha, 0.001);
+    assert_eq!(c.alpha, 0.0001);
     assert_eq!(c.min_excess_events, 5);
     assert_eq!(c.min_ratio, 2.0);
     assert_eq!(c.ttft_quantile, 0.95);

@@ -67,6 +67,7 @@ pub(crate) fn check(raw: RawConfig) -> Result<Config, Vec<Problem>> {
     let mut adaptive_concurrency = resilience::check_adaptive(raw.adaptive_concurrency, &mut p);
     let engine_metrics = engine::check_engine_metrics(raw.engine_metrics, &mut p);
     let reload = metadata::check_reload(raw.reload, &mut p);
+    let anomaly = rollout::check_anomaly(raw.anomaly, &mut p);
     let mut models = check_models(raw.models, &mut p);
     if naive {
         resilience::without_protections(
@@ -110,6 +111,7 @@ pub(crate) fn check(raw: RawConfig) -> Result<Config, Vec<Problem>> {
             adaptive_concurrency,
             engine_metrics,
             reload,
+            anomaly,
             tenants,
             models,
         })

@@ -68,6 +68,8 @@ pub struct Config {
     pub adaptive_concurrency: AdaptiveConfig,
     pub engine_metrics: EngineMetricsConfig,
     pub reload: ReloadConfig,
+    /// `[anomaly]`: when a backend's share of 4xx answers counts as a jump.
+    pub anomaly: spillway_policy::AnomalyConfig,
     pub tenants: Vec<TenantConfig>,
     pub models: Vec<ModelConfig>,
 }

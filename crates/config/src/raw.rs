@@ -37,6 +37,8 @@ pub struct RawConfig {
     #[serde(default)]
     pub reload: RawReload,
     #[serde(default)]
+    pub anomaly: RawAnomaly,
+    #[serde(default)]
     pub tenants: Vec<RawTenant>,
     #[serde(default)]
     pub models: Vec<RawModel>,
@@ -69,6 +71,19 @@ pub struct RawServer {
     pub http2_keepalive_timeout: Option<Duration>,
     pub http2_max_concurrent_streams: Option<u32>,
     pub admin_max_connections: Option<usize>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAnomaly {
+    #[serde(default, with = "humantime_serde")]
+    pub window: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    pub baseline: Option<Duration>,
+    pub alpha: Option<f64>,
+    pub min_events: Option<u64>,
+    pub min_ratio: Option<f64>,
+    pub floor: Option<f64>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -11,6 +11,7 @@
 mod admin;
 mod admission;
 mod affinity;
+mod anomaly;
 mod attempt;
 pub mod auth;
 mod call;

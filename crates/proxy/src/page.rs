@@ -21,6 +21,7 @@ pub(crate) fn recorder() -> PrometheusHandle {
     crate::engine::metrics::describe();
     crate::reload::describe();
     crate::rollout::describe();
+    crate::anomaly::describe();
     handle
 }
 

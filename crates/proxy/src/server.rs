@@ -129,6 +129,9 @@ impl BoundGateway {
         crate::reload::spawn_tasks(&gw, self.hangups, &stop_rx);
         let judge = gw.clone();
         let judge_task = tokio::spawn(async move { crate::rollout::judge(&judge.rollouts).await });
+        let watched = gw.clone();
+        let anomalies = gw.changes.anomaly_counter();
+        let anomaly_task = tokio::spawn(crate::anomaly::watch(move || watched.live(), anomalies));
         let warm = gw.tenants.clone();
         let (batch, max_keys) = (self.warm_batch, self.warm_max_keys);
         let warm_task = tokio::spawn(async move {
@@ -169,6 +172,7 @@ impl BoundGateway {
         .await;
         upkeep_task.abort();
         judge_task.abort();
+        anomaly_task.abort();
         gw.live().retire();
         gw.mocks.stop_all();
         match drained {

@@ -1,6 +1,9 @@
 //! Staged rollouts (IL-0235): a new backend version that rejects a feature halts at its first
 //! step and its traffic returns to the old version; a healthy one reaches all traffic; a hand can
-//! promote, abort and restart; the state survives a reload and a restart.
+//! promote, abort and restart; the state survives a reload and a restart; a jump in a backend's
+//! 4xx share is reported outside rollouts.
+// The tests time real processes on the system clock.
+#![allow(clippy::disallowed_methods)]
 
 mod support;
 
@@ -266,4 +269,51 @@ async fn replace_mode_sends_every_request_to_the_new_version_at_once() {
     assert!(wave(&gw, 20).await.iter().all(|&s| s == 200));
     assert_eq!(chats_received(&old).await, 0);
     assert_eq!(chats_received(&new).await, 20);
+}
+
+#[tokio::test]
+async fn a_jump_in_a_backends_4xx_share_is_reported_outside_a_rollout() {
+    // A short window and baseline, so that the test need not run for half an hour.
+    let (steady, turned) = (backend(&[]), backend(&[]));
+    let gw = gateway_with_env(
+        &format!(
+            "[anomaly]\nwindow = \"1s\"\nbaseline = \"30s\"\n{}",
+            model(
+                "m",
+                &[
+                    ("steady", "r", steady.url("/v1")),
+                    ("turned", "r", turned.url("/v1"))
+                ]
+            )
+        ),
+        ENV,
+    );
+    let anomalous = |b: &str| format!(r#"spillway_backend_4xx_anomaly{{model="m",backend="{b}"}}"#);
+    // A baseline without 4xx: traffic for a few seconds.
+    let start = std::time::Instant::now();
+    while start.elapsed() < Duration::from_secs(3) {
+        assert!(wave(&gw, 10).await.iter().all(|&s| s != 500));
+        let _ = chat(&gw, &chat_body("m", false)).await;
+    }
+    // Then one backend starts refusing a field a third of the requests use.
+    control(&turned, json!({"fault": {"reject_field": "tools"}})).await;
+    eventually(
+        Duration::from_secs(20),
+        "the jump to be reported",
+        || async {
+            let _ = wave(&gw, 30).await;
+            sample(&metrics(&gw).await, &anomalous("turned")) == Some(1.0)
+        },
+    )
+    .await;
+    let m = metrics(&gw).await;
+    assert_eq!(
+        sample(
+            &m,
+            r#"spillway_4xx_anomalies_total{model="m",backend="turned"}"#
+        ),
+        Some(1.0),
+        "{m}"
+    );
+    assert_ne!(sample(&m, &anomalous("steady")), Some(1.0), "{m}");
 }

@@ -1,12 +1,14 @@
-//! `[models.rollout]`: a new version of a model's backends, and how it takes over.
+//! `[models.rollout]`: a new version of a model's backends, and how it takes over; and
+//! `[anomaly]`: when a backend's share of 4xx answers counts as a jump.
 //!
-//! Defaults come from `spillway_policy::RolloutConfig::default()`, written once there, with the
-//! reasoning for each. A problem names the key it is about, so `check-config` can point at it.
+//! Defaults come from `spillway_policy::RolloutConfig::default()` and `AnomalyConfig::default()`,
+//! written once there, with the reasoning for each. A problem names the key it is about, so
+//! `check-config` can point at it.
 
-use spillway_policy::{RolloutConfig, RolloutConfigError};
+use spillway_policy::{AnomalyConfig, AnomalyConfigError, RolloutConfig, RolloutConfigError};
 
 use super::Problems;
-use crate::raw::{RawBackend, RawRollout};
+use crate::raw::{RawAnomaly, RawBackend, RawRollout};
 use crate::{RolloutMode, RolloutPlan};
 
 /// The plan of a model's rollout, and its new backends (checked by the caller with the model's).
@@ -59,4 +61,31 @@ pub(super) fn check_rollout(
         );
     }
     (RolloutPlan { mode, policy }, raw.backends)
+}
+
+pub(super) fn check_anomaly(raw: RawAnomaly, p: &mut Problems) -> AnomalyConfig {
+    let d = AnomalyConfig::default();
+    let config = AnomalyConfig {
+        window: raw.window.unwrap_or(d.window),
+        baseline: raw.baseline.unwrap_or(d.baseline),
+        alpha: raw.alpha.unwrap_or(d.alpha),
+        min_events: raw.min_events.unwrap_or(d.min_events),
+        min_ratio: raw.min_ratio.unwrap_or(d.min_ratio),
+        floor: raw.floor.unwrap_or(d.floor),
+    };
+    match config.check() {
+        Ok(()) => config,
+        Err(e) => {
+            let key = match e {
+                AnomalyConfigError::WindowTooShort => "window",
+                AnomalyConfigError::BaselineTooShort => "baseline",
+                AnomalyConfigError::AlphaOutOfRange => "alpha",
+                AnomalyConfigError::ZeroEvents => "min_events",
+                AnomalyConfigError::RatioBelowOne => "min_ratio",
+                AnomalyConfigError::FloorOutOfRange => "floor",
+            };
+            p.add(format!("anomaly.{key}"), e.to_string());
+            d
+        }
+    }
 }

@@ -28,7 +28,9 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::{header, HeaderMap};
 use spillway_config::{RetryConfig, UpstreamConfig};
-use spillway_policy::{classify, Class, Decision, Outcome, Pushback, RetryPolicy, Trigger};
+use spillway_policy::{
+    classify, Class, Decision, FourXxDetector, Outcome, Pushback, RetryPolicy, Trigger,
+};
 use tracing::{debug, warn};
 
 use crate::call::Call;
@@ -392,6 +394,13 @@ impl Loop<'_> {
     ) {
         let pool = &*self.pool;
         pool.record(backend, now, class, in_flight);
+        if let Outcome::Response(status) = outcome {
+            backend
+                .four_xx
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .record(now, FourXxDetector::counts(status));
+        }
         if outcome != Outcome::ConnectFailed {
             // A connection never made put no load on a backend.
             pool.throttle_record(now, !class.is_backend_failure());

@@ -45,6 +45,7 @@ pub(super) struct BackendRecipe {
     outlier: OutlierSettings,
     adaptive: AdaptiveConfig,
     stale_after: Duration,
+    anomaly: spillway_policy::AnomalyConfig,
 }
 
 /// Everything a pool is built from, besides its backends.
@@ -114,6 +115,7 @@ impl Models {
                     outlier: config.outlier.clone(),
                     adaptive: config.adaptive_concurrency.clone(),
                     stale_after: config.engine_metrics.stale_after,
+                    anomaly: config.anomaly,
                 };
                 let label = format!("{}/{}", m.name, b.name);
                 let kept = old.and_then(|p| {
@@ -208,6 +210,10 @@ fn fresh_backend(
     let base = recipe.base.clone();
     let mut backend = Backend::new(model, b, &base, crate::clock::now(), health, freed.clone())?;
     backend.engine = engines.for_backend(b, &base, backend.auth_header.as_ref())?;
+    backend.four_xx = std::sync::Mutex::new(
+        spillway_policy::FourXxDetector::try_new(config.anomaly, crate::clock::now())
+            .map_err(|e| e.to_string())?,
+    );
     backend.recipe = Some(recipe);
     Ok(Arc::new(backend))
 }

@@ -401,3 +401,103 @@ async fn llamacpp_a_prompt_over_a_models_context_falls_back_to_one_with_room() {
         "{page}"
     );
 }
+
+/// Sends `n` small chats at once (every third streamed) and asserts each was answered in full.
+async fn served_in_full(gw: &Proc, n: usize) {
+    let c = client();
+    let sends = (0..n).map(|i| {
+        let stream = i % 3 == 0;
+        let req = c
+            .post(gw.url("/v1/chat/completions"))
+            .bearer_auth(KEY)
+            .timeout(Duration::from_secs(120))
+            .json(&serde_json::json!({
+                "model": "m",
+                "messages": [{"role": "user", "content": format!("Say a word, {i}.")}],
+                "max_tokens": 8,
+                "stream": stream,
+            }));
+        async move {
+            let r = req.send().await.map_err(|e| e.to_string())?;
+            let status = r.status().as_u16();
+            let body = r.text().await.map_err(|e| e.to_string())?;
+            Ok::<_, String>((status, stream, body))
+        }
+    });
+    for (i, answer) in futures_util::future::join_all(sends)
+        .await
+        .into_iter()
+        .enumerate()
+    {
+        let (status, stream, body) = answer.unwrap_or_else(|e| panic!("{i}: {e}"));
+        assert_eq!(status, 200, "request {i}: {body}");
+        if stream {
+            assert!(
+                body.trim_end().ends_with("data: [DONE]"),
+                "stream {i}: {body}"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn llamacpp_a_rollout_onto_an_identical_engine_completes_through_a_reload() {
+    // The new version is another llama.cpp server with the same model: a rollout that must not
+    // halt on a real engine's own variation, and a reload in its middle that loses nothing.
+    let Some(one) = llama(2) else { return };
+    let Some(two) = llama(2) else { return };
+    let body = |retry: u32| {
+        format!(
+            "[upstream]\nresponse_timeout = \"120s\"\n[retry]\nmax_attempts = {retry}\n\
+             [[models]]\nname = \"m\"\n\
+             [[models.backends]]\nname = \"a\"\nurl = \"{}/v1\"\nengine = \"llamacpp\"\n\
+             [models.rollout]\nsteps = [50, 100]\nmin_step_duration = \"1s\"\nmin_step_requests = 8\n\
+             [[models.rollout.backends]]\nname = \"b\"\nurl = \"{}/v1\"\nengine = \"llamacpp\"\n",
+            one.url, two.url
+        )
+    };
+    let token = "llamacpp-admin-token";
+    let gw = gateway_with_env(&body(3), &[("SPILLWAY_ADMIN_TOKEN", token)]);
+    let status = || async {
+        let r = admin_call(
+            gw.admin_url("/admin/rollouts"),
+            token,
+            reqwest::Method::GET,
+            None,
+        )
+        .await;
+        let v: serde_json::Value = r.json().await.unwrap();
+        v["rollouts"][0].clone()
+    };
+    // A reload that lands while a burst is on the engines.
+    gw.rewrite_config(&body(2));
+    let reload = admin_call(
+        gw.admin_url("/admin/config/reload"),
+        token,
+        reqwest::Method::POST,
+        None,
+    );
+    let ((), r) = tokio::join!(served_in_full(&gw, 8), reload);
+    assert_eq!(r.status(), 200);
+    eventually(
+        Duration::from_secs(240),
+        "the rollout to complete",
+        || async {
+            served_in_full(&gw, 8).await;
+            let r = status().await;
+            let state = r["state"]["status"].as_str().unwrap_or("").to_owned();
+            assert!(
+                state == "running" || state == "completed",
+                "the rollout stopped: {r}"
+            );
+            state == "completed"
+        },
+    )
+    .await;
+    let page = metrics(&gw).await;
+    assert_eq!(
+        sample_sum(&page, "spillway_backend_4xx_anomaly"),
+        0.0,
+        "{page}"
+    );
+}

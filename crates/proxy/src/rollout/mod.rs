@@ -227,6 +227,9 @@ pub(crate) struct Rollouts {
     cells: Mutex<HashMap<String, Arc<RolloutCell>>>,
     /// What was saved, for rollouts not started yet in this process.
     kept: Mutex<HashMap<String, saved::Kept>>,
+    /// Why the saved states could not be read at start, if they could not: then the rollouts of
+    /// the config the gateway starts with start aborted, as they may have been halted before.
+    unreadable: Mutex<Option<String>>,
     /// Shared with the config's changes: a halt is an anomaly of the running config.
     anomalies: Arc<AtomicU64>,
 }
@@ -234,14 +237,21 @@ pub(crate) struct Rollouts {
 impl Rollouts {
     /// The rollouts saved in `dir`, to resume.
     pub(crate) fn load(dir: &std::path::Path, anomalies: Arc<AtomicU64>) -> Rollouts {
-        let kept = saved::read(dir).unwrap_or_else(|e| {
-            warn!("rollout states not read (rollouts start at their first step): {e}");
-            HashMap::default()
-        });
+        let (kept, unreadable) = match saved::read(dir) {
+            Ok(kept) => (kept, None),
+            Err(e) => {
+                error!(
+                    "rollout states unreadable: every rollout starts aborted (its new version \
+                     takes no traffic) until `spillway rollout restart MODEL`: {e}"
+                );
+                (HashMap::default(), Some(e))
+            }
+        };
         Rollouts {
             dir: dir.to_path_buf(),
             cells: Mutex::default(),
             kept: Mutex::new(kept),
+            unreadable: Mutex::new(unreadable),
             anomalies,
         }
     }
@@ -265,11 +275,27 @@ impl Rollouts {
         if state.is_some() {
             info!(model = %model.name, "rollout resumed from its saved state");
         }
-        Some(Arc::new(RolloutCell::new(model, fingerprint, state)))
+        let cell = RolloutCell::new(model, fingerprint, state);
+        let unreadable = self.unreadable.lock().unwrap_or_else(|e| e.into_inner());
+        if let (Some(why), None) = (&*unreadable, state) {
+            // It may have been halted before the restart: what cannot be known is not risked.
+            if let Some(mut r) = cell.staged() {
+                r.abort(
+                    crate::clock::now(),
+                    format!("its saved state was unreadable: {why}"),
+                );
+            }
+        }
+        Some(Arc::new(cell))
     }
 
     /// Makes `cells` the running rollouts (after a config is swapped in), and saves them.
     pub(crate) fn adopt(&self, cells: impl IntoIterator<Item = Arc<RolloutCell>>) {
+        // Rollouts added from now on were configured in this process's life: they are new.
+        self.unreadable
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
         *self.cells.lock().unwrap_or_else(|e| e.into_inner()) = cells
             .into_iter()
             .map(|c| (c.model.to_string(), c))

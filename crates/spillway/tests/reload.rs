@@ -488,7 +488,9 @@ async fn a_config_that_served_is_kept_and_a_bad_file_falls_back_to_it_only_when_
 #[tokio::test]
 async fn a_rollback_puts_the_last_known_good_config_back() {
     let a = backend(&[]);
-    let frame = "[reload]\nlast_known_good_after = \"1s\"\n";
+    // The file is watched: the watch must not undo the rollback.
+    let frame =
+        "[reload]\nlast_known_good_after = \"1s\"\nwatch = true\nwatch_interval = \"100ms\"\n";
     let gw = gateway_with_env(
         &format!("{frame}{}", model("m", &[("a", "r", a.url("/v1"))])),
         ENV,
@@ -528,4 +530,20 @@ async fn a_rollback_puts_the_last_known_good_config_back() {
     assert_eq!(v["running"]["source"]["last_known_good"], true, "{v}");
     // The file still holds the other config: it shows as pending.
     assert_eq!(v["pending"]["differs"], true, "{v}");
+    // The watch acts on the next edit, and only on it: one more reload applied, not two (the
+    // file the rollback replaced is not put back first).
+    let applied = r#"spillway_config_reloads_total{result="applied"}"#;
+    let before = sample(&metrics(&gw).await, applied).unwrap();
+    gw.rewrite_config(&format!(
+        "{frame}{}",
+        model("m", &[("a", "r", a.url("/v1"))]).replace("region = \"r\"", "region = \"r2\"")
+    ));
+    let edited = hex_sha256(&std::fs::read(gw.config_path()).unwrap());
+    eventually(
+        Duration::from_secs(10),
+        "the watch to apply the edit",
+        || async { running_hash(&gw).await == edited },
+    )
+    .await;
+    assert_eq!(sample(&metrics(&gw).await, applied), Some(before + 1.0));
 }

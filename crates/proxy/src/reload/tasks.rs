@@ -43,13 +43,14 @@ async fn until(mut stop: watch::Receiver<bool>, task: impl std::future::Future<O
     }
 }
 
-/// Reloads when the file's content differs from the running config's, each time it changes
-/// (a rejected content is not tried again until the file changes again).
+/// Reloads each time the file's content changes: when it differs from what the watch saw last,
+/// not merely from what runs, so a content that was rejected is not tried again, and a rollback
+/// to the last-known-good config is not undone by the file it replaced.
 async fn watch_file(gw: Arc<Gateway>) {
     let Some(path) = gw.changes.path().map(|p| p.to_path_buf()) else {
         return;
     };
-    let mut tried: Option<String> = None;
+    let mut seen = read_capped(&path).ok().map(|b| super::hash(&b));
     loop {
         let reload_config = gw.live().config.reload.clone();
         tokio::time::sleep(reload_config.watch_interval).await;
@@ -62,10 +63,10 @@ async fn watch_file(gw: Arc<Gateway>) {
             Err(_) => continue,
         };
         let hash = super::hash(&bytes);
-        if hash == gw.live().source.hash || tried.as_ref() == Some(&hash) {
+        if seen.as_ref() == Some(&hash) {
             continue;
         }
-        tried = Some(hash);
+        seen = Some(hash);
         info!(path = %path.display(), "config file changed: reloading");
         reload(&gw, From::File).await;
     }

@@ -50,6 +50,13 @@ impl Loaded {
 
     /// Reads and checks the file at `path` (at most [`MAX_CONFIG_BYTES`]).
     pub fn from_file(path: &Path) -> Result<Loaded, ConfigError> {
+        Loaded::from_text(read_config(path)?)
+    }
+}
+
+/// The text of the config file at `path`, at most [`MAX_CONFIG_BYTES`].
+pub(crate) fn read_config(path: &Path) -> Result<String, ConfigError> {
+    {
         let read = |source| ConfigError::Read {
             path: path.display().to_string(),
             source,
@@ -66,7 +73,7 @@ impl Loaded {
                 "larger than {MAX_CONFIG_BYTES} bytes"
             ))));
         }
-        Loaded::from_text(text)
+        Ok(text)
     }
 }
 
@@ -123,6 +130,9 @@ pub(crate) struct Changes {
     pub(crate) lock: tokio::sync::Mutex<()>,
     /// The last reload's answer.
     pub(crate) last: Mutex<Option<Outcome>>,
+    /// The hash of the file's content as a reload or the watch last read it: the watch acts
+    /// only on a content nobody has read yet.
+    pub(crate) seen: Mutex<Option<String>>,
     /// Anomalies seen (4xx jumps, halted rollouts): a config is last-known-good only after a
     /// stretch without one.
     anomalies: Arc<AtomicU64>,
@@ -134,8 +144,19 @@ impl Changes {
             startup,
             lock: tokio::sync::Mutex::new(()),
             last: Mutex::new(None),
+            seen: Mutex::new(None),
             anomalies: Arc::default(),
         }
+    }
+
+    /// Notes that the file's content with `hash` was read.
+    pub(crate) fn saw(&self, hash: String) {
+        *self.seen.lock().unwrap_or_else(|e| e.into_inner()) = Some(hash);
+    }
+
+    /// The hash of the file's content as last read, if it was.
+    pub(crate) fn seen(&self) -> Option<String> {
+        self.seen.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     pub(crate) fn data_dir(&self) -> &Path {

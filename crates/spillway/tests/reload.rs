@@ -530,10 +530,27 @@ async fn a_rollback_puts_the_last_known_good_config_back() {
     assert_eq!(v["running"]["source"]["last_known_good"], true, "{v}");
     // The file still holds the other config: it shows as pending.
     assert_eq!(v["pending"]["differs"], true, "{v}");
-    // The watch acts on the next edit, and only on it: one more reload applied, not two (the
-    // file the rollback replaced is not put back first).
+    // The watch reads the file the rollback replaced and leaves it alone...
+    let checks = "spillway_config_watch_checks_total";
     let applied = r#"spillway_config_reloads_total{result="applied"}"#;
-    let before = sample(&metrics(&gw).await, applied).unwrap();
+    let m = metrics(&gw).await;
+    let (read, before) = (
+        sample(&m, checks).unwrap_or(0.0),
+        sample(&m, applied).unwrap(),
+    );
+    eventually(
+        Duration::from_secs(10),
+        "the watch to read the file again",
+        || async { sample(&metrics(&gw).await, checks).unwrap_or(0.0) >= read + 3.0 },
+    )
+    .await;
+    assert_eq!(sample(&metrics(&gw).await, applied), Some(before));
+    assert_eq!(
+        running_hash(&gw).await,
+        hash,
+        "the watch undid the rollback"
+    );
+    // ...and acts on the next edit.
     gw.rewrite_config(&format!(
         "{frame}{}",
         model("m", &[("a", "r", a.url("/v1"))]).replace("region = \"r\"", "region = \"r2\"")

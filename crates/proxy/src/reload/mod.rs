@@ -43,6 +43,7 @@ pub(crate) use admin::routes;
 pub(crate) use tasks::{hangups, spawn as spawn_tasks};
 
 const RELOADS: &str = "spillway_config_reloads_total";
+const WATCH_CHECKS: &str = "spillway_config_watch_checks_total";
 
 /// Where a reload reads its config from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -91,7 +92,9 @@ fn read(changes: &Changes, from: From) -> Result<(Loaded, Option<String>), Vec<S
                         .to_owned(),
                 ]);
             };
-            let loaded = Loaded::from_file(path).map_err(problems)?;
+            let text = crate::changes::read_config(path).map_err(problems)?;
+            changes.saw(hash(text.as_bytes()));
+            let loaded = Loaded::from_text(text).map_err(problems)?;
             Ok((loaded, Some(path.display().to_string())))
         }
         From::LastKnownGood => match saved::load(changes.data_dir()) {
@@ -109,6 +112,10 @@ pub(crate) fn describe() {
     describe_counter!(
         RELOADS,
         "Config reloads, by result: applied, unchanged, or rejected (nothing changed)."
+    );
+    describe_counter!(
+        WATCH_CHECKS,
+        "Times the watched config file was read (reload.watch): a watch that stopped shows here."
     );
     // Present from the start, so a rate or an alert on rejections has a series to read.
     for ended in [Ended::Applied, Ended::Unchanged, Ended::Rejected] {

@@ -43,30 +43,36 @@ async fn until(mut stop: watch::Receiver<bool>, task: impl std::future::Future<O
     }
 }
 
-/// Reloads each time the file's content changes: when it differs from what the watch saw last,
-/// not merely from what runs, so a content that was rejected is not tried again, and a rollback
-/// to the last-known-good config is not undone by the file it replaced.
+/// Reloads each time the file's content changes: when it differs from what was read last (by
+/// the watch or by any reload), not merely from what runs, so a content that was rejected is not
+/// tried again, and a rollback to the last-known-good config is not undone by the file it
+/// replaced.
 async fn watch_file(gw: Arc<Gateway>) {
     let Some(path) = gw.changes.path().map(|p| p.to_path_buf()) else {
         return;
     };
-    let mut seen = read_capped(&path).ok().map(|b| super::hash(&b));
+    if gw.changes.seen().is_none() {
+        if let Ok(bytes) = read_capped(&path) {
+            gw.changes.saw(super::hash(&bytes));
+        }
+    }
     loop {
         let reload_config = gw.live().config.reload.clone();
         tokio::time::sleep(reload_config.watch_interval).await;
         if !reload_config.watch {
             continue;
         }
+        metrics::counter!(super::WATCH_CHECKS).increment(1);
         let bytes = match read_capped(&path) {
             Ok(b) => b,
             // An editor's save or a ConfigMap's swap may leave no file for a moment.
             Err(_) => continue,
         };
         let hash = super::hash(&bytes);
-        if seen.as_ref() == Some(&hash) {
+        if gw.changes.seen().as_ref() == Some(&hash) {
             continue;
         }
-        seen = Some(hash);
+        gw.changes.saw(hash);
         info!(path = %path.display(), "config file changed: reloading");
         reload(&gw, From::File).await;
     }

@@ -284,3 +284,20 @@ mod queue {
         assert!(critical.await.unwrap().is_ok());
     }
 }
+
+#[tokio::test]
+async fn a_reloaded_admission_keeps_the_requests_in_flight_and_each_tenant_s_state() {
+    let a = Admission::new(&config(2), true, std::iter::empty(), None);
+    let t = tenant("a", TenantLimits::default());
+    let held = a.enter(&t).unwrap();
+    let next = a.reloaded(&config(2), true, std::iter::empty());
+    // The request admitted under the old config still counts against the new one's cap.
+    assert_eq!(next.in_flight().0, 1);
+    let _second = next.enter(&t).unwrap();
+    assert!(
+        next.enter(&t).is_err(),
+        "the cap of 2 holds across the reload"
+    );
+    drop(held);
+    assert_eq!(next.in_flight().0, 1);
+}

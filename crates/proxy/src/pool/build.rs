@@ -284,3 +284,81 @@ fn pool(
         recipe,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use spillway_config::BackendKind;
+
+    const TWO: &str = r#"
+[[models]]
+name = "m"
+[[models.backends]]
+name = "a"
+url = "http://127.0.0.1:9/v1"
+engine = "none"
+[[models.backends]]
+name = "b"
+url = "http://127.0.0.1:10/v1"
+engine = "none"
+"#;
+
+    fn build(toml: &str, previous: &Models) -> (Models, Rebuilt) {
+        let config = Config::from_toml(toml).unwrap();
+        let base = |_: &ModelConfig, b: &BackendConfig| match &b.kind {
+            BackendKind::OpenAi { url } => Ok(url.clone()),
+            other => Err(format!("unexpected {other:?}")),
+        };
+        Models::rebuilt(&config, base, previous, &|_| None).unwrap()
+    }
+
+    #[test]
+    fn an_unchanged_model_is_kept_whole_and_a_changed_one_keeps_its_unchanged_backends() {
+        let (first, _) = build(TWO, &Models::default());
+        let old = first.get("m").unwrap().clone();
+        // The same config again: the very same pool.
+        let (same, report) = build(TWO, &first);
+        assert!(Arc::ptr_eq(same.get("m").unwrap(), &old));
+        assert_eq!(report.models_kept, ["m"]);
+        // b's weight changes and a model is added: m is rebuilt around the a it keeps.
+        let changed = TWO.replace(
+            "url = \"http://127.0.0.1:10/v1\"",
+            "url = \"http://127.0.0.1:10/v1\"\nweight = 3",
+        ) + "[[models]]\nname = \"n\"\n[[models.backends]]\nname = \"c\"\nurl = \"http://127.0.0.1:11/v1\"\nengine = \"none\"\n";
+        let (next, report) = build(&changed, &same);
+        let pool = next.get("m").unwrap();
+        assert!(!Arc::ptr_eq(pool, &old));
+        assert!(
+            Arc::ptr_eq(&pool.backends[0], &old.backends[0]),
+            "a is kept"
+        );
+        assert!(
+            !Arc::ptr_eq(&pool.backends[1], &old.backends[1]),
+            "b is new"
+        );
+        assert_eq!(pool.backends[1].weight, 3);
+        // The backends kept wake the waiters of the new pool.
+        assert!(Arc::ptr_eq(&pool.freed, &old.freed));
+        assert_eq!(report.models_changed, ["m"]);
+        assert_eq!(report.models_added, ["n"]);
+        assert_eq!(report.backends_kept, ["m/a"]);
+        assert_eq!(report.backends_fresh, ["m/b", "n/c"]);
+        // Dropping a model says so.
+        let (_, report) = build(TWO, &next);
+        assert_eq!(report.models_removed, ["n"]);
+    }
+
+    #[test]
+    fn changed_outlier_settings_rebuild_every_backend() {
+        let (first, _) = build(TWO, &Models::default());
+        let (next, report) = build(
+            &format!("[outlier]\nconsecutive_failures = 9\n{TWO}"),
+            &first,
+        );
+        assert!(report.backends_kept.is_empty(), "{report:?}");
+        assert!(!Arc::ptr_eq(
+            &next.get("m").unwrap().backends[0],
+            &first.get("m").unwrap().backends[0]
+        ));
+    }
+}

@@ -9,7 +9,7 @@
 //! and a fresh data directory, so no rollout state carries over from one mode to the other.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -115,14 +115,7 @@ impl Fleet {
         let scratch = Scratch::create(format!("rollout-{mode}"))?;
         let config = scratch.path.join("gateway.toml");
         let store = scratch.path.join("spillway.db");
-        write(
-            &config,
-            &format!(
-                "{}\n{}",
-                base_config(mode, &addrs(&old)),
-                store_section(&store)
-            ),
-        )?;
+        write(&config, &config_file(mode, &addrs(&old), None, &store))?;
         let key = secret("key");
         let token = secret("admin");
         let admin = HeaderValue::from_str(&format!("Bearer {token}"))
@@ -161,13 +154,9 @@ impl Fleet {
         plan: &BadRolloutPlan,
         control: &HttpClient,
     ) -> Result<(), ReplayError> {
+        let rollout = rollout_section(mode, plan.phases[1], &addrs(&self.new));
         let store = self.scratch.path.join("spillway.db");
-        let toml = format!(
-            "{}{}\n{}",
-            base_config(mode, &addrs(&self.old)),
-            rollout_section(mode, plan.phases[1], &addrs(&self.new)),
-            store_section(&store)
-        );
+        let toml = config_file(mode, &addrs(&self.old), Some(rollout), &store);
         write(&self.config, &toml)?;
         let what = "POST /admin/config/reload on the gateway";
         let body = self
@@ -246,7 +235,7 @@ impl Fleet {
         control: &HttpClient,
         method: Method,
         path: &str,
-        timeout: std::time::Duration,
+        timeout: Duration,
     ) -> Result<Value, String> {
         let req = request(
             method,
@@ -294,6 +283,17 @@ fn regions(n: usize) -> impl Iterator<Item = String> {
 
 fn addrs(backends: &[Backend]) -> Vec<SocketAddr> {
     backends.iter().map(|b| b.addr).collect()
+}
+
+/// The whole config file: the old version's backends, the rollout's section once it starts,
+/// and the store in the scratch directory.
+fn config_file(mode: Mode, old: &[SocketAddr], rollout: Option<String>, store: &Path) -> String {
+    format!(
+        "{}{}\n{}",
+        base_config(mode, old),
+        rollout.unwrap_or_default(),
+        store_section(store)
+    )
 }
 
 /// The gateway's config on the old version only: one `openai` backend per address, the
@@ -355,11 +355,11 @@ fn backends(table: &str, version: &str, addrs: &[SocketAddr]) -> String {
         .collect()
 }
 
-fn store_section(path: &std::path::Path) -> String {
+fn store_section(path: &Path) -> String {
     format!("[store]\nurl = \"sqlite://{}\"\n", path.display())
 }
 
-fn write(path: &std::path::Path, toml: &str) -> Result<(), ReplayError> {
+fn write(path: &Path, toml: &str) -> Result<(), ReplayError> {
     std::fs::write(path, toml).map_err(|source| ReplayError::Scratch {
         what: path.display().to_string(),
         source,

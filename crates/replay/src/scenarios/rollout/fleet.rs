@@ -37,15 +37,13 @@ pub(crate) const FEATURE: &str = "tools";
 pub(crate) const STEPS: [u32; 3] = [10, 50, 100];
 /// Requests the new version must answer before a step may be promoted.
 pub(crate) const MIN_STEP_REQUESTS: u64 = 20;
-/// The old version's profile: ample capacity and queue, so it never refuses the whole load.
-const OLD_CAPACITY: [&str; 4] = ["--capacity", "64", "--queue", "256"];
-/// The new version's profile: one region's share of the whole load is about 40 / 3 = 13
-/// requests a second, 9 of them without the feature (the rest are refused before a slot is
-/// taken). Two slots at about 0.33 s a request serve 6 a second, and a queue of two absorbs
-/// only a burst, so a new version given every request refuses about a third of them with 429,
-/// while at the first step's 10 % it has room to spare, as a version whose capacity was sized
-/// for a share of the traffic would.
-const NEW_CAPACITY: [&str; 4] = ["--capacity", "2", "--queue", "2"];
+/// How long a mock takes to serve one request at [`PACE`]: 0.3 s to the first token and three
+/// more tokens at 100 a second.
+const SERVICE_SECS: f64 = 0.33;
+/// Queue of the old version: ample, so that it never refuses the whole load.
+const OLD_QUEUE: &str = "256";
+/// Queue of the new version: enough for a burst, not for a load beyond its slots.
+const NEW_QUEUE: &str = "2";
 /// Both versions generate at the same pace (0.3 s to the first token, 4 tokens at 100 a
 /// second), so the comparator's first-token times see the same engine on both sides.
 const PACE: [&str; 6] = [
@@ -107,10 +105,13 @@ impl Fleet {
     ) -> Result<Fleet, ReplayError> {
         let mut old = Vec::with_capacity(plan.regions);
         let mut new = Vec::with_capacity(plan.regions);
+        let (old_slots, new_slots) = slots(plan);
+        let old_slots = ["--capacity", &old_slots.to_string(), "--queue", OLD_QUEUE];
+        let new_slots = ["--capacity", &new_slots.to_string(), "--queue", NEW_QUEUE];
+        let new_flags = [&new_slots[..], &["--reject-field", FEATURE]].concat();
         for region in regions(plan.regions) {
-            old.push(Backend::start(format!("old-{region}"), &OLD_CAPACITY, &[]).await?);
-            let reject = ["--reject-field", FEATURE];
-            new.push(Backend::start(format!("new-{region}"), &NEW_CAPACITY, &reject).await?);
+            old.push(Backend::start(format!("old-{region}"), &old_slots).await?);
+            new.push(Backend::start(format!("new-{region}"), &new_flags).await?);
         }
         let scratch = Scratch::create(format!("rollout-{mode}"))?;
         let config = scratch.path.join("gateway.toml");
@@ -257,15 +258,10 @@ impl Fleet {
 }
 
 impl Backend {
-    async fn start(
-        name: String,
-        capacity: &[&str],
-        extra: &[&str],
-    ) -> Result<Backend, ReplayError> {
+    async fn start(name: String, flags: &[&str]) -> Result<Backend, ReplayError> {
         let mut args = vec!["mock-backend", "--listen", "127.0.0.1:0", "--model", MODEL];
-        args.extend_from_slice(capacity);
         args.extend_from_slice(&PACE);
-        args.extend_from_slice(extra);
+        args.extend_from_slice(flags);
         let what = format!("mock backend {name}");
         let (process, addrs) = ChildProcess::start(&what, &args, &[], START_DEADLINE).await?;
         Ok(Backend {
@@ -274,6 +270,22 @@ impl Backend {
             process,
         })
     }
+}
+
+/// Generation slots of each old and each new backend. The old version's are ample: twice what
+/// its region's share of the load keeps busy, and at least 64. The new version's are two thirds
+/// of what its region's requests without the feature need (those with it are refused before a
+/// slot is taken), and at least one: at the defaults, 40 / 3 = 13 a second per region, 9 of them
+/// without `tools`, need 3 slots at 0.33 s, and 2 serve 6 a second. So a new version given every
+/// request refuses about a third of them with 429 (IL-0235's reduced capacity), while at the
+/// first step's 10 % it has room to spare, as a version sized for a share of the traffic would.
+fn slots(plan: &BadRolloutPlan) -> (u32, u32) {
+    let per_region = plan.load.rate / plan.regions as f64;
+    let old = (2.0 * per_region * SERVICE_SECS).ceil().max(64.0);
+    let new = (per_region * (1.0 - plan.tools_share) * SERVICE_SECS * 2.0 / 3.0)
+        .round()
+        .max(1.0);
+    (old as u32, new as u32)
 }
 
 /// The regions' names: `r1`, `r2`, ...
@@ -386,6 +398,31 @@ mod tests {
         (0..n)
             .map(|i| SocketAddr::from(([127, 0, 0, 1], first + i)))
             .collect()
+    }
+
+    #[test]
+    fn the_new_version_has_two_thirds_of_the_slots_its_share_needs() {
+        let plan = |rate: f64, regions: usize, tools_share: f64| BadRolloutPlan {
+            modes: vec![Mode::Protected],
+            phases: [Duration::from_secs(1); 3],
+            load: crate::plan::LoadPlan {
+                rate,
+                max_outstanding: 1,
+                client_retries: 0,
+                resend_429: false,
+                surge: None,
+                attempt_timeout: Duration::from_secs(1),
+            },
+            tools_share,
+            regions,
+            json: None,
+        };
+        assert_eq!(slots(&plan(40.0, 3, 0.3)), (64, 2));
+        assert_eq!(slots(&plan(40.0, 7, 0.3)), (64, 1));
+        // 200 a second per region: 66 busy old slots, doubled; 140 without tools need 46.
+        let (old, new) = slots(&plan(400.0, 2, 0.3));
+        assert!((132..=133).contains(&old) && new == 31, "{old} {new}");
+        assert_eq!(slots(&plan(40.0, 3, 1.0)), (64, 1));
     }
 
     #[test]

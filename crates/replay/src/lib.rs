@@ -11,8 +11,9 @@
 //! Scenarios, one folder each under `scenarios/`: `retry-storm` (IL-0248, capacity failures
 //! surfacing as 500 under callers that retry immediately, up to 48 times), `cache-flush`
 //! (IL-0136, a key cache flushed at peak, a restart, and the metadata store going away, with
-//! PostgreSQL behind a counting link) and `noisy-neighbor` (IL-0248 and IL-0110, one tenant
-//! flooding beside a quiet one). Each goes through the same skeleton (`incident.rs`: its
+//! PostgreSQL behind a counting link), `noisy-neighbor` (IL-0248 and IL-0110, one tenant
+//! flooding beside a quiet one) and `bad-rollout` (IL-0235, a new backend version that refuses a
+//! feature, rolled out in stages or all at once through a config reload). Each goes through the same skeleton (`incident.rs`: its
 //! modes run in turn, one report, the table and the JSON published); the modules beside
 //! `scenarios/` are what they share, and never import a scenario.
 //!
@@ -41,7 +42,9 @@ mod tally;
 
 pub use error::ReplayError;
 pub use rss::resident_bytes;
-pub use scenarios::{CacheFlushArgs, NoisyNeighborArgs, ReplayArgs, RetryStormArgs, Scenario};
+pub use scenarios::{
+    BadRolloutArgs, CacheFlushArgs, NoisyNeighborArgs, ReplayArgs, RetryStormArgs, Scenario,
+};
 
 /// Runs the chosen scenario: progress lines on stderr, the results table on stdout, and the raw
 /// figures as JSON when asked. When `interrupted` resolves (the binary passes its SIGINT/SIGTERM

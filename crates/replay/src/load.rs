@@ -31,18 +31,16 @@ pub(crate) struct Target {
     pub(crate) uri: Uri,
     /// One per caller; each request chain picks one at random (never empty).
     authorizations: Vec<HeaderValue>,
-    pub(crate) body: Bytes,
+    body: Bytes,
+    /// Another body and the share of requests (0 to 1) that send it instead: callers of one
+    /// endpoint do not all send the same request, and an incident may hit only some of them.
+    variant: Option<(Bytes, f64)>,
 }
 
 impl Target {
     /// A small non-streaming chat completion for `model` on the gateway at `uri`, sent with
     /// one of `keys` (uniformly at random per request), or with no key if there are none.
     pub(crate) fn chat(uri: Uri, keys: &[String], model: &str) -> Target {
-        let body = serde_json::json!({
-            "model": model,
-            "messages": [{"role": "user", "content": "Summarise the incident in one line."}],
-            "max_tokens": 4,
-        });
         let authorizations = keys
             .iter()
             .filter_map(|key| HeaderValue::from_str(&format!("Bearer {key}")).ok())
@@ -50,7 +48,26 @@ impl Target {
         Target {
             uri,
             authorizations,
-            body: Bytes::from(body.to_string()),
+            body: Bytes::from(chat_body(model).to_string()),
+            variant: None,
+        }
+    }
+
+    /// The same target, with a `share` (0 to 1) of its requests, drawn per request, sending
+    /// `body` instead.
+    pub(crate) fn with_variant(self, body: &serde_json::Value, share: f64) -> Target {
+        Target {
+            variant: Some((Bytes::from(body.to_string()), share.clamp(0.0, 1.0))),
+            ..self
+        }
+    }
+
+    /// The body of a new request: the variant with its share, else the usual one. A request's
+    /// resends keep the body it was given.
+    fn pick_body(&self) -> Bytes {
+        match &self.variant {
+            Some((variant, share)) if rand::random::<f64>() < *share => variant.clone(),
+            _ => self.body.clone(),
         }
     }
 
@@ -62,6 +79,15 @@ impl Target {
         self.authorizations
             .get(rand::random_range(0..self.authorizations.len()))
     }
+}
+
+/// The body [`Target::chat`] sends for `model`, for a scenario to derive a variant from.
+pub(crate) fn chat_body(model: &str) -> serde_json::Value {
+    serde_json::json!({
+        "model": model,
+        "messages": [{"role": "user", "content": "Summarise the incident in one line."}],
+        "max_tokens": 4,
+    })
 }
 
 /// What was left when the load stopped.
@@ -154,6 +180,7 @@ impl Chain {
     async fn run(self, started_in: usize) {
         let started = Instant::now();
         let authorization = self.target.authorization();
+        let body = self.target.pick_body();
         let mut resends = 0;
         let end = loop {
             let sent_in = self.schedule.slot(Instant::now());
@@ -161,7 +188,7 @@ impl Chain {
                 Method::POST,
                 self.target.uri.clone(),
                 authorization,
-                self.target.body.clone(),
+                body.clone(),
             );
             let attempt = match self.client.exchange(req, self.plan.attempt_timeout).await {
                 Ok((status, _)) => Attempt::Status(status),
@@ -219,5 +246,23 @@ mod tests {
         }
         let too_many = Attempt::Status(StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(verdict(too_many, true), Verdict::Resend);
+    }
+
+    #[test]
+    fn a_variant_is_sent_with_its_share_and_none_without_one() {
+        let uri: Uri = "http://127.0.0.1:9/v1/chat/completions".parse().unwrap();
+        let plain = Target::chat(uri.clone(), &[], "m");
+        let mut tools = chat_body("m");
+        tools["tools"] = serde_json::json!([]);
+        let (usual, variant) = (plain.body.clone(), Bytes::from(tools.to_string()));
+        assert!((0..100).all(|_| plain.pick_body() == usual));
+        let always = Target::chat(uri.clone(), &[], "m").with_variant(&tools, 1.0);
+        assert!((0..100).all(|_| always.pick_body() == variant));
+        let never = Target::chat(uri.clone(), &[], "m").with_variant(&tools, 0.0);
+        assert!((0..100).all(|_| never.pick_body() == usual));
+        // 2,000 draws at 30 %: 600 expected, a standard deviation of about 20.
+        let mixed = Target::chat(uri, &[], "m").with_variant(&tools, 0.3);
+        let sent = (0..2000).filter(|_| mixed.pick_body() == variant).count();
+        assert!((480..=720).contains(&sent), "{sent}");
     }
 }

@@ -1,6 +1,7 @@
 //! Black-box tests of `spillway replay`: the real binary replays IL-0248 (`retry-storm`) and
-//! IL-0136 (`cache-flush`, against the tests' PostgreSQL: `spillway_testkit::postgres_url`) with
-//! its own child processes on 127.0.0.1, and the figures are read back from its `--json` file.
+//! IL-0136 (`cache-flush`, against the tests' PostgreSQL: `spillway_testkit::postgres_url`),
+//! IL-0248 and IL-0110 (`noisy-neighbor`) and IL-0235 (`bad-rollout`) with its own child
+//! processes on 127.0.0.1, and the figures are read back from its `--json` file.
 //!
 //! The replay bounds its own run time; the tests bound it again from outside (the process is
 //! killed past a deadline) so a hang fails the test instead of stalling the suite.
@@ -300,4 +301,79 @@ fn noisy_neighbor_flood_is_shed_and_the_quiet_tenant_keeps_succeeding() {
         .as_f64()
         .unwrap();
     assert!(naive_quiet < 0.9, "naive quiet at {naive_quiet}\n{table}");
+}
+
+/// Two short bad-rollout runs at 40 requests/s and their start-ups fit well within this.
+const ROLLOUT_RUN_DEADLINE: Duration = Duration::from_secs(240);
+
+/// IL-0235: a new version that refuses `tools` (400) and has a fraction of the capacity is
+/// rolled out by a reload. Staged, the comparator halts it during the rollout phase, and
+/// afterwards its callers see no errors and the new version gets no request; replacing the old
+/// version at once, nothing halts it, and a share of requests keeps failing in both phases: the
+/// tools share with 400, and the new version's backends refusing with 429 what they cannot take.
+#[test]
+fn bad_rollout_staged_halts_and_recovers_while_replace_keeps_failing() {
+    let args = [
+        "replay",
+        "bad-rollout",
+        "--steady",
+        "2s",
+        // Long enough for the first step (10 % of 40/s, 30 % with tools: 1.2 refusals a second)
+        // to show five, or for the 50 % step after it to show more.
+        "--rollout",
+        "12s",
+        "--after",
+        "8s",
+        "--rate",
+        "40",
+    ];
+    let (report, table) = replay_json(&args, "rollout", ROLLOUT_RUN_DEADLINE);
+    let (staged, replace) = (run_of(&report, "protected"), run_of(&report, "naive"));
+    let n = |run: &Value, name: &str, field: &str| {
+        phase(run, name)[field]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{name}.{field}\n{table}"))
+    };
+    for run in [&staged, &replace] {
+        assert_eq!(n(run, "steady", "failed"), 0, "{table}");
+        assert_eq!(n(run, "steady", "new_version_received"), 0, "{table}");
+        assert!(n(run, "rollout", "new_version_received") > 0, "{table}");
+        assert!(n(run, "rollout", "status_400") > 0, "{table}");
+    }
+
+    assert_eq!(staged["rollout_mode"], "staged");
+    let watched = &staged["watched"];
+    assert_eq!(watched["status_at_end"], "halted", "{table}");
+    assert!(!watched["halt_reason"].is_null(), "{table}");
+    assert!(watched["halted_after_ms"].as_u64().is_some(), "{table}");
+    assert_eq!(watched["share_percent_at_end"], 0.0, "{table}");
+    assert_eq!(watched["new_version_serving_at_end"], false, "{table}");
+    // Halted before `after` began: not one request reached the new version in it, and the old
+    // version, with room to spare, served (almost) every caller.
+    assert_eq!(n(&staged, "after", "new_version_received"), 0, "{table}");
+    let offered = n(&staged, "after", "offered");
+    assert!(offered > 100, "{table}");
+    assert!(n(&staged, "after", "failed") * 100 <= offered, "{table}");
+
+    assert_eq!(replace["rollout_mode"], "replace");
+    let watched = &replace["watched"];
+    assert!(watched["halted_after_ms"].is_null(), "{table}");
+    assert_eq!(watched["share_percent_at_end"], 100.0, "{table}");
+    assert_eq!(watched["new_version_serving_at_end"], true, "{table}");
+    for name in ["rollout", "after"] {
+        assert!(n(&replace, name, "failed") > 0, "{name}\n{table}");
+        assert!(n(&replace, name, "status_400") > 0, "{name}\n{table}");
+        assert!(
+            n(&replace, name, "new_version_received") > 0,
+            "{name}\n{table}"
+        );
+        assert!(n(&replace, name, "new_version_429") > 0, "{name}\n{table}");
+    }
+    // The callers see the new version's 429s as the gateway's 503 once no backend is left to
+    // try (429 is kept for a tenant over its own quota).
+    assert!(n(&replace, "rollout", "status_503") > 0, "{table}");
+    assert!(
+        n(&replace, "rollout", "failed") > 2 * n(&staged, "rollout", "failed").max(1),
+        "{table}"
+    );
 }

@@ -7,6 +7,7 @@
 
 mod flush;
 mod neighbor;
+mod rollout;
 mod storm;
 
 use std::future::Future;
@@ -15,6 +16,7 @@ use std::pin::Pin;
 use crate::error::ReplayError;
 pub use flush::CacheFlushArgs;
 pub use neighbor::NoisyNeighborArgs;
+pub use rollout::BadRolloutArgs;
 pub use storm::RetryStormArgs;
 
 /// `spillway replay SCENARIO`.
@@ -51,6 +53,17 @@ pub enum Scenario {
     /// limits, one unbounded first-come-first-served queue), and prints per phase and tenant
     /// what was offered, what succeeded, what was shed, p99 and the gateway's RSS.
     NoisyNeighbor(NoisyNeighborArgs),
+    /// IL-0235: a new version that refuses a feature (400) and has less capacity (429) is
+    /// rolled out.
+    ///
+    /// Runs an old-version and a new-version mock backend in each region (3 by default) and a
+    /// gateway on the old version; callers send a share of their requests with `tools`, which
+    /// the new version refuses. At the rollout phase's start the config is rewritten with a
+    /// `[models.rollout]` and reloaded: staged and halted by its comparator (protected), or
+    /// replacing the old version at once (naive). Prints per phase what the callers saw and
+    /// what reached the new version, and how long it took until the halt and until every
+    /// request was served by the old version again.
+    BadRollout(BadRolloutArgs),
 }
 
 /// A scenario's replay, checked and not started yet; dropping it stops it.
@@ -64,6 +77,7 @@ impl Scenario {
             Scenario::RetryStorm(args) => Box::pin(storm::replay(args)?),
             Scenario::CacheFlush(args) => Box::pin(flush::replay(args)?),
             Scenario::NoisyNeighbor(args) => Box::pin(neighbor::replay(args)?),
+            Scenario::BadRollout(args) => Box::pin(rollout::replay(args)?),
         })
     }
 }
@@ -94,6 +108,7 @@ mod tests {
             parse(&["noisy-neighbor"]),
             Scenario::NoisyNeighbor(_)
         ));
+        assert!(matches!(parse(&["bad-rollout"]), Scenario::BadRollout(_)));
     }
 
     #[test]
@@ -102,6 +117,7 @@ mod tests {
             &["retry-storm", "--rate", "0"][..],
             &["cache-flush", "--keys", "0"],
             &["noisy-neighbor", "--flood-limit", "0"],
+            &["bad-rollout", "--tools-share", "2"],
         ] {
             let refused = parse(args).check().err().expect("refused");
             assert!(

@@ -368,3 +368,24 @@ async fn unreadable_rollout_states_start_the_rollout_aborted_not_running() {
         "a rollout of unknown state got traffic"
     );
 }
+
+#[tokio::test]
+async fn replace_mode_never_sends_to_the_old_version_even_when_the_new_one_is_full() {
+    // A replaced version is gone: a full new version answers for itself, it does not borrow the
+    // old one's capacity (which a staged rollout does).
+    let old = backend(&[]);
+    let new = mock(&[
+        "--model",
+        "m",
+        "--capacity",
+        "1",
+        "--queue",
+        "0",
+        "--ttft",
+        "200ms",
+    ]);
+    let gw = gateway_with_env(&rolling(&old, &new, "mode = \"replace\""), ENV);
+    let statuses = wave(&gw, 20).await;
+    assert!(statuses.iter().any(|&s| s != 200), "{statuses:?}");
+    assert_eq!(chats_received(&old).await, 0);
+}

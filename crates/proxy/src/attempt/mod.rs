@@ -192,6 +192,7 @@ impl Loop<'_> {
                 // A call that continues a stored response goes to the backend that has it.
                 only: call.home.filter(|_| self.on_fallback.is_none()),
                 side,
+                spill_to_old: pool.rollout.as_ref().is_some_and(|r| r.spills_to_old()),
             };
             // Once every backend of this model has failed it, a fallback for that is better
             // than another try on one of them.

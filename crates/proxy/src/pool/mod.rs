@@ -343,9 +343,11 @@ pub struct Ask<'a> {
     pub surface: Surface,
     /// Only this backend, by index.
     pub only: Option<usize>,
-    /// Only backends of this version (during a rollout); when the new version has none with
-    /// room, the old one.
+    /// Only backends of this version (during a rollout).
     pub side: Option<Side>,
+    /// When the new version has no backend with room, the old one (a staged rollout; a replaced
+    /// version is gone).
+    pub spill_to_old: bool,
 }
 
 /// A model's backends, and the retry budget their requests share.
@@ -441,10 +443,10 @@ impl ModelPool {
     /// A call on its way to a rollout's new version goes to the old one when no new backend has
     /// room.
     pub fn acquire(&self, now: Instant, ask: Ask<'_>, exclude: &[usize]) -> Option<Acquired> {
-        let new = (ask.side == Some(Side::New))
-            .then(|| self.acquire_on(now, ask, exclude))
-            .flatten();
-        new.or_else(|| {
+        if ask.side != Some(Side::New) || !ask.spill_to_old {
+            return self.acquire_on(now, ask, exclude);
+        }
+        self.acquire_on(now, ask, exclude).or_else(|| {
             let old = Ask {
                 side: ask.side.map(|_| Side::Old),
                 ..ask

@@ -105,6 +105,12 @@ impl RolloutCell {
         }
     }
 
+    /// Whether a call for the new version goes to the old one when the new one has no room: in
+    /// a staged rollout, yes; in `replace` mode the old version is as good as gone.
+    pub fn spills_to_old(&self) -> bool {
+        matches!(self.plan, Plan::Staged(_))
+    }
+
     /// The side a retry goes to: the old version while a staged rollout has not taken all
     /// traffic, else the new one.
     pub fn retry_side(&self) -> Side {

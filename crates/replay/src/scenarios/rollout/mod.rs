@@ -11,11 +11,10 @@
 //! old version at once, as a deployment without stages does, and nothing halts it. From the
 //! reload on, [`watch`] times the halt and the last request that reached the new version.
 //!
-//! The naive run is the gateway's `replace` mode as it is: every call's first attempt goes to
-//! the new version, but one that finds no new backend with room (outlier detection ejects a
-//! backend whose 429s pile up, for 5 s and longer) goes to the old backends, which the config
-//! still lists. So its failures come in waves rather than holding at the tools share; they
-//! never end, since nothing takes the new version out of the config.
+//! The naive run is the gateway's `replace` mode: every attempt goes to the new version, and the
+//! old backends the config still lists take nothing, as if they were gone; so its failures hold
+//! at about the tools share plus what the new version's capacity refuses, and never end, since
+//! nothing takes the new version out of the config.
 
 mod args;
 mod fleet;

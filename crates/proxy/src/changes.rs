@@ -56,25 +56,12 @@ impl Loaded {
 
 /// The text of the config file at `path`, at most [`MAX_CONFIG_BYTES`].
 pub(crate) fn read_config(path: &Path) -> Result<String, ConfigError> {
-    {
-        let read = |source| ConfigError::Read {
-            path: path.display().to_string(),
-            source,
-        };
-        let file = std::fs::File::open(path).map_err(read)?;
-        let mut text = String::new();
-        std::io::Read::read_to_string(
-            &mut std::io::Read::take(file, MAX_CONFIG_BYTES + 1),
-            &mut text,
-        )
-        .map_err(read)?;
-        if text.len() as u64 > MAX_CONFIG_BYTES {
-            return Err(read(std::io::Error::other(format!(
-                "larger than {MAX_CONFIG_BYTES} bytes"
-            ))));
-        }
-        Ok(text)
-    }
+    let read = |source| ConfigError::Read {
+        path: path.display().to_string(),
+        source,
+    };
+    let bytes = crate::files::read_capped(path, MAX_CONFIG_BYTES).map_err(read)?;
+    String::from_utf8(bytes).map_err(|_| read(std::io::Error::other("not UTF-8 text")))
 }
 
 /// The SHA-256 of a config's bytes, in hex, as `sha256sum` prints it.

@@ -21,6 +21,7 @@ mod connections;
 pub mod endpoint;
 pub mod engine;
 pub mod error;
+mod files;
 mod gateway;
 mod handler;
 mod health;

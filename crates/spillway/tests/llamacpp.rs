@@ -184,38 +184,7 @@ async fn llamacpp_a_concurrent_burst_on_healthy_engines_is_all_served() {
         one.url, two.url
     );
     let gw = gateway(&cfg);
-    let c = client();
-    let burst: Vec<_> = (0..24)
-        .map(|i| {
-            let stream = i % 3 == 0;
-            let req = c
-                .post(gw.url("/v1/chat/completions"))
-                .bearer_auth(KEY)
-                .timeout(Duration::from_secs(120))
-                .json(&serde_json::json!({
-                    "model": "m",
-                    "messages": [{"role": "user", "content": format!("Say a word, {i}.")}],
-                    "max_tokens": 8,
-                    "stream": stream,
-                }));
-            tokio::spawn(async move {
-                let r = req.send().await.map_err(|e| e.to_string())?;
-                let status = r.status().as_u16();
-                let body = r.text().await.map_err(|e| e.to_string())?;
-                Ok::<_, String>((status, stream, body))
-            })
-        })
-        .collect();
-    for (i, answer) in burst.into_iter().enumerate() {
-        let (status, stream, body) = answer.await.unwrap().unwrap_or_else(|e| panic!("{i}: {e}"));
-        assert_eq!(status, 200, "request {i}: {body}");
-        if stream {
-            assert!(
-                body.trim_end().ends_with("data: [DONE]"),
-                "stream {i}: {body}"
-            );
-        }
-    }
+    served_in_full(&gw, 24).await;
     let page = metrics(&gw).await;
     assert_eq!(sample_sum(&page, "spillway_throttled_total"), 0.0, "{page}");
 }

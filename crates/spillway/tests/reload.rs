@@ -360,16 +360,7 @@ async fn sighup_the_cli_and_the_file_watch_each_reload_the_file() {
     .await;
     assert_eq!(chat(&gw, &chat_body("m", false)).await.status(), 200);
     // `spillway reload` through the admin API: applied, then a rejected file is an error exit.
-    let cli = |args: &[&str]| {
-        let out = std::process::Command::new(bin())
-            .args(args)
-            .args(["--admin-url", &gw.admin_url("")])
-            .env("SPILLWAY_ADMIN_TOKEN", ADMIN_TOKEN)
-            .output()
-            .unwrap();
-        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
-        (out.status, text(&out.stdout), text(&out.stderr))
-    };
+    let cli = |args: &[&str]| admin_cli(&gw, ADMIN_TOKEN, args);
     gw.rewrite_config(&format!("{body}weight = 3\n"));
     let (status, out, err) = cli(&["reload"]);
     assert!(status.success(), "{out}{err}");

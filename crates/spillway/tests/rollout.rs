@@ -211,16 +211,7 @@ async fn a_rollout_is_steered_by_hand_and_keeps_its_step_across_a_reload() {
         "steps = [10, 60, 100]\nmin_step_duration = \"10m\"",
     );
     let gw = gateway_with_env(&body, ENV);
-    let cli = |args: &[&str]| {
-        let out = std::process::Command::new(bin())
-            .args(args)
-            .args(["--admin-url", &gw.admin_url("")])
-            .env("SPILLWAY_ADMIN_TOKEN", ADMIN_TOKEN)
-            .output()
-            .unwrap();
-        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
-        (out.status, text(&out.stdout), text(&out.stderr))
-    };
+    let cli = |args: &[&str]| admin_cli(&gw, ADMIN_TOKEN, args);
     let (status, out, err) = cli(&["rollout", "promote", "m"]);
     assert!(status.success(), "{err}");
     let v: Value = serde_json::from_str(&out).unwrap();

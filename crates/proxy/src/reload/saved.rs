@@ -7,7 +7,6 @@
 //! one whole. It is read back only through the same checks as any config, and only when its text
 //! still has the hash it was saved with.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
@@ -47,7 +46,6 @@ pub(crate) fn save(
     hash: &str,
     source: Option<&str>,
 ) -> std::io::Result<()> {
-    std::fs::create_dir_all(dir)?;
     let saved = Saved {
         hash: hash.to_owned(),
         saved_at: SystemTime::now()
@@ -57,27 +55,15 @@ pub(crate) fn save(
         text: text.to_owned(),
     };
     let bytes = serde_json::to_vec_pretty(&saved).map_err(std::io::Error::other)?;
-    let tmp = dir.join(format!("{FILE}.tmp"));
-    let mut file = std::fs::File::create(&tmp)?;
-    file.write_all(&bytes)?;
-    file.sync_all()?;
-    std::fs::rename(&tmp, path(dir))
+    crate::files::write_atomically(dir, FILE, &bytes)
 }
 
 /// What is saved in `dir`, unchecked; `None` when nothing is.
 pub fn read(dir: &Path) -> Result<Option<Saved>, String> {
     let at = path(dir);
-    let file = match std::fs::File::open(&at) {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(format!("{}: {e}", at.display())),
+    let Some(bytes) = crate::files::read_if_there(&at, MAX_BYTES)? else {
+        return Ok(None);
     };
-    let mut bytes = Vec::new();
-    std::io::Read::read_to_end(&mut std::io::Read::take(file, MAX_BYTES + 1), &mut bytes)
-        .map_err(|e| format!("{}: {e}", at.display()))?;
-    if bytes.len() as u64 > MAX_BYTES {
-        return Err(format!("{}: larger than {MAX_BYTES} bytes", at.display()));
-    }
     let saved: Saved = serde_json::from_slice(&bytes)
         .map_err(|e| format!("{}: not a saved config: {e}", at.display()))?;
     if super::hash(saved.text.as_bytes()) != saved.hash {

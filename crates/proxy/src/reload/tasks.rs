@@ -79,13 +79,7 @@ async fn watch_file(gw: Arc<Gateway>) {
 }
 
 fn read_capped(path: &std::path::Path) -> std::io::Result<Vec<u8>> {
-    let mut bytes = Vec::new();
-    let file = std::fs::File::open(path)?;
-    std::io::Read::read_to_end(
-        &mut std::io::Read::take(file, super::MAX_CONFIG_BYTES + 1),
-        &mut bytes,
-    )?;
-    Ok(bytes)
+    crate::files::read_capped(path, super::MAX_CONFIG_BYTES)
 }
 
 /// Saves the running config as last-known-good once it has served

@@ -3,7 +3,6 @@
 //! and a halted one stays halted. Written to a temporary file and renamed, as the last-known-good
 //! config is.
 
-use std::io::Write;
 use std::path::Path;
 
 use foldhash::HashMap;
@@ -38,17 +37,9 @@ pub(super) fn fingerprint(plan: &RolloutPlan, model: &ModelConfig) -> String {
 
 pub(super) fn read(dir: &Path) -> Result<HashMap<String, Kept>, String> {
     let at = dir.join(FILE);
-    let file = match std::fs::File::open(&at) {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(HashMap::default()),
-        Err(e) => return Err(format!("{}: {e}", at.display())),
+    let Some(bytes) = crate::files::read_if_there(&at, MAX_BYTES)? else {
+        return Ok(HashMap::default());
     };
-    let mut bytes = Vec::new();
-    std::io::Read::read_to_end(&mut std::io::Read::take(file, MAX_BYTES + 1), &mut bytes)
-        .map_err(|e| format!("{}: {e}", at.display()))?;
-    if bytes.len() as u64 > MAX_BYTES {
-        return Err(format!("{}: larger than {MAX_BYTES} bytes", at.display()));
-    }
     serde_json::from_slice(&bytes).map_err(|e| format!("{}: {e}", at.display()))
 }
 
@@ -66,11 +57,6 @@ pub(super) fn write(dir: &Path, states: &[(String, String, RolloutState)]) -> st
     if kept.is_empty() && !dir.join(FILE).exists() {
         return Ok(());
     }
-    std::fs::create_dir_all(dir)?;
     let bytes = serde_json::to_vec_pretty(&kept).map_err(std::io::Error::other)?;
-    let tmp = dir.join(format!("{FILE}.tmp"));
-    let mut file = std::fs::File::create(&tmp)?;
-    file.write_all(&bytes)?;
-    file.sync_all()?;
-    std::fs::rename(&tmp, dir.join(FILE))
+    crate::files::write_atomically(dir, FILE, &bytes)
 }

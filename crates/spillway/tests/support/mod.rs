@@ -377,6 +377,23 @@ pub fn closed_port_url() -> String {
     format!("http://127.0.0.1:{}/v1", spillway_testkit::closed_port())
 }
 
+/// `spillway ARGS --admin-url URL` against `gw`'s admin listener, with its admin `token` in the
+/// environment: exit status, stdout, stderr.
+pub fn admin_cli(
+    gw: &Proc,
+    token: &str,
+    args: &[&str],
+) -> (std::process::ExitStatus, String, String) {
+    let out = Command::new(bin())
+        .args(args)
+        .args(["--admin-url", &gw.admin_url("")])
+        .env("SPILLWAY_ADMIN_TOKEN", token)
+        .output()
+        .unwrap();
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    (out.status, text(&out.stdout), text(&out.stderr))
+}
+
 /// `spillway ARGS --store URL`: exit status, stdout, stderr.
 pub fn cli_at(url: &str, args: &[&str]) -> (std::process::ExitStatus, String, String) {
     let out = Command::new(bin())

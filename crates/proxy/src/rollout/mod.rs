@@ -278,8 +278,15 @@ impl Rollouts {
         let state = kept
             .get(&model.name)
             .filter(|k| k.fingerprint == fingerprint);
-        if state.is_some() {
-            info!(model = %model.name, "rollout resumed from its saved state");
+        match (state, kept.get(&model.name)) {
+            (Some(_), _) => info!(model = %model.name, "rollout resumed from its saved state"),
+            (None, Some(other)) if !matches!(other.state.status, Status::Running { .. }) => warn!(
+                model = %model.name,
+                "the saved rollout of this model was stopped ({:?}); this one differs from it (its \
+                 plan or new backends), so it starts at its first step",
+                other.state.status
+            ),
+            _ => {}
         }
         let cell = RolloutCell::new(model, fingerprint, state);
         let unreadable = self.unreadable.lock().unwrap_or_else(|e| e.into_inner());

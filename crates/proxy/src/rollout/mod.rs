@@ -8,7 +8,7 @@
 //! new version that fails sends its callers to the version known to work, never to itself again.
 //! Each attempt's outcome is counted on its side: error statuses and timeouts by the attempt loop
 //! when they happen, successes when their body ends (with the time to the first byte, and whether
-//! the stream broke), by the relay. [`Rollouts`] evaluates every rollout each second, so a halt
+//! the stream broke), by the relay. `Rollouts` evaluates every rollout each second, so a halt
 //! moves the new version's traffic back to the old at most a second after the evidence is in,
 //! keeps each rollout's state across reloads (a rollout whose plan and new backends are unchanged
 //! is the same one), and saves it in the data directory (`rollouts.json`) across restarts.

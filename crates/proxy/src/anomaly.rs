@@ -91,6 +91,14 @@ pub(crate) fn evaluate(models: &Models, now: Instant, anomalies: &AtomicU64) {
     }
 }
 
+/// Clears the 4xx gauges of a backend a reload removed, so an alert on one that was anomalous
+/// does not fire for ever for a backend that is gone.
+pub(crate) fn forget(model: &str, backend: &str) {
+    for name in [ANOMALOUS, SHARE, BASELINE] {
+        gauge!(name, "model" => model.to_owned(), "backend" => backend.to_owned()).set(0.0);
+    }
+}
+
 /// Judges the running config's backends each [`EVALUATE_EVERY`], for as long as it runs.
 pub(crate) async fn watch(current: impl Fn() -> Arc<crate::live::Live>, anomalies: Arc<AtomicU64>) {
     let mut tick = tokio::time::interval(EVALUATE_EVERY);

@@ -555,3 +555,43 @@ async fn a_rollback_puts_the_last_known_good_config_back() {
     .await;
     assert_eq!(sample(&metrics(&gw).await, applied), Some(before + 1.0));
 }
+
+#[tokio::test]
+async fn a_backend_a_reload_removes_leaves_no_stale_ejection_on_the_metrics_page() {
+    let sick = backend(&["--error-rate", "1", "--error-status", "500"]);
+    let well = backend(&[]);
+    let frame =
+        "[outlier]\nconsecutive_failures = 3\nbase_ejection = \"10m\"\nmax_ejection = \"10m\"\n";
+    let gw = gateway_with_env(
+        &format!(
+            "{frame}{}",
+            model(
+                "m",
+                &[
+                    ("sick", "r", sick.url("/v1")),
+                    ("well", "r", well.url("/v1"))
+                ]
+            )
+        ),
+        ENV,
+    );
+    let ejected = r#"spillway_backend_ejected{model="m",backend="sick"}"#;
+    eventually(
+        Duration::from_secs(20),
+        "the sick backend ejected",
+        || async {
+            let _ = chat(&gw, &chat_body("m", false)).await;
+            sample(&metrics(&gw).await, ejected) == Some(1.0)
+        },
+    )
+    .await;
+    // Removed from the config: its series no longer says it is ejected (an alert on it would
+    // fire for a backend that is gone).
+    gw.rewrite_config(&format!(
+        "{frame}{}",
+        model("m", &[("well", "r", well.url("/v1"))])
+    ));
+    let (status, v) = reload(&gw).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(sample(&metrics(&gw).await, ejected), Some(0.0));
+}

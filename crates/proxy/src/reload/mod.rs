@@ -232,6 +232,7 @@ async fn apply(
     let old = gw.swap(next);
     gw.rollouts.adopt(cells);
     old.retire();
+    forget_removed(&old.models, &gw.live().models);
     Outcome {
         result: Ended::Applied,
         hash,
@@ -239,6 +240,27 @@ async fn apply(
         problems: Vec::new(),
         restart_required,
         rebuilt,
+    }
+}
+
+/// Zeroes the gauges of the backends `previous` had and `next` has not: the page shows only the
+/// running config's backends, and the last values of a removed one would otherwise stand (an
+/// ejected or anomalous backend that is gone would keep its alert firing).
+fn forget_removed(previous: &Models, next: &Models) {
+    let kept: Vec<_> = next
+        .pools()
+        .iter()
+        .flat_map(|p| p.backends.clone())
+        .collect();
+    for pool in previous.pools() {
+        for b in pool
+            .backends
+            .iter()
+            .filter(|b| !kept.iter().any(|k| Arc::ptr_eq(k, b)))
+        {
+            b.metrics.read_gauges(0, 0, false);
+            crate::anomaly::forget(&pool.name, &b.name);
+        }
     }
 }
 

@@ -59,7 +59,7 @@ pub struct Gateway {
     /// Reloads, one at a time, and the last-known-good config.
     pub(crate) changes: Changes,
     /// The models' rollouts, kept across reloads and restarts.
-    pub(crate) rollouts: Rollouts,
+    pub(crate) rollouts: Arc<Rollouts>,
 }
 
 impl Gateway {
@@ -70,7 +70,10 @@ impl Gateway {
         let tenants = Arc::new(open_tenants(&config).await?);
         let bases = mocks.bases();
         let changes = Changes::new(startup);
-        let rollouts = Rollouts::load(changes.data_dir(), changes.anomaly_counter());
+        let rollouts = Arc::new(Rollouts::load(
+            changes.data_dir(),
+            changes.anomaly_counter(),
+        ));
         let (models, _) =
             Models::rebuilt(&config, base_resolver(&bases), &Models::default(), &|m| {
                 rollouts.cell_for(m)

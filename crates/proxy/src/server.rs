@@ -324,7 +324,7 @@ fn admin_router(state: AdminState) -> Router {
                 token: state.gateway.admin_token,
             },
             crate::reload::routes(state.gateway.clone())
-                .merge(crate::rollout::routes(state.gateway.clone())),
+                .merge(crate::rollout::routes(state.gateway.rollouts.clone())),
         ))
         .layer(middleware::map_response(json_errors))
 }

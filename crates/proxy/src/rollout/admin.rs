@@ -16,37 +16,36 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::json;
 
-use super::Steer;
+use super::{Rollouts, Steer};
 use crate::error::{ApiError, ErrorKind};
-use crate::gateway::Gateway;
 
-pub(crate) fn routes(gw: Arc<Gateway>) -> Router {
+pub(crate) fn routes(rollouts: Arc<Rollouts>) -> Router {
     Router::new()
         .route("/admin/rollouts", get(list))
         .route("/admin/rollouts/{model}/promote", post(promote))
         .route("/admin/rollouts/{model}/abort", post(abort))
         .route("/admin/rollouts/{model}/restart", post(restart))
-        .with_state(gw)
+        .with_state(rollouts)
 }
 
-async fn list(State(gw): State<Arc<Gateway>>) -> Response {
-    Json(json!({ "rollouts": gw.rollouts.views(crate::clock::now()) })).into_response()
+async fn list(State(rollouts): State<Arc<Rollouts>>) -> Response {
+    Json(json!({ "rollouts": rollouts.views(crate::clock::now()) })).into_response()
 }
 
-async fn promote(State(gw): State<Arc<Gateway>>, Path(model): Path<String>) -> Response {
-    steer(&gw, &model, Steer::Promote)
+async fn promote(State(r): State<Arc<Rollouts>>, Path(model): Path<String>) -> Response {
+    steer(&r, &model, Steer::Promote)
 }
 
-async fn abort(State(gw): State<Arc<Gateway>>, Path(model): Path<String>) -> Response {
-    steer(&gw, &model, Steer::Abort)
+async fn abort(State(r): State<Arc<Rollouts>>, Path(model): Path<String>) -> Response {
+    steer(&r, &model, Steer::Abort)
 }
 
-async fn restart(State(gw): State<Arc<Gateway>>, Path(model): Path<String>) -> Response {
-    steer(&gw, &model, Steer::Restart)
+async fn restart(State(r): State<Arc<Rollouts>>, Path(model): Path<String>) -> Response {
+    steer(&r, &model, Steer::Restart)
 }
 
-fn steer(gw: &Gateway, model: &str, steer: Steer) -> Response {
-    match gw.rollouts.steer(model, steer, crate::clock::now()) {
+fn steer(rollouts: &Rollouts, model: &str, steer: Steer) -> Response {
+    match rollouts.steer(model, steer, crate::clock::now()) {
         Some(Ok(view)) => Json(view).into_response(),
         Some(Err(why)) => ApiError::new(ErrorKind::Conflict, why).into_response(),
         None => {

@@ -17,25 +17,9 @@ use support::*;
 
 const ADMIN_TOKEN: &str = "test-admin-token";
 const ENV: &[(&str, &str)] = &[("SPILLWAY_ADMIN_TOKEN", ADMIN_TOKEN)];
-/// A mock backend of model `m` (and `n`, `other`) that answers at once.
-const FAST: &[&str] = &[
-    "--model",
-    "m",
-    "--model",
-    "n",
-    "--model",
-    "other",
-    "--ttft",
-    "0ms",
-    "--tokens-per-sec",
-    "0",
-];
-
-/// A mock backend of those models with `extra` flags.
+/// A mock backend of the models these tests use (`m`, `n`, `other`) that answers at once.
 fn backend(extra: &[&str]) -> Proc {
-    let mut flags = FAST.to_vec();
-    flags.extend_from_slice(extra);
-    mock(&flags)
+    fast_mock(&["m", "n", "other"], extra)
 }
 
 fn hex_sha256(bytes: &[u8]) -> String {
@@ -77,6 +61,23 @@ fn names(v: &Value, key: &str) -> Vec<String> {
         .iter()
         .map(|s| s.as_str().unwrap().to_owned())
         .collect()
+}
+
+/// Outlier settings that eject a backend after three failures, for longer than any test runs.
+const EJECT_FOR_LONG: &str =
+    "[outlier]\nconsecutive_failures = 3\nbase_ejection = \"10m\"\nmax_ejection = \"10m\"\n";
+
+/// Sends chats until the gauge `ejected` of the gateway says 1.
+async fn wait_ejected(gw: &Proc, ejected: &str) {
+    eventually(
+        Duration::from_secs(20),
+        "the sick backend ejected",
+        || async {
+            let _ = chat(gw, &chat_body("m", false)).await;
+            sample(&metrics(gw).await, ejected) == Some(1.0)
+        },
+    )
+    .await;
 }
 
 /// The hash the gateway reports for its running config.
@@ -250,8 +251,7 @@ async fn an_invalid_reload_is_rejected_and_the_old_config_keeps_serving() {
 async fn unchanged_backends_keep_their_ejection_state_across_a_reload() {
     let sick = backend(&["--error-rate", "1", "--error-status", "500"]);
     let well = backend(&[]);
-    let frame =
-        "[outlier]\nconsecutive_failures = 3\nbase_ejection = \"10m\"\nmax_ejection = \"10m\"\n";
+    let frame = EJECT_FOR_LONG;
     let pool = model(
         "m",
         &[
@@ -261,15 +261,7 @@ async fn unchanged_backends_keep_their_ejection_state_across_a_reload() {
     );
     let gw = gateway_with_env(&format!("{frame}{pool}"), ENV);
     let ejected = r#"spillway_backend_ejected{model="m",backend="sick"}"#;
-    eventually(
-        Duration::from_secs(20),
-        "the sick backend ejected",
-        || async {
-            let _ = chat(&gw, &chat_body("m", false)).await;
-            sample(&metrics(&gw).await, ejected) == Some(1.0)
-        },
-    )
-    .await;
+    wait_ejected(&gw, ejected).await;
     // A reload that adds a model leaves model m's backends as they were: still ejected.
     let other = model("other", &[("w", "r", well.url("/v1"))]);
     gw.rewrite_config(&format!("{frame}{pool}{other}"));
@@ -560,8 +552,7 @@ async fn a_rollback_puts_the_last_known_good_config_back() {
 async fn a_backend_a_reload_removes_leaves_no_stale_ejection_on_the_metrics_page() {
     let sick = backend(&["--error-rate", "1", "--error-status", "500"]);
     let well = backend(&[]);
-    let frame =
-        "[outlier]\nconsecutive_failures = 3\nbase_ejection = \"10m\"\nmax_ejection = \"10m\"\n";
+    let frame = EJECT_FOR_LONG;
     let gw = gateway_with_env(
         &format!(
             "{frame}{}",
@@ -576,15 +567,7 @@ async fn a_backend_a_reload_removes_leaves_no_stale_ejection_on_the_metrics_page
         ENV,
     );
     let ejected = r#"spillway_backend_ejected{model="m",backend="sick"}"#;
-    eventually(
-        Duration::from_secs(20),
-        "the sick backend ejected",
-        || async {
-            let _ = chat(&gw, &chat_body("m", false)).await;
-            sample(&metrics(&gw).await, ejected) == Some(1.0)
-        },
-    )
-    .await;
+    wait_ejected(&gw, ejected).await;
     // Removed from the config: its series no longer says it is ejected (an alert on it would
     // fire for a backend that is gone).
     gw.rewrite_config(&format!(

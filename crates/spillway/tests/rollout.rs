@@ -16,12 +16,9 @@ use support::*;
 
 const ADMIN_TOKEN: &str = "test-admin-token";
 const ENV: &[(&str, &str)] = &[("SPILLWAY_ADMIN_TOKEN", ADMIN_TOKEN)];
-const FAST: &[&str] = &["--model", "m", "--ttft", "0ms", "--tokens-per-sec", "0"];
-
+/// A mock backend of model `m` that answers at once.
 fn backend(extra: &[&str]) -> Proc {
-    let mut flags = FAST.to_vec();
-    flags.extend_from_slice(extra);
-    mock(&flags)
+    fast_mock(&["m"], extra)
 }
 
 /// Model m on `old`, rolling out to `new` with `settings` in `[models.rollout]`.
@@ -379,4 +376,32 @@ async fn replace_mode_never_sends_to_the_old_version_even_when_the_new_one_is_fu
     let statuses = wave(&gw, 20).await;
     assert!(statuses.iter().any(|&s| s != 200), "{statuses:?}");
     assert_eq!(chats_received(&old).await, 0);
+}
+
+#[tokio::test]
+async fn with_every_backend_of_both_versions_failing_a_rollout_neither_halts_nor_multiplies_load() {
+    // The worst case for the comparator: both versions fail alike (502, which is retried), so
+    // the new one is not worse and must not be blamed; and the retries, all to the old version,
+    // stay within the retry budget and adaptive throttling rather than tripling the load.
+    let old = backend(&["--error-rate", "1", "--error-status", "502"]);
+    let new = backend(&["--error-rate", "1", "--error-status", "502"]);
+    let gw = gateway_with_env(
+        &rolling(&old, &new, "steps = [50, 100]\nmin_step_duration = \"10m\""),
+        ENV,
+    );
+    // Load for three seconds, so that the comparator (once a second) judges it at least twice.
+    let mut sent = 0u64;
+    let start = std::time::Instant::now();
+    while start.elapsed() < Duration::from_secs(3) {
+        let statuses = wave(&gw, 20).await;
+        assert!(statuses.iter().all(|&s| s >= 500), "{statuses:?}");
+        sent += statuses.len() as u64;
+        assert!(sent < 50_000);
+    }
+    assert_eq!(status_of(&gw).await, "running", "{:?}", rollouts(&gw).await);
+    let reached = chats_received(&old).await + chats_received(&new).await;
+    assert!(
+        reached <= sent * 3 / 2,
+        "{reached} attempts reached the backends for {sent} requests"
+    );
 }

@@ -188,7 +188,10 @@ async fn apply(
         return Outcome {
             result: Ended::Unchanged,
             hash: Some(loaded.hash),
-            ..rejected(running, None, Vec::new())
+            running: running.source.hash.clone(),
+            problems: Vec::new(),
+            restart_required: Vec::new(),
+            rebuilt: Rebuilt::default(),
         };
     }
     let mut config = loaded.config;

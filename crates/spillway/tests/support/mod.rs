@@ -167,6 +167,17 @@ pub fn mock(flags: &[&str]) -> Proc {
     start(&args, &[], None)
 }
 
+/// A standalone mock backend of `models` that answers at once (no first-token delay, no pace
+/// between tokens), with `extra` flags.
+pub fn fast_mock(models: &[&str], extra: &[&str]) -> Proc {
+    let mut flags = vec!["--ttft", "0ms", "--tokens-per-sec", "0"];
+    for m in models {
+        flags.extend(["--model", m]);
+    }
+    flags.extend_from_slice(extra);
+    mock(&flags)
+}
+
 /// Starts a standalone mock backend on a given address (to restart one where it was).
 pub fn mock_at(listen: &str, flags: &[&str]) -> Proc {
     let mut args = vec!["mock-backend", "--listen", listen];

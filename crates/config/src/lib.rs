@@ -10,6 +10,7 @@
 
 mod cache;
 mod check;
+mod memory;
 mod mock;
 mod parse;
 mod raw;
@@ -22,6 +23,7 @@ use std::time::Duration;
 
 pub use cache::CacheConfig;
 pub use check::{Problem, DEFAULT_STORE_URL};
+pub use memory::MemoryBudget;
 pub use mock::{MockFault, MockProfile};
 pub use spillway_policy::{
     BudgetConfig, Fallback, OutlierConfig, RetryPolicy, Rules, ThrottleConfig, Trigger,

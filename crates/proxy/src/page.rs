@@ -11,7 +11,8 @@ use spillway_policy::outlier::Health;
 
 use crate::gateway::Gateway;
 use crate::metrics::{
-    STORE_POOL_CONNECTIONS, STORE_POOL_MAX, STORE_POOL_TIMEOUTS, STORE_POOL_WAITERS,
+    MEMORY_BUDGET, RESIDENT_MEMORY, STORE_POOL_CONNECTIONS, STORE_POOL_MAX, STORE_POOL_TIMEOUTS,
+    STORE_POOL_WAITERS,
 };
 
 /// The process-wide recorder, with every metric of the gateway described.
@@ -51,9 +52,28 @@ pub(crate) fn render(handle: &PrometheusHandle, gw: &Gateway) -> String {
             }
         }
     }
+    memory(&live.config);
     handle.run_upkeep();
     let mut page = handle.render();
     crate::reload::render(&live, &gw.changes, &mut page);
     gw.rollouts.render(&mut page);
     page
+}
+
+/// The process's resident memory beside the budget its config's caps allow
+/// (`spillway_config::MemoryBudget`), so an alert can fire before the container's limit does.
+fn memory(config: &spillway_config::Config) {
+    let budget = spillway_config::MemoryBudget::of(config);
+    gauge!(MEMORY_BUDGET).set(budget.total() as f64);
+    if let Some(rss) = resident_bytes() {
+        gauge!(RESIDENT_MEMORY).set(rss as f64);
+    }
+}
+
+/// `VmRSS` of `/proc/self/status` (Linux); `None` where there is no such file.
+fn resident_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
 }

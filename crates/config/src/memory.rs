@@ -1,0 +1,115 @@
+//! The memory budget of docs/admission.md, computed from a configuration's caps: what the
+//! request path may hold at most, plus allowances for the idle process and the key cache.
+//!
+//! One formula for everything that needs it: the `spillway_memory_budget_bytes` gauge the
+//! memory alert compares the process's RSS against, `spillway audit`'s check of a container's
+//! memory limit, and the limit the shipped Kubernetes manifests set.
+
+use crate::Config;
+
+const KIB: u64 = 1024;
+const MIB: u64 = 1024 * KIB;
+
+/// What hyper holds per HTTP/1 client connection at most: its head and read buffer.
+pub const HTTP1_CONNECTION_BYTES: u64 = 64 * KIB;
+/// Per HTTP/2 client connection, on top of [`HTTP1_CONNECTION_BYTES`]: its receive window.
+pub const HTTP2_WINDOW_BYTES: u64 = 256 * KIB;
+/// Per stream an HTTP/2 client may open: its request head and task before admission answers.
+pub const HTTP2_STREAM_BYTES: u64 = 8 * KIB;
+/// Per request in flight: a relayed frame, the 4 KiB usage scan and its upstream connection.
+pub const REQUEST_BYTES: u64 = 64 * KIB;
+/// The idle process: runtime, recorder, listeners, config. Measured at 24.9 MiB RSS for a
+/// release build on the quickstart (bench/README.md); this leaves room for a larger config.
+pub const IDLE_BYTES: u64 = 48 * MIB;
+/// An allowance per key-cache entry (known or unknown key): the key's digest, the tenant's
+/// shared record and the cache's own bookkeeping.
+pub const KEY_CACHE_ENTRY_BYTES: u64 = 512;
+
+/// The budget's parts, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryBudget {
+    /// Request bodies: twice `admission.max_buffered_body_bytes` (the bodies held, and what the
+    /// allocator keeps of freed ones).
+    pub bodies: u64,
+    /// Client connections: `server.max_connections` of them, each as an HTTP/2 connection with
+    /// every stream it may open, since a client chooses its protocol.
+    pub connections: u64,
+    /// Requests in flight: `admission.max_in_flight` of them.
+    pub in_flight: u64,
+    /// The key cache at `cache.max_entries` plus `cache.max_negative_entries`.
+    pub key_cache: u64,
+    /// The idle process.
+    pub idle: u64,
+}
+
+impl MemoryBudget {
+    /// The budget of `config`.
+    pub fn of(config: &Config) -> Self {
+        let server = &config.server;
+        let per_connection = HTTP1_CONNECTION_BYTES
+            + HTTP2_WINDOW_BYTES
+            + u64::from(server.http2_max_concurrent_streams) * HTTP2_STREAM_BYTES;
+        Self {
+            bodies: 2 * config.admission.max_buffered_body_bytes,
+            connections: server.max_connections as u64 * per_connection,
+            in_flight: config.admission.max_in_flight as u64 * REQUEST_BYTES,
+            key_cache: (config.cache.max_entries + config.cache.max_negative_entries)
+                * KEY_CACHE_ENTRY_BYTES,
+            idle: IDLE_BYTES,
+        }
+    }
+
+    /// What the request path may hold: bodies, connections and requests in flight.
+    pub fn request_path(&self) -> u64 {
+        self.bodies + self.connections + self.in_flight
+    }
+
+    /// The whole process: the request path, the key cache and the idle process. A container's
+    /// memory limit below this can be reached by load the caps allow.
+    pub fn total(&self) -> u64 {
+        self.request_path() + self.key_cache + self.idle
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(toml: &str) -> Config {
+        crate::Config::from_toml(toml).expect("valid config")
+    }
+
+    #[test]
+    fn the_budget_follows_the_caps_as_docs_admission_states_it() {
+        let config = config(
+            r#"
+            [server]
+            max_connections = 100
+            http2_max_concurrent_streams = 10
+            [admission]
+            max_buffered_body_bytes = 1048576
+            max_in_flight = 50
+            [cache]
+            max_entries = 1000
+            max_negative_entries = 1000
+            "#,
+        );
+        let budget = MemoryBudget::of(&config);
+        assert_eq!(budget.bodies, 2 * MIB);
+        assert_eq!(budget.connections, 100 * (64 + 256 + 10 * 8) * KIB);
+        assert_eq!(budget.in_flight, 50 * 64 * KIB);
+        assert_eq!(budget.key_cache, 2000 * 512);
+        assert_eq!(
+            budget.total(),
+            2 * MIB + 100 * 400 * KIB + 50 * 64 * KIB + 2000 * 512 + IDLE_BYTES
+        );
+    }
+
+    #[test]
+    fn the_defaults_give_a_bound_a_container_limit_must_cover() {
+        let budget = MemoryBudget::of(&config(""));
+        // 10,000 connections of 100 streams dominate: lower them for a small container.
+        assert_eq!(budget.connections, 10_000 * (64 + 256 + 100 * 8) * KIB);
+        assert!(budget.total() > budget.request_path());
+    }
+}

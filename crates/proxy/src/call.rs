@@ -86,6 +86,8 @@ pub(crate) struct Call {
     pub throttle_pass: Option<ThrottlePass>,
     /// Its places in the in-flight counts, taken at its head, until admission takes them over.
     pub entered: Option<Entered>,
+    /// Its tenant's traffic counters (`GET /admin/top`).
+    pub traffic: Arc<crate::traffic::TenantTraffic>,
     /// Its body's bytes in the body budget, held (not read) as long as the body is.
     pub _body_hold: Option<BodyHold>,
 }

@@ -8,6 +8,7 @@ use spillway_policy::TenantLimiter;
 
 use super::metrics;
 use crate::auth::TenantLimits;
+use crate::traffic::TenantTraffic;
 
 /// One tenant's admission state.
 pub(super) struct Gate {
@@ -15,6 +16,8 @@ pub(super) struct Gate {
     /// The tenant's per-request series, registered once (a lookup by labels costs a hash and
     /// an allocation on every request otherwise).
     pub(super) series: metrics::TenantSeries,
+    /// What the tenant brought and what became of it, for `GET /admin/top`.
+    pub(super) traffic: Arc<TenantTraffic>,
     pub(super) in_flight: Arc<AtomicUsize>,
     /// Bytes of request body its requests hold, under its share of the body budget.
     pub(super) body_held: Arc<std::sync::atomic::AtomicU64>,
@@ -33,6 +36,11 @@ impl Entered {
     /// Bytes of request body the tenant's requests hold now.
     pub(crate) fn body_held(&self) -> &Arc<std::sync::atomic::AtomicU64> {
         &self.gate.body_held
+    }
+
+    /// The tenant's traffic counters.
+    pub(crate) fn traffic(&self) -> &Arc<TenantTraffic> {
+        &self.gate.traffic
     }
 }
 

@@ -45,6 +45,7 @@ use crate::endpoint::Endpoint;
 use crate::error::{ApiError, ErrorKind, NO_CAPACITY_RETRY_AFTER};
 use crate::pool::ModelPool;
 use crate::request::RequestSummary;
+use crate::traffic::{Shed as Refused, TenantTraffic};
 
 use gate::{Entered, Gate, Slot};
 pub(crate) use headers::insert_rate_headers;
@@ -210,9 +211,11 @@ impl Admission {
         tenant: &Tenant,
         class: spillway_policy::Priority,
         admitted: &mut Ticket,
+        traffic: &Arc<TenantTraffic>,
     ) -> Result<(), ApiError> {
         let key = (pool.name.clone(), tenant.pool.clone());
         let Some(queue) = self.queues.get(&key) else {
+            traffic.shed(Refused::NoBackend);
             let whose = match &tenant.pool {
                 Some(p) => format!("in this tenant's pool {p:?}"),
                 None => "outside dedicated pools".to_owned(),
@@ -225,6 +228,7 @@ impl Admission {
         let seats = pool.seats(tenant.pool.as_deref(), now);
         if seats == 0 {
             // Nothing to wait for that a queue could hand out: say so at once.
+            traffic.shed(Refused::NoBackend);
             return Err(ApiError::new(
                 ErrorKind::NoCapacity,
                 format!(
@@ -239,13 +243,18 @@ impl Admission {
         } else {
             Arc::from("")
         };
-        match queue.enter(now, seats, class, line).await {
+        let waiting = traffic.queued();
+        let entered = queue.enter(now, seats, class, line).await;
+        drop(waiting);
+        match entered {
             Ok((seat, waited)) => {
                 admitted.seated(seat, &tenant.name, class, waited);
+                traffic.admitted();
                 Ok(())
             }
             Err(shed) => {
-                metrics::admission(&tenant.name, class, shed.outcome());
+                traffic.shed(shed.refused());
+                metrics::admission(&tenant.name, class, shed.refused().as_str());
                 let message = match shed {
                     Shed::Timeout => format!(
                         "every backend of the model {:?} stayed busy for the longest queue wait",
@@ -282,6 +291,16 @@ impl Admission {
             .collect()
     }
 
+    /// Every tenant that sent a request since the gateway started, with its traffic counters.
+    pub(crate) fn traffic(&self) -> Vec<(Arc<str>, Arc<TenantTraffic>)> {
+        self.gates
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|(name, gate)| (name.clone(), gate.traffic.clone()))
+            .collect()
+    }
+
     /// Requests admitted and not yet finished, and the cap.
     pub(crate) fn in_flight(&self) -> (usize, usize) {
         (self.in_flight.load(Ordering::Relaxed), self.max_in_flight)
@@ -291,8 +310,11 @@ impl Admission {
     /// moment its head is read, before its body is: a request whose body is still arriving
     /// holds memory too (G4). Refuses it, as the error to answer with, when either is full.
     pub(crate) fn enter(&self, tenant: &Tenant) -> Result<Entered, ApiError> {
-        let refused = |outcome, e: ApiError| {
-            metrics::admission(&tenant.name, tenant.limits.priority, outcome);
+        let gate = self.gate(tenant);
+        gate.traffic.offered();
+        let refused = |why: Refused, e: ApiError| {
+            gate.traffic.shed(why);
+            metrics::admission(&tenant.name, tenant.limits.priority, why.as_str());
             Err(e)
         };
         let Some(global) = Slot::take(&self.in_flight, self.max_in_flight) else {
@@ -304,9 +326,8 @@ impl Admission {
                 ),
             )
             .retry_after(OVERLOADED_RETRY_AFTER);
-            return refused("gateway_overloaded", e);
+            return refused(Refused::GatewayOverloaded, e);
         };
-        let gate = self.gate(tenant);
         let mut own = None;
         if let Some(max) = self.limits_of(tenant).max_concurrency {
             own = Slot::take(&gate.in_flight, max as usize);
@@ -316,7 +337,7 @@ impl Admission {
                     format!("this tenant already has its maximum of {max} requests in flight"),
                 )
                 .retry_after(CONCURRENCY_RETRY_AFTER);
-                return refused("concurrency_limited", e);
+                return refused(Refused::ConcurrencyLimited, e);
             }
         }
         Ok(Entered { gate, global, own })
@@ -331,6 +352,8 @@ impl Admission {
             Some(entered) => entered,
             None => self.enter(&call.tenant)?,
         };
+        let traffic = entered.traffic().clone();
+        traffic.offered_to(&call.pool.name);
         let ask = Ask {
             summary: &call.summary,
             body_len: call.body.len(),
@@ -344,7 +367,9 @@ impl Admission {
             // A caller's retry while the pool is failing would only stack its retries on ours.
             let shed = self.shed_client_retries && pool.is_failing(now);
             call.labels.client_retry(shed);
+            traffic.client_retry();
             if shed {
+                traffic.shed(Refused::ClientRetryShed);
                 return Err(ApiError::new(
                     ErrorKind::ClientRetryShed,
                     format!(
@@ -359,6 +384,7 @@ impl Admission {
             // The backends have been failing: only a share of requests reaches them until they
             // accept again, however often callers resend.
             pool.metrics.throttled();
+            traffic.shed(Refused::Throttled);
             return Err(ApiError::new(
                 ErrorKind::BackendsFailing,
                 format!(
@@ -369,8 +395,15 @@ impl Admission {
             .retry_after(NO_CAPACITY_RETRY_AFTER));
         };
         call.throttle_pass = Some(pass);
-        self.seat(now, pool, &call.tenant, call.priority, &mut ticket)
-            .await?;
+        self.seat(
+            now,
+            pool,
+            &call.tenant,
+            call.priority,
+            &mut ticket,
+            &traffic,
+        )
+        .await?;
         Ok(ticket)
     }
 
@@ -391,11 +424,12 @@ impl Admission {
         entered: Entered,
         ask: Ask<'_>,
     ) -> Result<Ticket, ApiError> {
-        let refused = |outcome, e: ApiError| {
-            metrics::admission(&tenant.name, tenant.limits.priority, outcome);
+        let Entered { gate, global, own } = entered;
+        let refused = |why: Refused, e: ApiError| {
+            gate.traffic.shed(why);
+            metrics::admission(&tenant.name, tenant.limits.priority, why.as_str());
             Err(e)
         };
-        let Entered { gate, global, own } = entered;
         if !self.tenant_limits {
             return Ok(Ticket::unlimited(gate, global));
         }
@@ -406,13 +440,13 @@ impl Admission {
                 tenant.limits.requests_per_min,
                 ErrorKind::RequestRateLimited,
                 "requests",
-                "rate_limited_requests",
+                Refused::RateLimitedRequests,
             ),
             (
                 tenant.limits.tokens_per_min,
                 ErrorKind::TokenRateLimited,
                 "tokens",
-                "rate_limited_tokens",
+                Refused::RateLimitedTokens,
             ),
         ]
         .into_iter()
@@ -455,15 +489,19 @@ impl Admission {
                 let mut headers = http::HeaderMap::new();
                 insert_rate_headers(&mut headers, &quotas);
                 let (kind, outcome, what) = match (which, retry_after) {
-                    (Dimension::Tokens, None) => {
-                        (ErrorKind::TokensOverLimit, "tokens_over_limit", "tokens")
-                    }
-                    (Dimension::Tokens, Some(_)) => {
-                        (ErrorKind::TokenRateLimited, "rate_limited_tokens", "tokens")
-                    }
+                    (Dimension::Tokens, None) => (
+                        ErrorKind::TokensOverLimit,
+                        Refused::TokensOverLimit,
+                        "tokens",
+                    ),
+                    (Dimension::Tokens, Some(_)) => (
+                        ErrorKind::TokenRateLimited,
+                        Refused::RateLimitedTokens,
+                        "tokens",
+                    ),
                     (Dimension::Requests, _) => (
                         ErrorKind::RequestRateLimited,
-                        "rate_limited_requests",
+                        Refused::RateLimitedRequests,
                         "requests",
                     ),
                 };
@@ -524,6 +562,7 @@ impl Admission {
                 Arc::new(Gate {
                     tenant: tenant.name.clone(),
                     series: metrics::TenantSeries::new(&tenant.name, tenant.limits.priority),
+                    traffic: Arc::default(),
                     in_flight: Arc::new(AtomicUsize::new(0)),
                     body_held: Arc::default(),
                     rate: Mutex::new((

@@ -31,12 +31,14 @@ pub(crate) enum Shed {
 }
 
 impl Shed {
-    pub(crate) fn outcome(self) -> &'static str {
+    /// The refusal it is counted as (`spillway_admissions_total`'s outcome).
+    pub(crate) fn refused(self) -> crate::traffic::Shed {
+        use crate::traffic::Shed as Refused;
         match self {
-            Shed::TenantQueueFull => "tenant_queue_full",
-            Shed::QueueFull => "queue_full",
-            Shed::Timeout => "queue_timeout",
-            Shed::Evicted => "shed_for_higher_class",
+            Shed::TenantQueueFull => Refused::TenantQueueFull,
+            Shed::QueueFull => Refused::QueueFull,
+            Shed::Timeout => Refused::QueueTimeout,
+            Shed::Evicted => Refused::ShedForHigherClass,
         }
     }
 }

@@ -129,6 +129,7 @@ pub(crate) async fn run<U: Upstream>(
     }
     pool.metrics.attempts(attempts.made);
     call.labels.attempted(attempts.made);
+    call.traffic.attempted(&call.pool.name, attempts.made);
     Attempted {
         result,
         backend: attempts

@@ -216,6 +216,7 @@ pub(super) fn call(models: &Models, retries: &Retries) -> Call {
         labels: RequestLabels::unrouted(),
         throttle_pass: None,
         entered: None,
+        traffic: Arc::default(),
         _body_hold: None,
     }
 }

@@ -126,6 +126,7 @@ async fn build(
         region,
         priority,
         throttle_pass: None,
+        traffic: entered.traffic().clone(),
         entered: Some(entered),
         _body_hold: Some(body_hold),
     })

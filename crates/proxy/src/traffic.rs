@@ -1,0 +1,265 @@
+//! What each tenant brought and what became of it, as plain atomic counters the gateway reads
+//! itself (`GET /admin/top`, `top.rs`), beside the Prometheus series counted at the same places.
+//!
+//! Why not read the Prometheus page back: the recorder renders text for a scraper, and a view
+//! that parses it would depend on its formatting and pay for rendering every series. These
+//! counters are a few atomics per tenant and per model, kept in the tenant's admission gate, so
+//! they live exactly as long as the tenant's admission state: from its first request until the
+//! process ends, across reloads (which share the gates), bounded like the gates by the tenants
+//! whose keys authenticate. A tenant removed from the config or the store keeps its counts
+//! (counters never go down between two reads of one process); a new one appears with its first
+//! request.
+//!
+//! Each counter is counted once, where its metric is: offered and the refusals at the head in
+//! `Admission::enter`, the rest of admission's outcomes in `Admission::admit`, upstream attempts
+//! where the attempt loop counts `spillway_upstream_attempts_total`. Cumulative, never windowed:
+//! a reader takes two reads and divides by the gateway's uptime between them.
+
+use foldhash::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock};
+
+/// Why admission refused a request: the outcomes of `spillway_admissions_total` and the
+/// refusals counted in series of their own (a caller's retry shed, adaptive throttling, no
+/// backend to seat it on).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Shed {
+    GatewayOverloaded,
+    ConcurrencyLimited,
+    RateLimitedRequests,
+    RateLimitedTokens,
+    TokensOverLimit,
+    ClientRetryShed,
+    Throttled,
+    NoBackend,
+    TenantQueueFull,
+    QueueFull,
+    QueueTimeout,
+    ShedForHigherClass,
+}
+
+impl Shed {
+    pub(crate) const ALL: [Shed; 12] = [
+        Shed::GatewayOverloaded,
+        Shed::ConcurrencyLimited,
+        Shed::RateLimitedRequests,
+        Shed::RateLimitedTokens,
+        Shed::TokensOverLimit,
+        Shed::ClientRetryShed,
+        Shed::Throttled,
+        Shed::NoBackend,
+        Shed::TenantQueueFull,
+        Shed::QueueFull,
+        Shed::QueueTimeout,
+        Shed::ShedForHigherClass,
+    ];
+
+    /// The reason's name: the `outcome` label of `spillway_admissions_total` where it has one.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Shed::GatewayOverloaded => "gateway_overloaded",
+            Shed::ConcurrencyLimited => "concurrency_limited",
+            Shed::RateLimitedRequests => "rate_limited_requests",
+            Shed::RateLimitedTokens => "rate_limited_tokens",
+            Shed::TokensOverLimit => "tokens_over_limit",
+            Shed::ClientRetryShed => "client_retry_shed",
+            Shed::Throttled => "throttled",
+            Shed::NoBackend => "no_backend",
+            Shed::TenantQueueFull => "tenant_queue_full",
+            Shed::QueueFull => "queue_full",
+            Shed::QueueTimeout => "queue_timeout",
+            Shed::ShedForHigherClass => "shed_for_higher_class",
+        }
+    }
+}
+
+/// One tenant's counters.
+#[derive(Debug, Default)]
+pub(crate) struct TenantTraffic {
+    /// Requests its keys authenticated, counted at their head.
+    offered: AtomicU64,
+    /// Requests that passed every step of admission and took a seat.
+    admitted: AtomicU64,
+    /// Requests its callers marked as their own retries.
+    client_retries: AtomicU64,
+    shed: [AtomicU64; Shed::ALL.len()],
+    /// Requests waiting for a seat now.
+    queued: AtomicUsize,
+    /// Per model (names from the config, so bounded).
+    models: RwLock<HashMap<Arc<str>, Arc<ModelTraffic>>>,
+}
+
+/// One tenant's counters for one model.
+#[derive(Debug, Default)]
+pub(crate) struct ModelTraffic {
+    /// Requests for the model that reached admission (their body read and their model known).
+    offered: AtomicU64,
+    /// Attempts sent upstream for them, fallbacks included.
+    attempts: AtomicU64,
+    /// Attempts after each request's first.
+    retries: AtomicU64,
+}
+
+/// A tenant's counters as read at one moment.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct TenantCounts {
+    pub offered: u64,
+    pub admitted: u64,
+    pub client_retries: u64,
+    /// By reason, in the order of [`Shed::ALL`].
+    pub shed: [u64; Shed::ALL.len()],
+    pub queued: usize,
+    pub models: Vec<(Arc<str>, ModelCounts)>,
+}
+
+/// A tenant's counters for one model as read at one moment.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(crate) struct ModelCounts {
+    pub offered: u64,
+    pub attempts: u64,
+    pub retries: u64,
+}
+
+impl TenantTraffic {
+    pub(crate) fn offered(&self) {
+        self.offered.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn admitted(&self) {
+        self.admitted.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn client_retry(&self) {
+        self.client_retries.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn shed(&self, why: Shed) {
+        self.shed[why as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a request as waiting for a seat until the guard drops.
+    pub(crate) fn queued(self: &Arc<Self>) -> Queued {
+        self.queued.fetch_add(1, Ordering::Relaxed);
+        Queued(self.clone())
+    }
+
+    /// A request for `model` reached admission.
+    pub(crate) fn offered_to(&self, model: &Arc<str>) {
+        self.model(model).offered.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A request for `model` ended its attempts after `attempts` of them.
+    pub(crate) fn attempted(&self, model: &Arc<str>, attempts: u32) {
+        let cell = self.model(model);
+        cell.attempts
+            .fetch_add(u64::from(attempts), Ordering::Relaxed);
+        cell.retries
+            .fetch_add(u64::from(attempts.saturating_sub(1)), Ordering::Relaxed);
+    }
+
+    fn model(&self, model: &Arc<str>) -> Arc<ModelTraffic> {
+        let known = self
+            .models
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(model)
+            .cloned();
+        known.unwrap_or_else(|| {
+            self.models
+                .write()
+                .unwrap_or_else(|e| e.into_inner())
+                .entry(model.clone())
+                .or_default()
+                .clone()
+        })
+    }
+
+    /// The counters now, models by name.
+    pub(crate) fn read(&self) -> TenantCounts {
+        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let mut models: Vec<(Arc<str>, ModelCounts)> = self
+            .models
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|(name, m)| {
+                let counts = ModelCounts {
+                    offered: load(&m.offered),
+                    attempts: load(&m.attempts),
+                    retries: load(&m.retries),
+                };
+                (name.clone(), counts)
+            })
+            .collect();
+        models.sort_by(|a, b| a.0.cmp(&b.0));
+        TenantCounts {
+            offered: load(&self.offered),
+            admitted: load(&self.admitted),
+            client_retries: load(&self.client_retries),
+            shed: std::array::from_fn(|i| load(&self.shed[i])),
+            queued: self.queued.load(Ordering::Relaxed),
+            models,
+        }
+    }
+}
+
+/// A request counted as waiting for a seat; uncounted on drop.
+pub(crate) struct Queued(Arc<TenantTraffic>);
+
+impl Drop for Queued {
+    fn drop(&mut self) {
+        self.0.queued.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_counter_counts_apart() {
+        let t = Arc::new(TenantTraffic::default());
+        let m: Arc<str> = Arc::from("m");
+        let n: Arc<str> = Arc::from("n");
+        t.offered();
+        t.offered();
+        t.admitted();
+        t.client_retry();
+        t.shed(Shed::QueueFull);
+        t.shed(Shed::QueueFull);
+        t.shed(Shed::Throttled);
+        t.offered_to(&n);
+        t.offered_to(&m);
+        t.attempted(&m, 3);
+        t.attempted(&m, 1);
+        t.attempted(&n, 0);
+        let waiting = t.queued();
+        let read = t.read();
+        assert_eq!(
+            (read.offered, read.admitted, read.client_retries),
+            (2, 1, 1)
+        );
+        assert_eq!(read.queued, 1);
+        let mut shed = [0; Shed::ALL.len()];
+        shed[Shed::QueueFull as usize] = 2;
+        shed[Shed::Throttled as usize] = 1;
+        assert_eq!(read.shed, shed);
+        let models: Vec<(&str, ModelCounts)> =
+            read.models.iter().map(|(k, v)| (&**k, *v)).collect();
+        let counts = |offered, attempts, retries| ModelCounts {
+            offered,
+            attempts,
+            retries,
+        };
+        assert_eq!(models, vec![("m", counts(1, 4, 2)), ("n", counts(1, 0, 0))]);
+        drop(waiting);
+        assert_eq!(t.read().queued, 0);
+    }
+
+    #[test]
+    fn shed_reasons_are_indexed_in_order() {
+        for (i, s) in Shed::ALL.iter().enumerate() {
+            assert_eq!(*s as usize, i, "{}", s.as_str());
+        }
+    }
+}

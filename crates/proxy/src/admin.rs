@@ -80,24 +80,28 @@ async fn require_token(State(api): State<AdminApi>, req: Request, next: Next) ->
         )
         .into_response();
     };
-    let presented = req
-        .headers()
+    if !presents_token(req.headers(), &expected) {
+        return ApiError::new(ErrorKind::AdminUnauthorized, "missing or wrong admin token")
+            .into_response();
+    }
+    next.run(req).await
+}
+
+/// Whether `headers` carry `Authorization: Bearer TOKEN` with the token whose digest is
+/// `expected`.
+pub(crate) fn presents_token(headers: &http::HeaderMap, expected: &[u8; 32]) -> bool {
+    let presented = headers
         .get(http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(|t| spillway_config::key_digest(t.trim()));
     // Compare digests without an early exit, so timing says nothing about the token.
-    let ok = presented.is_some_and(|d| {
+    presented.is_some_and(|d| {
         d.iter()
             .zip(expected)
             .fold(0u8, |acc, (a, b)| acc | (a ^ b))
             == 0
-    });
-    if !ok {
-        return ApiError::new(ErrorKind::AdminUnauthorized, "missing or wrong admin token")
-            .into_response();
-    }
-    next.run(req).await
+    })
 }
 
 /// A tenant as the admin API takes it: only `name` is required.

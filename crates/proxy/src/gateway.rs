@@ -60,6 +60,8 @@ pub struct Gateway {
     pub(crate) changes: Changes,
     /// The models' rollouts, kept across reloads and restarts.
     pub(crate) rollouts: Arc<Rollouts>,
+    /// When the gateway started: the time base of the traffic counters (`top.rs`).
+    pub(crate) started: std::time::Instant,
 }
 
 impl Gateway {
@@ -115,6 +117,7 @@ impl Gateway {
             live: ArcSwap::from_pointee(Live::new(config, source, models, admission)),
             changes,
             rollouts,
+            started: crate::clock::now(),
         })
     }
 

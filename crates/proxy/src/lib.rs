@@ -42,6 +42,7 @@ mod server;
 pub mod shared_limits;
 mod store_connect;
 pub mod tenants;
+pub mod top;
 mod traffic;
 mod upstream;
 pub mod usage;

@@ -94,10 +94,13 @@ impl BoundGateway {
             router: api_router(gw.clone()),
         };
         let admin_metrics = self.metrics;
-        let admin = admin_router(AdminState {
-            gateway: gw.clone(),
-            metrics: admin_metrics.clone(),
-        });
+        let admin = admin_router(
+            AdminState {
+                gateway: gw.clone(),
+                metrics: admin_metrics.clone(),
+            },
+            self.admin_listener.local_addr()?,
+        );
         let stopped = |mut rx: watch::Receiver<bool>| async move {
             let _ = rx.wait_for(|s| *s).await;
         };
@@ -287,7 +290,7 @@ struct AdminState {
     metrics: PrometheusHandle,
 }
 
-fn admin_router(state: AdminState) -> Router {
+fn admin_router(state: AdminState, admin_addr: SocketAddr) -> Router {
     Router::new()
         .route(
             "/metrics",
@@ -326,6 +329,7 @@ fn admin_router(state: AdminState) -> Router {
             crate::reload::routes(state.gateway.clone())
                 .merge(crate::rollout::routes(state.gateway.rollouts.clone())),
         ))
+        .merge(crate::top::routes(state.gateway.clone(), admin_addr))
         .layer(middleware::map_response(json_errors))
 }
 

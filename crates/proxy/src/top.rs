@@ -29,7 +29,7 @@ use spillway_policy::EngineView;
 
 use crate::error::{ApiError, ErrorKind};
 use crate::gateway::Gateway;
-use crate::traffic::Shed;
+use crate::traffic::Refused;
 
 /// The answer of `GET /admin/top`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -185,7 +185,7 @@ fn read(gw: &Gateway) -> Top {
                 offered: counts.offered,
                 admitted: counts.admitted,
                 queued: counts.queued as u64,
-                shed: Shed::ALL
+                shed: Refused::ALL
                     .iter()
                     .zip(counts.shed)
                     .map(|(why, n)| (why.as_str().to_owned(), n))

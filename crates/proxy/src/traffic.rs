@@ -23,7 +23,7 @@ use std::sync::{Arc, RwLock};
 /// refusals counted in series of their own (a caller's retry shed, adaptive throttling, no
 /// backend to seat it on).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Shed {
+pub(crate) enum Refused {
     GatewayOverloaded,
     ConcurrencyLimited,
     RateLimitedRequests,
@@ -38,37 +38,37 @@ pub(crate) enum Shed {
     ShedForHigherClass,
 }
 
-impl Shed {
-    pub(crate) const ALL: [Shed; 12] = [
-        Shed::GatewayOverloaded,
-        Shed::ConcurrencyLimited,
-        Shed::RateLimitedRequests,
-        Shed::RateLimitedTokens,
-        Shed::TokensOverLimit,
-        Shed::ClientRetryShed,
-        Shed::Throttled,
-        Shed::NoBackend,
-        Shed::TenantQueueFull,
-        Shed::QueueFull,
-        Shed::QueueTimeout,
-        Shed::ShedForHigherClass,
+impl Refused {
+    pub(crate) const ALL: [Refused; 12] = [
+        Refused::GatewayOverloaded,
+        Refused::ConcurrencyLimited,
+        Refused::RateLimitedRequests,
+        Refused::RateLimitedTokens,
+        Refused::TokensOverLimit,
+        Refused::ClientRetryShed,
+        Refused::Throttled,
+        Refused::NoBackend,
+        Refused::TenantQueueFull,
+        Refused::QueueFull,
+        Refused::QueueTimeout,
+        Refused::ShedForHigherClass,
     ];
 
     /// The reason's name: the `outcome` label of `spillway_admissions_total` where it has one.
     pub(crate) fn as_str(self) -> &'static str {
         match self {
-            Shed::GatewayOverloaded => "gateway_overloaded",
-            Shed::ConcurrencyLimited => "concurrency_limited",
-            Shed::RateLimitedRequests => "rate_limited_requests",
-            Shed::RateLimitedTokens => "rate_limited_tokens",
-            Shed::TokensOverLimit => "tokens_over_limit",
-            Shed::ClientRetryShed => "client_retry_shed",
-            Shed::Throttled => "throttled",
-            Shed::NoBackend => "no_backend",
-            Shed::TenantQueueFull => "tenant_queue_full",
-            Shed::QueueFull => "queue_full",
-            Shed::QueueTimeout => "queue_timeout",
-            Shed::ShedForHigherClass => "shed_for_higher_class",
+            Refused::GatewayOverloaded => "gateway_overloaded",
+            Refused::ConcurrencyLimited => "concurrency_limited",
+            Refused::RateLimitedRequests => "rate_limited_requests",
+            Refused::RateLimitedTokens => "rate_limited_tokens",
+            Refused::TokensOverLimit => "tokens_over_limit",
+            Refused::ClientRetryShed => "client_retry_shed",
+            Refused::Throttled => "throttled",
+            Refused::NoBackend => "no_backend",
+            Refused::TenantQueueFull => "tenant_queue_full",
+            Refused::QueueFull => "queue_full",
+            Refused::QueueTimeout => "queue_timeout",
+            Refused::ShedForHigherClass => "shed_for_higher_class",
         }
     }
 }
@@ -82,7 +82,7 @@ pub(crate) struct TenantTraffic {
     admitted: AtomicU64,
     /// Requests its callers marked as their own retries.
     client_retries: AtomicU64,
-    shed: [AtomicU64; Shed::ALL.len()],
+    shed: [AtomicU64; Refused::ALL.len()],
     /// Requests waiting for a seat now.
     queued: AtomicUsize,
     /// Per model (names from the config, so bounded).
@@ -106,8 +106,8 @@ pub(crate) struct TenantCounts {
     pub offered: u64,
     pub admitted: u64,
     pub client_retries: u64,
-    /// By reason, in the order of [`Shed::ALL`].
-    pub shed: [u64; Shed::ALL.len()],
+    /// By reason, in the order of [`Refused::ALL`].
+    pub shed: [u64; Refused::ALL.len()],
     pub queued: usize,
     pub models: Vec<(Arc<str>, ModelCounts)>,
 }
@@ -133,7 +133,7 @@ impl TenantTraffic {
         self.client_retries.fetch_add(1, Ordering::Relaxed);
     }
 
-    pub(crate) fn shed(&self, why: Shed) {
+    pub(crate) fn shed(&self, why: Refused) {
         self.shed[why as usize].fetch_add(1, Ordering::Relaxed);
     }
 
@@ -225,9 +225,9 @@ mod tests {
         t.offered();
         t.admitted();
         t.client_retry();
-        t.shed(Shed::QueueFull);
-        t.shed(Shed::QueueFull);
-        t.shed(Shed::Throttled);
+        t.shed(Refused::QueueFull);
+        t.shed(Refused::QueueFull);
+        t.shed(Refused::Throttled);
         t.offered_to(&n);
         t.offered_to(&m);
         t.attempted(&m, 3);
@@ -240,9 +240,9 @@ mod tests {
             (2, 1, 1)
         );
         assert_eq!(read.queued, 1);
-        let mut shed = [0; Shed::ALL.len()];
-        shed[Shed::QueueFull as usize] = 2;
-        shed[Shed::Throttled as usize] = 1;
+        let mut shed = [0; Refused::ALL.len()];
+        shed[Refused::QueueFull as usize] = 2;
+        shed[Refused::Throttled as usize] = 1;
         assert_eq!(read.shed, shed);
         let models: Vec<(&str, ModelCounts)> =
             read.models.iter().map(|(k, v)| (&**k, *v)).collect();
@@ -258,7 +258,7 @@ mod tests {
 
     #[test]
     fn shed_reasons_are_indexed_in_order() {
-        for (i, s) in Shed::ALL.iter().enumerate() {
+        for (i, s) in Refused::ALL.iter().enumerate() {
             assert_eq!(*s as usize, i, "{}", s.as_str());
         }
     }

@@ -45,7 +45,7 @@ use crate::endpoint::Endpoint;
 use crate::error::{ApiError, ErrorKind, NO_CAPACITY_RETRY_AFTER};
 use crate::pool::ModelPool;
 use crate::request::RequestSummary;
-use crate::traffic::{Shed as Refused, TenantTraffic};
+use crate::traffic::{Refused, TenantTraffic};
 
 use gate::{Entered, Gate, Slot};
 pub(crate) use headers::insert_rate_headers;

@@ -32,8 +32,8 @@ pub(crate) enum Shed {
 
 impl Shed {
     /// The refusal it is counted as (`spillway_admissions_total`'s outcome).
-    pub(crate) fn refused(self) -> crate::traffic::Shed {
-        use crate::traffic::Shed as Refused;
+    pub(crate) fn refused(self) -> crate::traffic::Refused {
+        use crate::traffic::Refused;
         match self {
             Shed::TenantQueueFull => Refused::TenantQueueFull,
             Shed::QueueFull => Refused::QueueFull,

@@ -13,6 +13,7 @@ use spillway_proxy::BoundGateway;
 
 mod manage;
 mod remote;
+mod top;
 
 // glibc's allocator took about a tenth of the request path's CPU in profiles (arena locking and
 // consolidation on many small short-lived buffers); mimalloc's thread-local free lists do not.
@@ -77,6 +78,12 @@ enum Command {
         #[command(subcommand)]
         command: remote::RolloutCommand,
     },
+    /// A live view of a running gateway, like `top`: per tenant the requests offered, admitted,
+    /// queued and shed (by reason), callers' retries and upstream attempts, sorted by who drives
+    /// the load; per model the amplification ratio; per backend its state, load and limit.
+    /// Reads the admin API (`GET /admin/top`) at --admin-url, by default the quickstart's
+    /// admin listener; `q` or Ctrl-C quits. `--once` prints one frame, `--json` as JSON.
+    Top(top::TopArgs),
     /// Run the simulated OpenAI-compatible inference server on its own.
     MockBackend(spillway_mock::MockArgs),
     /// Replay an incident with real processes on 127.0.0.1 and print what callers and backends
@@ -172,6 +179,10 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             } else {
                 ExitCode::FAILURE
             })
+        }
+        Command::Top(args) => {
+            runtime(Some(1))?.block_on(top::run(args))?;
+            Ok(ExitCode::SUCCESS)
         }
         Command::MockBackend(args) => {
             runtime(None)?.block_on(spillway_mock::run(args, shutdown_signal()))?;

@@ -21,6 +21,9 @@ const LIGHT_KEY: &str = "sk-test-light";
 /// Requests the heavy tenant sends, and its rate limit (its burst is a minute's allowance).
 const HEAVY_SENT: usize = 60;
 const HEAVY_PER_MIN: u32 = 24;
+/// The most the light tenant sends while it drives the load: its total stays below the heavy
+/// tenant's.
+const LIGHT_MORE: usize = 40;
 
 /// Two tenants beside the test ones, a model with a healthy and a failing backend in two
 /// regions, ejection after three failures for longer than the test.
@@ -154,7 +157,7 @@ fn backend_state(view: &Value, name: &str) -> String {
 
 #[tokio::test]
 async fn top_shows_who_drives_the_load_what_was_shed_and_retried_and_the_backends() {
-    let (_good, _sick, gw) = fleet(&[("SPILLWAY_ADMIN_TOKEN", ADMIN_TOKEN)]).await;
+    let (good, _sick, gw) = fleet(&[("SPILLWAY_ADMIN_TOKEN", ADMIN_TOKEN)]).await;
     // The heavy tenant sends far more than the light one, in fours, every third request marked
     // as its caller's own retry; past its burst it is rate limited.
     let mut statuses = Vec::new();
@@ -235,7 +238,9 @@ async fn top_shows_who_drives_the_load_what_was_shed_and_retried_and_the_backend
     assert!(view["interval_seconds"].as_f64().unwrap() > 0.0);
     assert_eq!(view["amplification"], Value::Null);
 
-    // Now only the light tenant sends: it drives the load, whatever the totals say.
+    // Now only the light tenant sends, slowly enough that its total stays below the heavy
+    // one's: it drives the load now, whatever the totals say.
+    control(&good, serde_json::json!({"ttft": "150ms"})).await;
     let gw = Arc::new(gw);
     let stop = Arc::new(AtomicBool::new(false));
     let sent = Arc::new(AtomicU64::new(0));
@@ -243,7 +248,7 @@ async fn top_shows_who_drives_the_load_what_was_shed_and_retried_and_the_backend
         let (gw, stop, sent) = (gw.clone(), stop.clone(), sent.clone());
         async move {
             // Bounded whatever happens to the view.
-            for _ in 0..5_000 {
+            for _ in 0..LIGHT_MORE {
                 if stop.load(Ordering::Relaxed) {
                     break;
                 }
@@ -264,6 +269,10 @@ async fn top_shows_who_drives_the_load_what_was_shed_and_retried_and_the_backend
         .unwrap();
     stop.store(true, Ordering::Relaxed);
     load.await.unwrap();
+    assert!(
+        total(&tenant(&view, "light")["offered"]) < total(&tenant(&view, "heavy")["offered"]),
+        "{view:#}"
+    );
     assert_eq!(order(&view), ["light", "heavy"], "{view:#}");
     assert!(
         tenant(&view, "light")["offered"]["per_second"]

@@ -122,14 +122,16 @@ fn nothing_offered_between_reads_has_no_amplification() {
 #[test]
 fn tenants_are_sorted_by_offered_rate_then_upstream_attempts_then_name() {
     // "big" has the largest total but has gone quiet; "loud" offers most now; "echo" offers as
-    // much as "calm" but its requests take more upstream attempts.
+    // much as "calm" but its requests take more upstream attempts now (fewer in all); "storm" causes the most
+    // upstream attempts but offers less than "loud".
     let before = read(
         0.0,
         vec![
             tenant("big", 10_000, 10_000, &[]),
-            tenant("calm", 0, 0, &[]),
+            tenant("calm", 0, 100, &[]),
             tenant("echo", 0, 0, &[]),
             tenant("loud", 0, 0, &[]),
+            tenant("storm", 0, 0, &[]),
             tenant("zero-b", 0, 0, &[]),
             tenant("zero-a", 0, 0, &[]),
         ],
@@ -138,9 +140,10 @@ fn tenants_are_sorted_by_offered_rate_then_upstream_attempts_then_name() {
         1.0,
         vec![
             tenant("big", 10_000, 10_000, &[]),
-            tenant("calm", 10, 10, &[]),
+            tenant("calm", 10, 110, &[]),
             tenant("echo", 10, 30, &[]),
             tenant("loud", 50, 50, &[]),
+            tenant("storm", 20, 80, &[]),
             tenant("zero-b", 0, 0, &[]),
             tenant("zero-a", 0, 0, &[]),
         ],
@@ -148,7 +151,7 @@ fn tenants_are_sorted_by_offered_rate_then_upstream_attempts_then_name() {
     let v = view("u", Some(&before), &now);
     assert_eq!(
         names(&v),
-        ["loud", "echo", "calm", "big", "zero-a", "zero-b"]
+        ["loud", "storm", "echo", "calm", "big", "zero-a", "zero-b"]
     );
 }
 

@@ -78,11 +78,14 @@ enum Command {
         #[command(subcommand)]
         command: remote::RolloutCommand,
     },
-    /// A live view of a running gateway, like `top`: per tenant the requests offered, admitted,
-    /// queued and shed (by reason), callers' retries and upstream attempts, sorted by who drives
-    /// the load; per model the amplification ratio; per backend its state, load and limit.
-    /// Reads the admin API (`GET /admin/top`) at --admin-url, by default the quickstart's
-    /// admin listener; `q` or Ctrl-C quits. `--once` prints one frame, `--json` as JSON.
+    /// A live view of a running gateway, like `top`: who drives its load, what it sheds and
+    /// retries, and its backends (through its admin API).
+    ///
+    /// Per tenant the requests offered, admitted, queued and shed (by reason), callers' retries
+    /// and upstream attempts, sorted by who drives the load; per model the amplification ratio
+    /// (upstream attempts ÷ requests offered); per backend its state, load and limit. Reads
+    /// `GET /admin/top` at --admin-url, by default the quickstart's admin listener; `q` or
+    /// Ctrl-C quits. `--once` prints one frame, `--json` as JSON (docs/top.md).
     Top(top::TopArgs),
     /// Run the simulated OpenAI-compatible inference server on its own.
     MockBackend(spillway_mock::MockArgs),

@@ -60,6 +60,8 @@ pub struct Gateway {
     pub(crate) changes: Changes,
     /// The models' rollouts, kept across reloads and restarts.
     pub(crate) rollouts: Arc<Rollouts>,
+    /// Traces (`[telemetry]`): off unless an OTLP endpoint is configured.
+    pub(crate) tracing: crate::trace::Tracing,
 }
 
 impl Gateway {
@@ -94,6 +96,7 @@ impl Gateway {
             models.pools().iter().map(|p| &**p),
             shared,
         );
+        let tracing = crate::trace::Tracing::new(&config.telemetry).map_err(StartError::Setup)?;
         let fleet = MockFleet::default();
         fleet.commit(mocks, config.server.shutdown_grace);
         Ok(Gateway {
@@ -115,6 +118,7 @@ impl Gateway {
             live: ArcSwap::from_pointee(Live::new(config, source, models, admission)),
             changes,
             rollouts,
+            tracing,
         })
     }
 

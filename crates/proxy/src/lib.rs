@@ -23,6 +23,7 @@ pub mod engine;
 pub mod error;
 mod files;
 mod gateway;
+mod genai;
 mod handler;
 mod health;
 pub mod homes;
@@ -42,6 +43,7 @@ mod server;
 pub mod shared_limits;
 mod store_connect;
 pub mod tenants;
+mod trace;
 mod upstream;
 pub mod usage;
 

@@ -1,6 +1,7 @@
 //! The shipped alert rules as Prometheus reads them: `promtool check rules` accepts the file,
 //! `promtool test rules` passes its unit tests, every alert has a unit test and a runbook page
-//! that exists and names it, and the example scrape config is valid.
+//! that exists and names it, the example scrape config is valid, and the dashboard has a row
+//! per question and takes its data source and job from its variables.
 
 #[path = "prom/mod.rs"]
 mod prom;
@@ -94,5 +95,46 @@ fn every_alert_links_a_runbook_page_that_exists_and_names_it() {
             index.contains(file),
             "docs/runbooks/README.md does not list {file}"
         );
+    }
+}
+
+#[test]
+fn the_dashboard_has_a_row_per_question_and_every_query_takes_its_variables() {
+    let text = std::fs::read_to_string(dashboard_path()).unwrap();
+    let d: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let vars: Vec<&str> = d["templating"]["list"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v["name"].as_str())
+        .collect();
+    assert_eq!(vars, ["datasource", "job"]);
+    let panels = d["panels"].as_array().unwrap();
+    let rows: Vec<&str> = panels
+        .iter()
+        .filter(|p| p["type"] == "row")
+        .filter_map(|p| p["title"].as_str())
+        .collect();
+    for question in ["amplified", "load", "backends", "metadata", "memory"] {
+        assert!(
+            rows.iter().any(|r| r.contains(question)),
+            "no row on {question}: {rows:?}"
+        );
+    }
+    for p in panels.iter().filter(|p| p["type"] != "row") {
+        let title = &p["title"];
+        assert_eq!(p["datasource"]["uid"], "${datasource}", "{title}");
+        for t in p["targets"].as_array().unwrap() {
+            let expr = t["expr"].as_str().unwrap();
+            assert_eq!(t["datasource"]["uid"], "${datasource}", "{title}");
+            assert!(expr.contains(r#"job=~"$job""#), "{title}: {expr}");
+            // Every range is Grafana's, so it follows the scrape interval and the zoom.
+            for (i, _) in expr.match_indices('[') {
+                assert!(
+                    expr[i..].starts_with("[$__rate_interval]"),
+                    "{title}: {expr}"
+                );
+            }
+        }
     }
 }

@@ -17,6 +17,7 @@ mod metadata;
 mod resilience;
 mod rollout;
 mod routing;
+mod telemetry;
 mod tenants;
 
 pub use metadata::DEFAULT_STORE_URL;
@@ -68,6 +69,7 @@ pub(crate) fn check(raw: RawConfig) -> Result<Config, Vec<Problem>> {
     let engine_metrics = engine::check_engine_metrics(raw.engine_metrics, &mut p);
     let reload = metadata::check_reload(raw.reload, &mut p);
     let anomaly = rollout::check_anomaly(raw.anomaly, &mut p);
+    let telemetry = telemetry::check_telemetry(raw.telemetry, &mut p);
     let mut models = check_models(raw.models, &mut p);
     if naive {
         resilience::without_protections(
@@ -112,6 +114,7 @@ pub(crate) fn check(raw: RawConfig) -> Result<Config, Vec<Problem>> {
             engine_metrics,
             reload,
             anomaly,
+            telemetry,
             tenants,
             models,
         })

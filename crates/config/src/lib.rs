@@ -72,6 +72,7 @@ pub struct Config {
     pub reload: ReloadConfig,
     /// `[anomaly]`: when a backend's share of 4xx answers counts as a jump.
     pub anomaly: spillway_policy::AnomalyConfig,
+    pub telemetry: TelemetryConfig,
     pub tenants: Vec<TenantConfig>,
     pub models: Vec<ModelConfig>,
 }
@@ -110,6 +111,27 @@ pub struct ServerConfig {
     pub http2_max_concurrent_streams: u32,
     /// Open connections on the admin listener at most.
     pub admin_max_connections: usize,
+}
+
+/// `[telemetry]`: OpenTelemetry traces, exported over OTLP (HTTP, protobuf). Off by default.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TelemetryConfig {
+    /// Where spans are sent, `http(s)://HOST:PORT/v1/traces`; `None`: no traces.
+    pub otlp_endpoint: Option<String>,
+    /// The share of traces that start here which are recorded, in `[0, 1]`. A caller's
+    /// `traceparent` decides for the traces it continues (sampled or not).
+    pub sampling_ratio: f64,
+    /// `service.name` of the spans.
+    pub service_name: String,
+    /// Ended spans waiting to be exported, at most; beyond it a span is dropped and counted
+    /// (`spillway_trace_spans_dropped_total`), so a slow or absent collector costs no memory.
+    pub export_queue: usize,
+    /// Spans in one export request, at most.
+    pub export_batch: usize,
+    /// How long an ended span waits for its batch to fill before it is sent anyway.
+    pub export_interval: Duration,
+    /// One export request's longest time; it is not retried.
+    pub export_timeout: Duration,
 }
 
 /// `[reload]`: changing the configuration of a running gateway.

@@ -39,6 +39,8 @@ pub struct RawConfig {
     #[serde(default)]
     pub anomaly: RawAnomaly,
     #[serde(default)]
+    pub telemetry: RawTelemetry,
+    #[serde(default)]
     pub tenants: Vec<RawTenant>,
     #[serde(default)]
     pub models: Vec<RawModel>,
@@ -84,6 +86,20 @@ pub struct RawAnomaly {
     pub min_events: Option<u64>,
     pub min_ratio: Option<f64>,
     pub floor: Option<f64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTelemetry {
+    pub otlp_endpoint: Option<String>,
+    pub sampling_ratio: Option<f64>,
+    pub service_name: Option<String>,
+    pub export_queue: Option<u64>,
+    pub export_batch: Option<u64>,
+    #[serde(default, with = "humantime_serde")]
+    pub export_interval: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    pub export_timeout: Option<Duration>,
 }
 
 #[derive(Debug, Default, Deserialize)]

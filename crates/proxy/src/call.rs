@@ -84,6 +84,8 @@ pub(crate) struct Call {
     pub labels: RequestLabels,
     /// Its pass through the model's adaptive throttling, once admitted.
     pub throttle_pass: Option<ThrottlePass>,
+    /// Its trace (`crate::trace`), handed to the response's relay once chosen.
+    pub trace: crate::trace::CallTrace,
     /// Its places in the in-flight counts, taken at its head, until admission takes them over.
     pub entered: Option<Entered>,
     /// Its tenant's traffic counters (`GET /admin/top`).

@@ -62,6 +62,8 @@ pub struct Gateway {
     pub(crate) rollouts: Arc<Rollouts>,
     /// When the gateway started: the time base of the traffic counters (`top.rs`).
     pub(crate) started: std::time::Instant,
+    /// Traces (`[telemetry]`): off unless an OTLP endpoint is configured.
+    pub(crate) tracing: crate::trace::Tracing,
 }
 
 impl Gateway {
@@ -96,6 +98,7 @@ impl Gateway {
             models.pools().iter().map(|p| &**p),
             shared,
         );
+        let tracing = crate::trace::Tracing::new(&config.telemetry).map_err(StartError::Setup)?;
         let fleet = MockFleet::default();
         fleet.commit(mocks, config.server.shutdown_grace);
         Ok(Gateway {
@@ -118,6 +121,7 @@ impl Gateway {
             changes,
             rollouts,
             started: crate::clock::now(),
+            tracing,
         })
     }
 

@@ -60,6 +60,26 @@ pub fn recorder() -> PrometheusHandle {
                 .expect("bucket list is not empty")
                 .set_buckets_for_metric(Matcher::Full(ATTEMPTS.into()), &[1.0, 2.0, 3.0, 4.0, 5.0])
                 .expect("bucket list is not empty")
+                .set_buckets_for_metric(
+                    Matcher::Full(crate::genai::REQUEST_DURATION.into()),
+                    crate::genai::DURATION_BUCKETS,
+                )
+                .expect("bucket list is not empty")
+                .set_buckets_for_metric(
+                    Matcher::Full(crate::genai::TIME_TO_FIRST_TOKEN.into()),
+                    crate::genai::FIRST_TOKEN_BUCKETS,
+                )
+                .expect("bucket list is not empty")
+                .set_buckets_for_metric(
+                    Matcher::Full(crate::genai::TIME_PER_OUTPUT_TOKEN.into()),
+                    crate::genai::PER_TOKEN_BUCKETS,
+                )
+                .expect("bucket list is not empty")
+                .set_buckets_for_metric(
+                    Matcher::Full(crate::genai::TOKEN_USAGE.into()),
+                    crate::genai::TOKEN_BUCKETS,
+                )
+                .expect("bucket list is not empty")
                 .build_recorder();
             let handle = recorder.handle();
             // Fails only if another recorder is installed (embedding), in which case that one

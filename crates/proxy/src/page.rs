@@ -23,6 +23,8 @@ pub(crate) fn recorder() -> PrometheusHandle {
     crate::reload::describe();
     crate::rollout::describe();
     crate::anomaly::describe();
+    crate::genai::describe();
+    crate::trace::describe();
     handle
 }
 

@@ -31,6 +31,9 @@ use crate::gateway::{Gateway, StartError};
 use crate::handler;
 use crate::mocks::MockFleet;
 
+/// How long the spans still queued at shutdown may take to be exported.
+const TRACE_FLUSH: Duration = Duration::from_secs(5);
+
 /// A gateway whose listeners are bound and whose mock backends run, ready to serve.
 pub struct BoundGateway {
     gateway: Arc<Gateway>,
@@ -178,6 +181,9 @@ impl BoundGateway {
         anomaly_task.abort();
         gw.live().retire();
         gw.mocks.stop_all();
+        // The spans of the last requests, exported (the exporter waits on its own thread).
+        let traced = gw.clone();
+        let _ = tokio::task::spawn_blocking(move || traced.tracing.shutdown(TRACE_FLUSH)).await;
         match drained {
             Ok((main, _)) => main.map_err(std::io::Error::other),
             Err(_) => {

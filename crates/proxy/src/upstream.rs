@@ -40,6 +40,8 @@ pub(crate) struct Attempt<'a> {
     pub query: Option<&'a str>,
     /// The client's request headers that travel upstream ([`outbound_headers`]).
     pub headers: &'a HeaderMap,
+    /// Its span, whose `traceparent` goes upstream.
+    pub trace: &'a crate::trace::Attempt,
     /// The body as this backend gets it (renamed model, priority field).
     pub body: Bytes,
     /// When the response head must have come.
@@ -98,7 +100,7 @@ impl Upstream for HyperUpstream {
             request(
                 backend,
                 (attempt.endpoint, attempt.query),
-                attempt.headers,
+                (attempt.headers, attempt.trace),
                 attempt.body.clone(),
             )
         };
@@ -368,7 +370,7 @@ pub(crate) fn strip_response_headers(headers: &mut HeaderMap) {
 fn request(
     backend: &Backend,
     (endpoint, query): (Endpoint, Option<&str>),
-    outbound: &HeaderMap,
+    (outbound, trace): (&HeaderMap, &crate::trace::Attempt),
     body: Bytes,
 ) -> Request<Full<Bytes>> {
     let length = body.len();
@@ -388,6 +390,7 @@ fn request(
     if let Some((name, value)) = &backend.auth_header {
         headers.insert(name.clone(), value.clone());
     }
+    trace.inject(headers);
     req
 }
 

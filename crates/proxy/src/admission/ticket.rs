@@ -1,9 +1,8 @@
 //! The ticket of an admitted call: what it holds while it runs, and how it settles itself.
 //!
 //! It holds the call's places in the in-flight counts, its token reservation and its queue seat
-//! until the response ends. While the response is relayed it reads the usage the backend
-//! reports (only for tenants with a tokens-per-minute limit); at the end it reconciles the
-//! reservation with that usage. Dropped before then (the call failed before a response, or the
+//! until the response ends. At the end it reconciles the reservation with the usage the backend
+//! reported (read by the relay), for tenants with a tokens-per-minute limit. Dropped before then (the call failed before a response, or the
 //! client went away before its body began), it refunds the reserved tokens.
 
 use std::sync::Arc;
@@ -16,15 +15,16 @@ use super::gate::{Gate, Slot};
 use super::queue::Seat;
 use super::rate::Rates;
 use crate::auth::TenantLimits;
-use crate::usage::UsageScanner;
+use crate::usage::Usage;
 
 /// An admitted call's hold on the gateway's capacity.
 pub(crate) struct Ticket {
     places: Places,
     /// Its seat in the pool, once it has one.
     seat: Option<Seat>,
-    /// The usage the backend reports, read from the relayed body (tokens-per-minute tenants).
-    usage: Option<UsageScanner>,
+    /// How long it waited for its seat.
+    waited: Duration,
+    /// Data frames relayed (tokens-per-minute tenants): the charge of a stream cut short.
     data_frames: u64,
     sse: bool,
     settled: bool,
@@ -52,7 +52,7 @@ impl Ticket {
         Ticket {
             places,
             seat: None,
-            usage: None,
+            waited: Duration::ZERO,
             data_frames: 0,
             sse: false,
             settled: false,
@@ -82,6 +82,12 @@ impl Ticket {
     pub(super) fn seated(&mut self, seat: Seat, tenant: &str, class: Priority, waited: Duration) {
         self.places.gate.series.queue_wait(tenant, class, waited);
         self.seat = Some(seat);
+        self.waited = waited;
+    }
+
+    /// How long it waited for its seat.
+    pub(crate) fn waited(&self) -> Duration {
+        self.waited
     }
 
     /// The tenant's quotas after this admission.
@@ -92,38 +98,27 @@ impl Ticket {
     /// The ticket of a call whose response is about to be relayed, as an event stream or not.
     pub(crate) fn relayed(mut self, sse: bool) -> Self {
         self.sse = sse;
-        if self.places.meters_tokens {
-            self.usage = Some(UsageScanner::new(sse));
-        }
         self
     }
 
     /// A data frame of the relayed body passed.
-    pub(crate) fn frame(&mut self, data: &Bytes) {
-        if let Some(scanner) = &mut self.usage {
-            scanner.feed(data);
-            self.data_frames += 1;
-        }
+    pub(crate) fn frame(&mut self, _data: &Bytes) {
+        self.data_frames += 1;
     }
 
-    /// The relayed body ended, `complete` or not: the reservation is reconciled with the usage
-    /// the backend reported. Without a report the estimate stands for a response that
-    /// completed; a stream cut short is charged its prompt and about a token per event it
-    /// carried.
-    pub(crate) fn ended(&mut self, complete: bool) {
+    /// The relayed body ended, `complete` or not, with the usage the backend `reported` (read
+    /// by the relay, `crate::usage`): the reservation is reconciled with it. Without a report
+    /// the estimate stands for a response that completed; a stream cut short is charged its
+    /// prompt and about a token per event it carried.
+    pub(crate) fn ended(&mut self, complete: bool, reported: Option<Usage>) {
         if self.settled {
             return;
         }
-        let reported = self
-            .usage
-            .as_ref()
-            .and_then(UsageScanner::usage)
-            .map(|u| u.total_tokens);
+        let metered = self.places.meters_tokens;
+        let reported = reported.filter(|_| metered).map(|u| u.total_tokens);
         let used = match reported {
             Some(tokens) => Some(tokens),
-            None if !complete && self.sse && self.usage.is_some() => {
-                Some(self.places.prompt + self.data_frames)
-            }
+            None if !complete && self.sse && metered => Some(self.places.prompt + self.data_frames),
             None => None,
         };
         self.settle(used);

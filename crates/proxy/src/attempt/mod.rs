@@ -82,6 +82,8 @@ pub(crate) struct Chosen<B> {
     pub hold: InFlight,
     /// The model whose backend gave it: the call's own, or a fallback.
     pub model: Arc<str>,
+    /// The attempt's span, ended with the body.
+    pub trace: crate::trace::Attempt,
 }
 
 /// How a call's attempts ended.
@@ -249,7 +251,11 @@ impl Loop<'_> {
                 pool.metrics.affinity(affinity);
             }
             let in_flight = backend.outstanding();
-            let (outcome, response) = match upstream.send(&backend, self.attempt(&backend)).await {
+            let span = call
+                .trace
+                .attempt(self.made, &backend, last.as_ref().map(|f| f.class));
+            let sent = upstream.send(&backend, self.attempt(&backend, &span));
+            let (outcome, response) = match sent.await {
                 Ok(r) => (Outcome::Response(r.status().as_u16()), Some(r)),
                 Err(outcome) => (outcome, None),
             };
@@ -259,6 +265,7 @@ impl Loop<'_> {
                 side = Some(rollout.retry_side());
             }
             let class = classify(outcome, &backend.rules);
+            span.outcome(outcome, class);
             let pushback = response
                 .as_ref()
                 .map_or_else(Pushback::default, |r| pushback(r.headers()));
@@ -317,6 +324,7 @@ impl Loop<'_> {
                                 response,
                                 hold,
                                 model: pool.name.clone(),
+                                trace: span,
                             })
                         }
                         _ => Err(self.spent().give_up(failure, stop)),
@@ -349,8 +357,12 @@ impl Loop<'_> {
         }
     }
 
-    /// The attempt as `backend` gets it.
-    fn attempt(&self, backend: &Backend) -> upstream::Attempt<'_> {
+    /// The attempt as `backend` gets it, traced by `span`.
+    fn attempt<'s>(
+        &'s self,
+        backend: &Backend,
+        span: &'s crate::trace::Attempt,
+    ) -> upstream::Attempt<'s> {
         let call = self.call;
         let priority = backend
             .forward_priority
@@ -376,6 +388,7 @@ impl Loop<'_> {
             endpoint: call.endpoint,
             query: call.query.as_deref(),
             headers: &call.headers,
+            trace: span,
             body,
             until: call.deadline,
         }

@@ -215,6 +215,7 @@ pub(super) fn call(models: &Models, retries: &Retries) -> Call {
         model_named: true,
         labels: RequestLabels::unrouted(),
         throttle_pass: None,
+        trace: crate::trace::CallTrace::none(),
         entered: None,
         traffic: Arc::default(),
         _body_hold: None,

@@ -30,6 +30,7 @@ use crate::error::ApiError;
 use crate::gateway::Gateway;
 use crate::live::Live;
 use crate::metrics::RequestLabels;
+use crate::trace::CallTrace;
 
 pub(crate) use read::authenticate;
 
@@ -68,21 +69,32 @@ pub(crate) async fn count_tokens(State(gw): State<Arc<Gateway>>, req: Request) -
 
 pub(crate) async fn handle(gw: &Gateway, endpoint: Endpoint, req: Request) -> Response {
     let dialect = endpoint.dialect();
+    let started = crate::clock::now();
     // The Messages API names its request id `request-id`: the same id as `x-request-id`.
     let anthropic_id = (dialect == Dialect::Anthropic)
         .then(|| req.headers().get(crate::call::X_REQUEST_ID).cloned())
         .flatten();
+    let trace = gw.tracing.start(req.headers(), endpoint);
     // The config this request runs on, to its end, whatever a reload does meanwhile.
     let live = gw.live();
-    let mut response = match read::read(gw, &live, endpoint, req).await {
+    let mut response = match read::read(gw, &live, endpoint, (req, started)).await {
         Ok(mut call) => {
+            call.trace = trace;
+            call.trace
+                .read(&call.tenant.name, &call.pool.name, call.summary.stream);
             let response = match admit_attempt_respond(gw, &live, &mut call).await {
                 Ok(response) => response,
-                Err(e) => refused(e, dialect),
+                Err(e) => {
+                    not_relayed(&call.trace, &e, endpoint, &call.labels, started);
+                    refused(e, dialect)
+                }
             };
             answered(response, call.labels)
         }
-        Err((e, labels)) => answered(refused(e, dialect), labels),
+        Err((e, labels)) => {
+            not_relayed(&trace, &e, endpoint, &labels, started);
+            answered(refused(e, dialect), labels)
+        }
     };
     if let Some(id) = anthropic_id {
         response.headers_mut().insert("request-id", id);
@@ -96,11 +108,15 @@ async fn admit_attempt_respond(
     call: &mut Call,
 ) -> Result<Response, ApiError> {
     let ticket = live.admission.admit(call).await?;
+    call.trace.admitted(ticket.waited());
     let attempted = crate::attempt::run(call, &live.retries, &gw.upstream, &live.models).await;
     if let Some(backend) = attempted.backend {
         call.labels.backend = backend;
     }
-    let mut response = respond::respond(gw, live, call, ticket, attempted.result?);
+    let chosen = attempted.result?;
+    // The call's span now ends with the relayed body.
+    let trace = std::mem::replace(&mut call.trace, CallTrace::none());
+    let mut response = respond::respond(gw, live, call, (ticket, trace), chosen);
     let unasked = (!call.model_named).then(|| call.pool.name.clone());
     if let Some(model) = attempted.fallback.or(unasked) {
         // The model that answered, when it was not the one asked for.
@@ -109,6 +125,28 @@ async fn admit_attempt_respond(
         }
     }
     Ok(response)
+}
+
+/// A call answered by the gateway itself (refused, or failed without a response to relay): its
+/// span and the GenAI request duration are told why.
+fn not_relayed(
+    trace: &CallTrace,
+    e: &ApiError,
+    endpoint: Endpoint,
+    labels: &RequestLabels,
+    started: std::time::Instant,
+) {
+    let (status, code) = (e.status().as_u16(), e.parts().2);
+    trace.refused(status, code);
+    crate::genai::Served {
+        operation: crate::genai::operation(endpoint),
+        model: &labels.model,
+        duration: crate::clock::since(started),
+        error: Some(crate::genai::status_error(status)),
+        first_byte: None,
+        tokens: None,
+    }
+    .record();
 }
 
 fn refused(e: ApiError, dialect: Dialect) -> Response {

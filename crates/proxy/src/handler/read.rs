@@ -6,6 +6,7 @@
 //! only then are the model, the region and the class resolved.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use axum::extract::Request;
 use http::{HeaderMap, HeaderName};
@@ -21,15 +22,16 @@ use crate::live::Live;
 use crate::metrics::RequestLabels;
 use crate::request::{read_body, summarize, BodyLimits};
 
-/// Reads `req` into a call; a refusal comes with the labels known by then.
+/// Reads `req`, which arrived at `started`, into a call; a refusal comes with the labels known
+/// by then.
 pub(super) async fn read(
     gw: &Gateway,
     live: &Live,
     endpoint: Endpoint,
-    req: Request,
+    (req, started): (Request, Instant),
 ) -> Result<Call, (ApiError, RequestLabels)> {
     let mut labels = RequestLabels::unrouted();
-    match build(gw, live, endpoint, req, &mut labels).await {
+    match build(gw, live, endpoint, (req, started), &mut labels).await {
         Ok(call) => Ok(call),
         Err(e) => Err((e, labels)),
     }
@@ -39,10 +41,9 @@ async fn build(
     gw: &Gateway,
     live: &Live,
     endpoint: Endpoint,
-    req: Request,
+    (req, started): (Request, Instant),
     labels: &mut RequestLabels,
 ) -> Result<Call, ApiError> {
-    let started = crate::clock::now();
     let (parts, body) = req.into_parts();
     let tenant = authenticate(gw, &parts.headers).await?;
     labels.tenant = tenant.name.clone();
@@ -127,6 +128,7 @@ async fn build(
         priority,
         throttle_pass: None,
         traffic: entered.traffic().clone(),
+        trace: crate::trace::CallTrace::none(),
         entered: Some(entered),
         _body_hold: Some(body_hold),
     })

@@ -4,7 +4,7 @@
 //! A relayed 5xx tells the caller not to retry: spillway already did, within the budget.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::response::Response;
@@ -22,14 +22,16 @@ use crate::live::Live;
 use crate::pool::Backend;
 use crate::relay::{BodyEnd, EndObserver, RelayBody};
 use crate::rollout::RolloutCell;
+use crate::trace::{self, fields::Fields, CallTrace};
 use crate::upstream;
+use crate::usage::UsageScanner;
 
 /// The client's response for the `chosen` upstream one.
 pub(super) fn respond<B>(
     gw: &Gateway,
     live: &Live,
     call: &Call,
-    ticket: Ticket,
+    (ticket, trace): (Ticket, CallTrace),
     chosen: Chosen<B>,
 ) -> Response
 where
@@ -39,6 +41,7 @@ where
         response,
         hold,
         model,
+        trace: attempt,
     } = chosen;
     let (mut head, body) = response.into_parts();
     upstream::strip_response_headers(&mut head.headers);
@@ -61,11 +64,7 @@ where
         .get(&model)
         .and_then(|p| p.rollout.clone())
         .filter(|_| head.status.is_success())
-        .map(|cell| Counted {
-            cell,
-            status: head.status.as_u16(),
-            first_byte: None,
-        });
+        .map(|cell| Counted { cell });
     let sse = is_sse(&head.headers);
     insert_rate_headers(&mut head.headers, ticket.rate_headers());
     // A create's answer names the object its backend stored: remember where it lives.
@@ -91,12 +90,22 @@ where
                 tenant: call.tenant.name.clone(),
             },
         });
+    let fields = trace.recording().then(Fields::default);
     let observer = Finish {
         backend: hold.backend().clone(),
         started: call.started,
+        status: head.status.as_u16(),
+        sse,
+        operation: crate::genai::operation(call.endpoint),
+        model: call.pool.name.clone(),
+        first_byte: None,
+        usage: UsageScanner::new(sse),
         ticket: ticket.relayed(sse),
         home,
         rollout,
+        trace,
+        attempt,
+        fields,
     };
     let relay = RelayBody::new(
         body,
@@ -116,22 +125,33 @@ fn is_sse(headers: &HeaderMap) -> bool {
         .is_some_and(|v| v.starts_with("text/event-stream"))
 }
 
-/// The end of a relayed response: its backend's metrics, the ticket it settles, and the home
-/// of the response it stored.
+/// The end of a relayed response: its backend's metrics, the GenAI metrics, the ticket it
+/// settles, the home of the response it stored, its rollout's count and its trace.
 struct Finish {
     backend: Arc<Backend>,
     started: Instant,
+    status: u16,
+    sse: bool,
+    /// `gen_ai.operation.name` and the call's model, for the GenAI metrics.
+    operation: &'static str,
+    model: Arc<str>,
+    /// Since the call arrived, when the first byte of the body came.
+    first_byte: Option<Duration>,
+    /// The usage the backend reports in the body.
+    usage: UsageScanner,
     ticket: Ticket,
     home: Option<Remember>,
     rollout: Option<Counted>,
+    /// The call's span and the chosen attempt's, ended with the body.
+    trace: CallTrace,
+    attempt: trace::Attempt,
+    /// The response's model and finish reasons, read only for a recorded span.
+    fields: Option<Fields>,
 }
 
 /// A relayed success of a model with a rollout, to be counted on its side when its body ends.
 struct Counted {
     cell: Arc<RolloutCell>,
-    status: u16,
-    /// Since the call arrived, when the first byte of the body came.
-    first_byte: Option<std::time::Duration>,
 }
 
 /// Where a Responses API create's answer was stored, remembered once its id is read.
@@ -143,10 +163,12 @@ struct Remember {
 
 impl EndObserver for Finish {
     fn frame(&mut self, data: &Bytes) {
-        if let Some(c) = &mut self.rollout {
-            if c.first_byte.is_none() && !data.is_empty() {
-                c.first_byte = Some(crate::clock::since(self.started));
-            }
+        if self.first_byte.is_none() && !data.is_empty() {
+            self.first_byte = Some(crate::clock::since(self.started));
+        }
+        self.usage.feed(data);
+        if let Some(f) = &mut self.fields {
+            f.feed(data);
         }
         self.ticket.frame(data);
         if let Some(r) = &mut self.home {
@@ -156,19 +178,47 @@ impl EndObserver for Finish {
 
     fn ended(&mut self, end: BodyEnd) {
         let m = &self.backend.metrics;
-        m.body_ended(crate::clock::since(self.started));
+        let duration = crate::clock::since(self.started);
+        m.body_ended(duration);
+        let broken = match end {
+            BodyEnd::Complete => None,
+            BodyEnd::UpstreamBroke => Some("stream_broken"),
+            BodyEnd::UpstreamStalled => Some("stream_stalled"),
+            BodyEnd::ClientGone => Some("client_gone"),
+        };
         match end {
             BodyEnd::Complete => {}
             BodyEnd::UpstreamBroke => m.stream_broke(false),
             BodyEnd::UpstreamStalled => m.stream_broke(true),
             BodyEnd::ClientGone => m.client_cancelled(),
         }
-        self.ticket.ended(end == BodyEnd::Complete);
+        let usage = self.usage.usage();
+        self.ticket.ended(end == BodyEnd::Complete, usage);
+        let error = broken
+            .or_else(|| (self.status >= 400).then(|| crate::genai::status_error(self.status)));
+        crate::genai::Served {
+            operation: self.operation,
+            model: &self.model,
+            duration,
+            error,
+            first_byte: self.first_byte.filter(|_| self.sse),
+            tokens: usage.map(|u| (u.prompt_tokens, u.completion_tokens)),
+        }
+        .record();
+        let answer = trace::Answer {
+            status: self.status,
+            usage,
+            fields: self.fields.as_ref(),
+            first_byte: self.first_byte,
+            error,
+        };
+        self.attempt.ended(&answer);
+        self.trace.ended(&answer);
         if let Some(c) = self.rollout.take() {
             let broke = matches!(end, BodyEnd::UpstreamBroke | BodyEnd::UpstreamStalled);
             if end != BodyEnd::ClientGone {
                 c.cell
-                    .body_ended(self.backend.side, c.status, c.first_byte, broke);
+                    .body_ended(self.backend.side, self.status, self.first_byte, broke);
             }
         }
         if let Some(r) = self.home.take().filter(|_| end == BodyEnd::Complete) {

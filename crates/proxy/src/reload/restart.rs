@@ -2,9 +2,9 @@
 //!
 //! They belong to things made once per process: the listeners and their connection handling,
 //! the runtime's threads, the store's pool, the key cache, the admin token, the shared limits'
-//! Redis connection, the body budget and the upstream client's connection pool. A reload that
-//! changes one keeps its running value (so what the admin API shows as running is what runs)
-//! and names it as needing a restart, and applies everything else. Refusing the whole reload
+//! Redis connection, the body budget, the upstream client's connection pool and the trace
+//! exporter. A reload that changes one keeps its running value (so what the admin API shows as
+//! running is what runs) and names it as needing a restart, and applies everything else. Refusing the whole reload
 //! instead would make an unrelated edit in the same file block an urgent change.
 
 use spillway_config::Config;
@@ -52,7 +52,7 @@ pub(super) fn pin(running: &Config, next: &mut Config) -> Vec<String> {
         admission.max_buffered_body_bytes,
         admission.max_buffered_body_bytes_per_tenant,
     );
-    pin_section!(store, cache);
+    pin_section!(store, cache, telemetry);
     differed
 }
 

@@ -334,6 +334,7 @@ def test_a_real_llamacpp_answer_gives_the_genai_attributes_and_metrics(llamacpp,
         page = urllib.request.urlopen("http://" + gw.addrs[1] + "/metrics", timeout=5).read().decode()
         for series in ('gen_ai_server_request_duration_seconds_count{gen_ai_operation_name="chat",gen_ai_request_model="sdk-model"}',
                        'gen_ai_server_time_to_first_token_seconds_count{gen_ai_operation_name="chat",gen_ai_request_model="sdk-model"}',
+                       'gen_ai_server_time_per_output_token_seconds_count{gen_ai_operation_name="chat",gen_ai_request_model="sdk-model"}',
                        'gen_ai_client_token_usage_count{gen_ai_operation_name="chat",gen_ai_request_model="sdk-model",gen_ai_token_type="output"}'):
             values = [float(line.rsplit(" ", 1)[1]) for line in page.splitlines() if line.startswith(series)]
             assert values and values[0] >= 1, f"{series} missing from /metrics"

@@ -19,7 +19,7 @@ mod rollout;
 mod routing;
 mod tenants;
 
-pub use metadata::DEFAULT_STORE_URL;
+pub use metadata::{DEFAULT_STORE_URL, REDIS_URL_SCHEMES, STORE_URL_SCHEMES};
 
 use crate::raw::{RawBackend, RawConfig, RawModel, RawServer, RawUpstream};
 use crate::{BackendConfig, BackendKind, Config, ModelConfig, ServerConfig, Side, UpstreamConfig};

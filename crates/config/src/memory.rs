@@ -75,8 +75,10 @@ impl MemoryBudget {
 mod tests {
     use super::*;
 
-    fn config(toml: &str) -> Config {
-        crate::Config::from_toml(toml).expect("valid config")
+    /// `settings` with the one model a config needs.
+    fn config(settings: &str) -> Config {
+        let model = "[[models]]\nname = \"m\"\n[[models.backends]]\nname = \"b\"\nurl = \"http://127.0.0.1:8000/v1\"\n";
+        crate::Config::from_toml(&format!("{settings}\n{model}")).expect("valid config")
     }
 
     #[test]
@@ -86,6 +88,7 @@ mod tests {
             [server]
             max_connections = 100
             http2_max_concurrent_streams = 10
+            max_body_bytes = 1048576
             [admission]
             max_buffered_body_bytes = 1048576
             max_in_flight = 50

@@ -263,4 +263,45 @@ mod tests {
             other => panic!("{other:?}"),
         }
     }
+
+    #[tokio::test]
+    async fn out_draws_the_completed_modes_and_names_the_failed_one_on_the_page() {
+        let dir = std::env::temp_dir().join(format!(
+            "spillway-replay-incident-out-{}",
+            std::process::id()
+        ));
+        let mut incident = fake(&[Mode::Protected], None);
+        incident.out = Some(dir.clone());
+        assert!(matches!(
+            replay(&incident).await,
+            Err(ReplayError::ModeFailed { .. })
+        ));
+        let html = std::fs::read_to_string(dir.join(pictures::INDEX)).unwrap();
+        assert!(dir.join("naive.svg").is_file());
+        assert!(!dir.join("protected.svg").exists());
+        assert!(html.contains("src=\"naive.svg\""), "{html}");
+        assert!(
+            html.contains("The protected run did not complete"),
+            "{html}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[tokio::test]
+    async fn an_out_directory_that_cannot_be_made_fails_before_any_mode_runs() {
+        let file = std::env::temp_dir().join(format!(
+            "spillway-replay-incident-not-a-dir-{}",
+            std::process::id()
+        ));
+        std::fs::write(&file, b"").unwrap();
+        let mut incident = fake(&[], None);
+        incident.out = Some(file.join("pictures"));
+        let outcome = replay(&incident).await;
+        let _ = std::fs::remove_file(&file);
+        assert!(
+            matches!(outcome, Err(ReplayError::Output { .. })),
+            "{outcome:?}"
+        );
+        assert!(incident.asked.borrow().is_empty(), "{:?}", incident.asked);
+    }
 }

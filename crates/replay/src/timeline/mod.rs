@@ -7,8 +7,9 @@
 //! climbs and stays. The series come from two places and meet on one axis: the load client
 //! counts its own events into [`ClientCounts`] as they happen (the tally keeps them beside its
 //! per-phase counts), and [`sampler`] reads the gateway's `/metrics` every bucket width.
-//! [`Recording`] is what a scenario starts beside its schedule, once per mode: the sampler and
-//! the progress display; [`Recording::finish`] turns what they and the tallies saw into a
+//! [`Recording`] is what a scenario starts beside its schedule, once per mode: the progress
+//! display, and the sampler when `--out` asked for pictures (without them the gateway is left
+//! to its load alone, as before there were pictures); [`Recording::finish`] turns what they and the tallies saw into a
 //! [`Timeline`], which `pictures` draws.
 
 mod buckets;
@@ -112,26 +113,34 @@ impl Timeline {
     }
 }
 
-/// What watches one mode's run from beside its schedule: the gateway's page and the progress.
+/// The gateway a recording reads, every bucket, for the pictures.
+pub(crate) struct GatewayReading {
+    /// Its admin listener, where its `/metrics` is.
+    pub(crate) admin: SocketAddr,
+    pub(crate) store: StoreCount,
+}
+
+/// What watches one mode's run from beside its schedule: the progress, and the gateway's page
+/// when the pictures were asked for.
 pub(crate) struct Recording {
     mode: Mode,
     phases: &'static [&'static str],
     schedule: Schedule,
     width: Duration,
-    store: StoreCount,
-    sampler: GatewaySampler,
+    store: &'static str,
+    sampler: Option<GatewaySampler>,
     progress: Progress,
 }
 
 impl Recording {
-    /// Starts reading the gateway whose admin listener is `admin` and showing the progress of
-    /// `phases` (named in the schedule's order); call it when the schedule starts.
+    /// Starts showing the progress of `phases` (named in the schedule's order) and, with
+    /// `gateway` (only when `--out` asked for pictures: without them the gateway is left to
+    /// its load alone), reading the gateway; call it when the schedule starts.
     pub(crate) fn start(
         mode: Mode,
         phases: &'static [&'static str],
         schedule: Schedule,
-        admin: SocketAddr,
-        store: StoreCount,
+        gateway: Option<GatewayReading>,
     ) -> Recording {
         let width = width_for(schedule.end() - schedule.start());
         Recording {
@@ -139,8 +148,9 @@ impl Recording {
             phases,
             schedule,
             width,
-            sampler: GatewaySampler::start(admin, schedule.start(), width, store.clone()),
-            store,
+            store: gateway.as_ref().map_or("store queries", |g| g.store.what()),
+            sampler: gateway
+                .map(|g| GatewaySampler::start(g.admin, schedule.start(), width, g.store)),
             progress: Progress::start(mode, phases, schedule),
         }
     }
@@ -159,10 +169,11 @@ impl Recording {
             progress,
         } = self;
         progress.stop().await;
-        let sampled = sampler
-            .stop()
-            .await
-            .unwrap_or_else(|| Sampled::new(schedule.start(), width));
+        let sampled = match sampler {
+            Some(sampler) => sampler.stop().await,
+            None => None,
+        }
+        .unwrap_or_else(|| Sampled::new(schedule.start(), width));
         let client = tallies
             .iter()
             .map(|t| t.client_counts())
@@ -178,7 +189,7 @@ impl Recording {
             phases,
             schedule,
             width,
-            store: store.what(),
+            store,
         };
         timeline(&run, client, sampled, len, stopped)
     }

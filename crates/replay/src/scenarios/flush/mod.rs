@@ -47,7 +47,7 @@ use crate::load::{self, Target};
 use crate::plan::{LoadPlan, Mode};
 use crate::scratch::Scratch;
 use crate::tally::{Schedule, Tally};
-use crate::timeline::{Recording, StoreCount, Timeline};
+use crate::timeline::{GatewayReading, Recording, StoreCount, Timeline};
 
 pub use args::CacheFlushArgs;
 use args::{FlushPlan, PHASES};
@@ -206,11 +206,14 @@ async fn drive(
     let tally = Arc::new(Tally::new(&schedule));
     // The link's count, not the gateway's: it includes every process's statements, restarts
     // and warm-ups too, and is the figure the table reports.
-    let store = StoreCount::Counted {
-        what: "store statements (on the wire)",
-        read: link.statement_counter(),
-    };
-    let recording = Recording::start(mode, &PHASES, schedule, gateway.admin, store);
+    let reading = plan.out.as_ref().map(|_| GatewayReading {
+        admin: gateway.admin,
+        store: StoreCount::Counted {
+            what: "store statements (on the wire)",
+            read: link.statement_counter(),
+        },
+    });
+    let recording = Recording::start(mode, &PHASES, schedule, reading);
     let target = Arc::new(Target::chat(
         uri(gateway.api, "/v1/chat/completions"),
         &keyring.keys,

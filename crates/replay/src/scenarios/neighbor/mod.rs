@@ -30,7 +30,7 @@ use crate::ready::{self, START_DEADLINE};
 use crate::rss::RssSampler;
 use crate::scratch::Scratch;
 use crate::tally::{Schedule, Tally};
-use crate::timeline::{Recording, StoreCount, Timeline};
+use crate::timeline::{GatewayReading, Recording, StoreCount, Timeline};
 
 pub use args::NoisyNeighborArgs;
 use args::{NeighborPlan, PHASES};
@@ -188,7 +188,11 @@ async fn drive(
         Arc::new(Tally::new(&schedule)),
     );
     let rss = RssSampler::start(pid, schedule);
-    let recording = Recording::start(mode, &PHASES, schedule, admin, StoreCount::Gateway);
+    let gateway = plan.out.as_ref().map(|_| GatewayReading {
+        admin,
+        store: StoreCount::Gateway,
+    });
+    let recording = Recording::start(mode, &PHASES, schedule, gateway);
     say(
         mode,
         &format!(

@@ -34,7 +34,7 @@ use crate::incident::{self, say, Incident};
 use crate::load::{self, Target};
 use crate::plan::Mode;
 use crate::tally::{Schedule, Tally};
-use crate::timeline::{Recording, StoreCount, Timeline};
+use crate::timeline::{GatewayReading, Recording, StoreCount, Timeline};
 
 pub use args::BadRolloutArgs;
 use args::{BadRolloutPlan, PHASES};
@@ -114,13 +114,11 @@ async fn drive(
     let before = fleet.new_counters(control).await?;
     let schedule = Schedule::new(Instant::now(), &plan.phases);
     let tally = Arc::new(Tally::new(&schedule));
-    let recording = Recording::start(
-        mode,
-        &PHASES,
-        schedule,
-        fleet.admin_addr,
-        StoreCount::Gateway,
-    );
+    let gateway = plan.out.as_ref().map(|_| GatewayReading {
+        admin: fleet.admin_addr,
+        store: StoreCount::Gateway,
+    });
+    let recording = Recording::start(mode, &PHASES, schedule, gateway);
     let mut with_feature = load::chat_body(MODEL);
     with_feature[FEATURE] = json!([{
         "type": "function",

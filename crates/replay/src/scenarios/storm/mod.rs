@@ -23,7 +23,7 @@ use crate::load::{self, Target};
 use crate::plan::Mode;
 use crate::rss::RssSampler;
 use crate::tally::{Schedule, Tally};
-use crate::timeline::{Recording, StoreCount, Timeline};
+use crate::timeline::{GatewayReading, Recording, StoreCount, Timeline};
 pub use args::RetryStormArgs;
 use args::{StormPlan, PHASES};
 use fleet::{Fleet, MODEL};
@@ -99,13 +99,11 @@ async fn drive(
     let schedule = Schedule::new(Instant::now(), &plan.phases);
     let tally = Arc::new(Tally::new(&schedule));
     let rss = RssSampler::start(fleet.gateway_pid, schedule);
-    let recording = Recording::start(
-        mode,
-        &PHASES,
-        schedule,
-        fleet.admin_addr,
-        StoreCount::Gateway,
-    );
+    let gateway = plan.out.as_ref().map(|_| GatewayReading {
+        admin: fleet.admin_addr,
+        store: StoreCount::Gateway,
+    });
+    let recording = Recording::start(mode, &PHASES, schedule, gateway);
     let target = Arc::new(Target::chat(
         uri(fleet.gateway_addr, "/v1/chat/completions"),
         std::slice::from_ref(&fleet.key),

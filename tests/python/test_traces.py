@@ -7,10 +7,12 @@ follow the trace from the caller's `traceparent`, through the call's span and ea
 to what the failing backend received."""
 
 import hashlib
+import os
+import pathlib
+import subprocess
 import http.server
 import json
 import secrets
-import tempfile
 import threading
 import urllib.request
 
@@ -264,6 +266,78 @@ def test_the_sampling_ratio_decides_for_new_traces_and_the_caller_for_its_own(
         with collector.lock:
             traces = {s.trace_id for s in collector.spans}
         assert traces == {bytes.fromhex(trace_id)}
+    finally:
+        gw.stop()
+        collector.listener.stop()
+
+
+@pytest.fixture
+def llamacpp():
+    """A real llama.cpp server (tests/llamacpp/serve.py), or a skip when none can run here."""
+    python = os.environ.get("SPILLWAY_LLAMACPP_PYTHON")
+    if not python:
+        if os.environ.get("SPILLWAY_REQUIRE_LLAMACPP") == "1":
+            pytest.fail("SPILLWAY_REQUIRE_LLAMACPP=1 but SPILLWAY_LLAMACPP_PYTHON is not set")
+        pytest.skip("SPILLWAY_LLAMACPP_PYTHON is not set (see tests/llamacpp/README.md)")
+    script = pathlib.Path(__file__).resolve().parents[1] / "llamacpp" / "serve.py"
+    proc = subprocess.Popen(
+        [python, str(script), "--port", "0", "--threads", "1", "--slots", "1", "--ctx", "2048",
+         "--exit-with-parent"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    ready = {}
+    found = threading.Event()
+
+    def read():
+        for line in proc.stdout:
+            if line.startswith("ready "):
+                ready["url"] = line.split()[1]
+                found.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    if not found.wait(120):
+        proc.kill()
+        pytest.fail("llama.cpp did not start within 120 s")
+    yield ready["url"]
+    proc.kill()
+    proc.wait(10)
+
+
+def test_a_real_llamacpp_answer_gives_the_genai_attributes_and_metrics(llamacpp, tmp_path):
+    collector = Collector()
+    backends = f'[[models.backends]]\nname = "llama"\nurl = "{llamacpp}/v1"\nengine = "llamacpp"\n'
+    gw = gateway(backends, f'otlp_endpoint = "{collector.url}/v1/traces"\nexport_interval = "50ms"',
+                 tmp_path)
+    try:
+        client = openai.OpenAI(base_url=gw.url + "/v1", api_key=KEY, max_retries=0)
+        ids = []
+        for stream in (False, True):
+            trace_id = secrets.token_hex(16)
+            headers = {"traceparent": f"00-{trace_id}-{secrets.token_hex(8)}-01"}
+            args = dict(model="sdk-model", max_tokens=8, extra_headers=headers,
+                        messages=[{"role": "user", "content": "Say hello."}])
+            if stream:
+                chunks = list(client.chat.completions.create(
+                    stream=True, stream_options={"include_usage": True}, **args))
+                assert chunks[-1].usage.completion_tokens > 0
+            else:
+                assert client.chat.completions.create(**args).usage.completion_tokens > 0
+            ids.append(bytes.fromhex(trace_id))
+        server = lambda t: [s for s in collector.of_trace(t) if s.kind == SERVER]
+        wait_for(lambda: all(server(t) for t in ids), "both calls' spans", timeout=20)
+        for trace_id in ids:
+            [call] = server(trace_id)
+            a = attrs(call)
+            # What llama.cpp itself said: its model's name, its token counts, why it stopped.
+            assert a["gen_ai.response.model"]
+            assert a["gen_ai.usage.input_tokens"] > 0
+            assert 0 < a["gen_ai.usage.output_tokens"] <= 8
+            assert set(a["gen_ai.response.finish_reasons"]) <= {"stop", "length"}
+        page = urllib.request.urlopen("http://" + gw.addrs[1] + "/metrics", timeout=5).read().decode()
+        for series in ('gen_ai_server_request_duration_seconds_count{gen_ai_operation_name="chat",gen_ai_request_model="sdk-model"}',
+                       'gen_ai_server_time_to_first_token_seconds_count{gen_ai_operation_name="chat",gen_ai_request_model="sdk-model"}',
+                       'gen_ai_server_time_per_output_token_seconds_count{gen_ai_operation_name="chat",gen_ai_request_model="sdk-model"}',
+                       'gen_ai_client_token_usage_count{gen_ai_operation_name="chat",gen_ai_request_model="sdk-model",gen_ai_token_type="output"}'):
+            values = [float(line.rsplit(" ", 1)[1]) for line in page.splitlines() if line.startswith(series)]
+            assert values and values[0] >= 1, f"{series} missing from /metrics"
     finally:
         gw.stop()
         collector.listener.stop()

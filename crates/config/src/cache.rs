@@ -39,6 +39,9 @@ pub struct CacheConfig {
     /// `redis://...`: an optional layer shared by gateway instances, between this cache and the
     /// store. Default none.
     pub redis: Option<String>,
+    /// The environment variable holding `redis` (for a URL with a password in it); `redis` is
+    /// `None` until the environment is read at start. Default none.
+    pub redis_env: Option<String>,
     /// Redis slower than this is skipped for the lookup at hand. Default 50 ms.
     pub redis_timeout: Duration,
     /// Where the cache is saved for warm restarts. Default none.
@@ -73,6 +76,7 @@ impl Default for CacheConfig {
             load_wait: Duration::from_millis(100),
             load_timeout: Duration::from_secs(2),
             redis: None,
+            redis_env: None,
             redis_timeout: Duration::from_millis(50),
             snapshot: None,
             warm_batch: 1000,

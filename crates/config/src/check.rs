@@ -20,7 +20,7 @@ mod routing;
 mod telemetry;
 mod tenants;
 
-pub use metadata::DEFAULT_STORE_URL;
+pub use metadata::{DEFAULT_STORE_URL, REDIS_URL_SCHEMES, STORE_URL_SCHEMES};
 
 use crate::raw::{RawBackend, RawConfig, RawModel, RawServer, RawUpstream};
 use crate::{BackendConfig, BackendKind, Config, ModelConfig, ServerConfig, Side, UpstreamConfig};

@@ -22,11 +22,11 @@ use std::path::Path;
 use std::time::Duration;
 
 pub use cache::CacheConfig;
-pub use check::{Problem, DEFAULT_STORE_URL};
+pub use check::{Problem, DEFAULT_STORE_URL, REDIS_URL_SCHEMES, STORE_URL_SCHEMES};
 pub use memory::MemoryBudget;
 pub use mock::{MockFault, MockProfile};
 pub use spillway_policy::{
-    BudgetConfig, Fallback, OutlierConfig, RetryPolicy, Rules, ThrottleConfig, Trigger,
+    BudgetConfig, Fallback, OutlierConfig, Priority, RetryPolicy, Rules, ThrottleConfig, Trigger,
 };
 pub use surface::{Surface, Surfaces};
 
@@ -181,8 +181,11 @@ pub struct TenantConfig {
 /// `[store]`: where tenants and keys live.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StoreConfig {
-    /// `sqlite://PATH` or `postgres://...`.
+    /// `sqlite://PATH` or `postgres://...`. Empty while `url_env` names where it comes from and
+    /// the environment has not been read yet (the proxy's preflight fills it in at start).
     pub url: String,
+    /// The environment variable holding `url`, for a URL with a password in it.
+    pub url_env: Option<String>,
     pub max_connections: u32,
     pub acquire_timeout: Duration,
 }
@@ -207,6 +210,9 @@ pub struct AdmissionConfig {
     pub queue_wait: Duration,
     /// `redis://...`: tenant limits shared by every instance using it.
     pub redis: Option<String>,
+    /// The environment variable holding `redis`, for a URL with a password in it; `redis` is
+    /// `None` until the environment is read.
+    pub redis_env: Option<String>,
     pub redis_timeout: Duration,
     /// Instances sharing the limits: each enforces `1 / instances` of a limit while Redis is
     /// unreachable.

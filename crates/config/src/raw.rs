@@ -148,6 +148,7 @@ pub struct RawTenant {
 #[serde(deny_unknown_fields)]
 pub struct RawStore {
     pub url: Option<String>,
+    pub url_env: Option<String>,
     pub max_connections: Option<u32>,
     #[serde(default, with = "humantime_serde")]
     pub acquire_timeout: Option<Duration>,
@@ -171,6 +172,7 @@ pub struct RawCache {
     #[serde(default, with = "humantime_serde")]
     pub load_timeout: Option<Duration>,
     pub redis: Option<String>,
+    pub redis_env: Option<String>,
     #[serde(default, with = "humantime_serde")]
     pub redis_timeout: Option<Duration>,
     pub snapshot: Option<String>,
@@ -193,6 +195,7 @@ pub struct RawAdmission {
     #[serde(default, with = "humantime_serde")]
     pub queue_wait: Option<Duration>,
     pub redis: Option<String>,
+    pub redis_env: Option<String>,
     #[serde(default, with = "humantime_serde")]
     pub redis_timeout: Option<Duration>,
     pub instances: Option<u32>,

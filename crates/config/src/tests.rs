@@ -694,3 +694,43 @@ fn a_rollout_s_problems_name_their_keys() {
     let p = problems(&format!("{MINIMAL}[models.rollout]\n"));
     assert_eq!(p[0].location, r#"models["m"].rollout.backends"#, "{p:?}");
 }
+
+#[test]
+fn a_url_with_a_password_comes_from_the_file_or_the_environment_never_both() {
+    let p = problems(
+        r#"
+[store]
+url = "postgres://db/spillway"
+url_env = "STORE_URL"
+[cache]
+redis_env = "not a name"
+[admission]
+redis = "redis://r:6379"
+redis_env = "LIMITS_REDIS"
+[[models]]
+name = "m"
+[[models.backends]]
+name = "b"
+kind = "mock"
+"#,
+    );
+    let text: Vec<String> = p.iter().map(|p| p.to_string()).collect();
+    let expect = [
+        "store.url: give store.url or store.url_env, not both",
+        "cache.redis_env: \"not a name\" is not an environment variable name",
+        "admission.redis: give admission.redis or admission.redis_env, not both",
+    ];
+    for e in expect {
+        assert!(
+            text.iter().any(|t| t.starts_with(e)),
+            "missing {e:?} in {text:#?}"
+        );
+    }
+    assert_eq!(text.len(), expect.len(), "{text:#?}");
+    let c = Config::from_toml(
+        "[store]\nurl_env = \"STORE_URL\"\n[[models]]\nname = \"m\"\n[[models.backends]]\nname = \"b\"\nkind = \"mock\"\n",
+    )
+    .unwrap();
+    assert_eq!(c.store.url_env.as_deref(), Some("STORE_URL"));
+    assert_eq!(c.store.url, "", "filled in from the environment at start");
+}

@@ -33,14 +33,16 @@ pub struct Loaded {
 
 impl Loaded {
     /// Checks `text` as `spillway check-config` does, the environment variables it names
-    /// included.
+    /// included, and fills in the URLs it names environment variables for.
     pub fn from_text(text: String) -> Result<Loaded, ConfigError> {
-        let config = Config::from_toml(&text)?;
+        let mut config = Config::from_toml(&text)?;
         let env = |name: &str| std::env::var(name).ok();
         let problems = crate::preflight::preflight(&config, Some(&env));
         if !problems.is_empty() {
             return Err(ConfigError::Invalid(problems));
         }
+        // Checked by the preflight just above, so nothing is left to report.
+        crate::preflight::resolve_secrets(&mut config, &env);
         Ok(Loaded {
             config,
             hash: hash(text.as_bytes()),

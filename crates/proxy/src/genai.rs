@@ -10,9 +10,10 @@
 //! `unknown`), `gen_ai_token_type` (`input`, `output`) and, on a failed request's duration,
 //! `error_type`. The response's model is not a label: a backend could name anything there.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use metrics::{describe_histogram, histogram, Unit};
+use metrics::{describe_histogram, histogram, Histogram, Label, Unit};
 
 use crate::endpoint::Endpoint;
 
@@ -83,10 +84,94 @@ pub(crate) fn describe() {
     );
 }
 
-/// One answered GenAI request, as the metrics see it.
-pub(crate) struct Served<'a> {
-    pub operation: &'static str,
-    pub model: &'a str,
+/// The operations a call can be, in the order of [`GenAiSeries`]'s series.
+const OPERATIONS: [&str; 4] = ["chat", "text_completion", "embeddings", "count_tokens"];
+
+/// One model's GenAI series, registered when its pool is built, so a request's end records
+/// into handles rather than looking its series up by name.
+#[derive(Debug)]
+pub(crate) struct GenAiSeries {
+    model: Arc<str>,
+    ops: [OperationSeries; OPERATIONS.len()],
+}
+
+#[derive(Debug)]
+struct OperationSeries {
+    duration: Histogram,
+    first_token: Histogram,
+    per_token: Histogram,
+    input: Histogram,
+    output: Histogram,
+}
+
+impl GenAiSeries {
+    pub(crate) fn new(model: &Arc<str>) -> Self {
+        let labels = |op: &'static str| {
+            vec![
+                Label::new("gen_ai_operation_name", op),
+                Label::new("gen_ai_request_model", model.clone()),
+            ]
+        };
+        let tokens = |op: &'static str, kind: &'static str| {
+            let mut l = labels(op);
+            l.push(Label::new("gen_ai_token_type", kind));
+            histogram!(TOKEN_USAGE, l)
+        };
+        GenAiSeries {
+            model: model.clone(),
+            ops: OPERATIONS.map(|op| OperationSeries {
+                duration: histogram!(REQUEST_DURATION, labels(op)),
+                first_token: histogram!(TIME_TO_FIRST_TOKEN, labels(op)),
+                per_token: histogram!(TIME_PER_OUTPUT_TOKEN, labels(op)),
+                input: tokens(op, "input"),
+                output: tokens(op, "output"),
+            }),
+        }
+    }
+
+    /// Records a relayed response to a call to `endpoint`.
+    pub(crate) fn record(&self, endpoint: Endpoint, served: &Served) {
+        let op = operation(endpoint);
+        let Some(i) = OPERATIONS.iter().position(|o| *o == op) else {
+            return;
+        };
+        let series = &self.ops[i];
+        match served.error {
+            None => series.duration.record(served.duration.as_secs_f64()),
+            Some(error) => failed(op, &self.model, error, served.duration),
+        }
+        if let Some(first) = served.first_byte {
+            series.first_token.record(first.as_secs_f64());
+            if let Some(per) = served.per_output_token(first) {
+                series.per_token.record(per);
+            }
+        }
+        if let Some((input, output)) = served.tokens {
+            series.input.record(input as f64);
+            series.output.record(output as f64);
+        }
+    }
+}
+
+/// The duration of a failed call: its series has the `error_type` label, looked up by name, as
+/// failures are few and their types many.
+pub(crate) fn failed(
+    operation: &'static str,
+    model: &Arc<str>,
+    error: &'static str,
+    took: Duration,
+) {
+    histogram!(
+        REQUEST_DURATION,
+        "gen_ai_operation_name" => operation,
+        "gen_ai_request_model" => model.clone(),
+        "error_type" => error
+    )
+    .record(took.as_secs_f64());
+}
+
+/// One relayed response, as the metrics see it.
+pub(crate) struct Served {
     pub duration: Duration,
     /// Why it failed, if it did.
     pub error: Option<&'static str>,
@@ -96,35 +181,7 @@ pub(crate) struct Served<'a> {
     pub tokens: Option<(u64, u64)>,
 }
 
-impl Served<'_> {
-    pub(crate) fn record(&self) {
-        let op = ("gen_ai_operation_name", self.operation);
-        let model = ("gen_ai_request_model", self.model.to_owned());
-        match self.error {
-            None => histogram!(REQUEST_DURATION, op.0 => op.1, model.0 => model.1.clone())
-                .record(self.duration.as_secs_f64()),
-            Some(e) => histogram!(
-                REQUEST_DURATION,
-                op.0 => op.1, model.0 => model.1.clone(), "error_type" => e
-            )
-            .record(self.duration.as_secs_f64()),
-        }
-        if let Some(first) = self.first_byte {
-            histogram!(TIME_TO_FIRST_TOKEN, op.0 => op.1, model.0 => model.1.clone())
-                .record(first.as_secs_f64());
-            if let Some(per) = self.per_output_token(first) {
-                histogram!(TIME_PER_OUTPUT_TOKEN, op.0 => op.1, model.0 => model.1.clone())
-                    .record(per);
-            }
-        }
-        if let Some((input, output)) = self.tokens {
-            histogram!(TOKEN_USAGE, op.0 => op.1, model.0 => model.1.clone(), "gen_ai_token_type" => "input")
-                .record(input as f64);
-            histogram!(TOKEN_USAGE, op.0 => op.1, model.0 => model.1, "gen_ai_token_type" => "output")
-                .record(output as f64);
-        }
-    }
-
+impl Served {
     /// The time per output token after the first: what follows the first byte, over the tokens
     /// after the first. Unknown without a report of at least two output tokens.
     fn per_output_token(&self, first: Duration) -> Option<f64> {
@@ -141,8 +198,6 @@ mod tests {
     #[test]
     fn time_per_output_token_is_what_follows_the_first_over_the_tokens_after_it() {
         let s = Served {
-            operation: "chat",
-            model: "m",
             duration: Duration::from_millis(1100),
             error: None,
             first_byte: Some(Duration::from_millis(100)),

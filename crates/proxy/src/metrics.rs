@@ -39,6 +39,7 @@ pub const STORE_POOL_WAITERS: &str = "spillway_store_pool_waiters";
 pub const STORE_POOL_TIMEOUTS: &str = "spillway_store_pool_acquire_timeouts_total";
 pub const RESIDENT_MEMORY: &str = "spillway_process_resident_memory_bytes";
 pub const MEMORY_BUDGET: &str = "spillway_memory_budget_bytes";
+pub const MEMORY_LIMIT: &str = "spillway_memory_limit_bytes";
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
@@ -136,6 +137,11 @@ fn describe() {
         MEMORY_BUDGET,
         Unit::Bytes,
         "The most memory the config's caps allow (docs/admission.md): a container limit below it can be reached."
+    );
+    describe_gauge!(
+        MEMORY_LIMIT,
+        Unit::Bytes,
+        "The memory limit of the process's cgroup (the container's), when it has one."
     );
     describe_gauge!(
         STORE_POOL_WAITERS,

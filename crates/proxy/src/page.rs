@@ -11,8 +11,8 @@ use spillway_policy::outlier::Health;
 
 use crate::gateway::Gateway;
 use crate::metrics::{
-    MEMORY_BUDGET, RESIDENT_MEMORY, STORE_POOL_CONNECTIONS, STORE_POOL_MAX, STORE_POOL_TIMEOUTS,
-    STORE_POOL_WAITERS,
+    MEMORY_BUDGET, MEMORY_LIMIT, RESIDENT_MEMORY, STORE_POOL_CONNECTIONS, STORE_POOL_MAX,
+    STORE_POOL_TIMEOUTS, STORE_POOL_WAITERS,
 };
 
 /// The process-wide recorder, with every metric of the gateway described.
@@ -70,6 +70,22 @@ fn memory(config: &spillway_config::Config) {
     if let Some(rss) = resident_bytes() {
         gauge!(RESIDENT_MEMORY).set(rss as f64);
     }
+    if let Some(limit) = cgroup_limit() {
+        gauge!(MEMORY_LIMIT).set(limit as f64);
+    }
+}
+
+/// The memory limit of the process's cgroup (a container's `resources.limits.memory`), cgroup
+/// v2's `memory.max` or v1's `memory.limit_in_bytes`; `None` without one.
+fn cgroup_limit() -> Option<u64> {
+    let read = |path: &str| std::fs::read_to_string(path).ok();
+    let text = read("/sys/fs/cgroup/memory.max")
+        .or_else(|| read("/sys/fs/cgroup/memory/memory.limit_in_bytes"))?;
+    // "max" (v2) or a huge number (v1) says there is no limit.
+    text.trim()
+        .parse::<u64>()
+        .ok()
+        .filter(|&bytes| bytes < u64::MAX / 2)
 }
 
 /// `VmRSS` of `/proc/self/status` (Linux); `None` where there is no such file.

@@ -76,7 +76,93 @@ pub fn preflight(config: &Config, env: Option<Env<'_>>) -> Vec<Problem> {
             }
         }
     }
+    if let Some(env) = env {
+        for url in secret_urls(config) {
+            if let Err(p) = url.read(env) {
+                problems.push(p);
+            }
+        }
+    }
     problems
+}
+
+/// Puts the URLs named by `store.url_env`, `cache.redis_env` and `admission.redis_env` into
+/// `config`, read from `env`: what `serve` (at start and at each reload) and the store commands
+/// run with. A URL with a password in it then lives in the environment (a Kubernetes Secret),
+/// never in the file. Returns the problems [`preflight`] reports for them; `config` is complete
+/// when there are none.
+pub fn resolve_secrets(config: &mut Config, env: Env<'_>) -> Vec<Problem> {
+    let mut problems = Vec::new();
+    for url in secret_urls(config) {
+        match url.read(env) {
+            Ok(value) => match url.at {
+                "store.url" => config.store.url = value,
+                "cache.redis" => config.cache.redis = Some(value),
+                _ => config.admission.redis = Some(value),
+            },
+            Err(p) => problems.push(p),
+        }
+    }
+    problems
+}
+
+/// A URL the file names an environment variable for.
+struct SecretUrl {
+    /// The key it stands for (`store.url`); the file's key is this with `_env`.
+    at: &'static str,
+    var: String,
+    schemes: &'static [&'static str],
+}
+
+impl SecretUrl {
+    /// The variable's value, checked like the file's key would be, without ever quoting it.
+    fn read(&self, env: Env<'_>) -> Result<String, Problem> {
+        let problem = |message: String| Problem {
+            location: format!("{}_env", self.at),
+            message,
+        };
+        let value = env(&self.var)
+            .filter(|v| !v.is_empty())
+            .ok_or_else(|| problem(not_set(&self.var)))?;
+        if !self.schemes.iter().any(|k| value.starts_with(k)) {
+            return Err(problem(format!(
+                "the URL in {} must start with {}",
+                self.var,
+                self.schemes.join(" or ")
+            )));
+        }
+        Ok(value)
+    }
+}
+
+fn secret_urls(config: &Config) -> Vec<SecretUrl> {
+    let named = [
+        (
+            "store.url",
+            &config.store.url_env,
+            &spillway_config::STORE_URL_SCHEMES[..],
+        ),
+        (
+            "cache.redis",
+            &config.cache.redis_env,
+            &spillway_config::REDIS_URL_SCHEMES[..],
+        ),
+        (
+            "admission.redis",
+            &config.admission.redis_env,
+            &spillway_config::REDIS_URL_SCHEMES[..],
+        ),
+    ];
+    named
+        .into_iter()
+        .filter_map(|(at, var, schemes)| {
+            var.as_ref().map(|var| SecretUrl {
+                at,
+                var: var.clone(),
+                schemes,
+            })
+        })
+        .collect()
 }
 
 fn not_set(var: &str) -> String {
@@ -129,6 +215,47 @@ api_key_env = "UPSTREAM_KEY"
             );
         }
         assert_eq!(found.len(), expect.len(), "{found:#?}");
+    }
+
+    #[test]
+    fn urls_named_by_environment_variables_are_checked_and_filled_in() {
+        let file = "[store]\nurl_env = \"STORE_URL\"\n[cache]\nredis_env = \"CACHE_REDIS\"\n\
+                    [admission]\nredis_env = \"LIMITS_REDIS\"\n\
+                    [[models]]\nname = \"m\"\n[[models.backends]]\nname = \"b\"\nkind = \"mock\"\n";
+        let config = Config::from_toml(file).unwrap();
+        assert_eq!(config.store.url, "");
+        let env = |var: &str| match var {
+            "STORE_URL" => Some("postgres://u:secret@db/spillway".to_owned()),
+            "CACHE_REDIS" => Some("http://not-redis".to_owned()),
+            _ => None,
+        };
+        let found: Vec<String> = preflight(&config, Some(&env))
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(
+            found,
+            [
+                "cache.redis_env: the URL in CACHE_REDIS must start with redis:// or rediss://",
+                "admission.redis_env: environment variable LIMITS_REDIS is not set (or is empty)",
+            ],
+            "a problem never quotes the secret"
+        );
+        let good = |var: &str| match var {
+            "STORE_URL" => Some("postgres://u:secret@db/spillway".to_owned()),
+            _ => Some("redis://:pw@redis:6379".to_owned()),
+        };
+        let mut config = config;
+        assert_eq!(resolve_secrets(&mut config, &good), Vec::new());
+        assert_eq!(config.store.url, "postgres://u:secret@db/spillway");
+        assert_eq!(
+            config.cache.redis.as_deref(),
+            Some("redis://:pw@redis:6379")
+        );
+        assert_eq!(
+            config.admission.redis.as_deref(),
+            Some("redis://:pw@redis:6379")
+        );
     }
 
     #[test]

@@ -15,7 +15,10 @@
 //! flooding beside a quiet one) and `bad-rollout` (IL-0235, a new backend version that refuses a
 //! feature, rolled out in stages or all at once through a config reload). Each goes through the same skeleton (`incident.rs`: its
 //! modes run in turn, one report, the table and the JSON published); the modules beside
-//! `scenarios/` are what they share, and never import a scenario.
+//! `scenarios/` are what they share, and never import a scenario: among them the run's
+//! timeline (`timeline/`: the load client's counts per time bucket and the gateway's `/metrics`
+//! read every bucket), the progress shown while a mode runs (`progress.rs`), and the pictures
+//! `--out DIR` draws from the timelines (`pictures/`: an SVG per mode and one HTML page).
 //!
 //! Every child is killed by its own PID when a replay ends, fails or is interrupted, and every
 //! wait has a deadline, so a replay's run time is bounded by its phases plus start-up deadlines.
@@ -31,14 +34,17 @@ mod error;
 mod http;
 mod incident;
 mod load;
+mod pictures;
 mod plan;
 mod process;
+mod progress;
 mod ready;
 mod report;
 mod rss;
 mod scenarios;
 mod scratch;
 mod tally;
+mod timeline;
 
 pub use error::ReplayError;
 pub use rss::resident_bytes;
@@ -46,8 +52,9 @@ pub use scenarios::{
     BadRolloutArgs, CacheFlushArgs, NoisyNeighborArgs, ReplayArgs, RetryStormArgs, Scenario,
 };
 
-/// Runs the chosen scenario: progress lines on stderr, the results table on stdout, and the raw
-/// figures as JSON when asked. When `interrupted` resolves (the binary passes its SIGINT/SIGTERM
+/// Runs the chosen scenario: progress on stderr (a bar on a terminal, a line per phase
+/// elsewhere), the results table on stdout, the raw figures as JSON and the pictures when
+/// asked. When `interrupted` resolves (the binary passes its SIGINT/SIGTERM
 /// future), the scenario's future is dropped, which kills every child process by its PID, and
 /// the result is [`ReplayError::Interrupted`].
 pub async fn run(

@@ -130,7 +130,7 @@ pub(crate) async fn offer(
         let slot = schedule.slot(now);
         match Arc::clone(&slots).try_acquire_owned() {
             Ok(permit) => {
-                tally.started(slot);
+                tally.started(slot, now);
                 let chain = Chain {
                     client: client.clone(),
                     target: Arc::clone(&target),
@@ -143,7 +143,7 @@ pub(crate) async fn offer(
                     drop(permit);
                 });
             }
-            Err(_) => tally.dropped(slot),
+            Err(_) => tally.dropped(slot, now),
         }
     }
     drain(chains).await
@@ -183,7 +183,8 @@ impl Chain {
         let body = self.target.pick_body();
         let mut resends = 0;
         let end = loop {
-            let sent_in = self.schedule.slot(Instant::now());
+            let sent = Instant::now();
+            let sent_in = self.schedule.slot(sent);
             let req = request(
                 Method::POST,
                 self.target.uri.clone(),
@@ -194,7 +195,7 @@ impl Chain {
                 Ok((status, _)) => Attempt::Status(status),
                 Err(failure) => Attempt::Failed(failure),
             };
-            self.tally.attempt(sent_in, attempt);
+            self.tally.attempt(sent_in, attempt, sent, Instant::now());
             match verdict(attempt, self.plan.resend_429) {
                 Verdict::Done(end) => break end,
                 Verdict::Resend if resends < self.plan.client_retries => resends += 1,

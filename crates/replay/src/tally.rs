@@ -6,6 +6,9 @@
 //! success and latency are judged against the conditions it met first, even if it ends later.
 //! Attempts sent after the last phase, while chains in flight finish, go to a separate drain
 //! slot so they neither inflate the last phase's rates nor vanish.
+//!
+//! The same records are also counted on the run's time axis ([`ClientCounts`]), by the instant
+//! each happened, for the pictures of `--out`.
 
 use std::collections::BTreeMap;
 use std::sync::{Mutex, PoisonError};
@@ -16,6 +19,7 @@ use http::StatusCode;
 use tokio::time::Instant;
 
 use crate::http::Failure;
+use crate::timeline::ClientCounts;
 
 /// The most phases a schedule has.
 pub(crate) const MAX_PHASES: usize = 8;
@@ -150,35 +154,55 @@ impl SlotTally {
 /// short lock, small next to the HTTP exchange it describes.
 #[derive(Debug)]
 pub(crate) struct Tally {
-    slots: Mutex<Vec<SlotTally>>,
+    counts: Mutex<Counts>,
+}
+
+#[derive(Debug)]
+struct Counts {
+    slots: Vec<SlotTally>,
+    client: ClientCounts,
 }
 
 impl Tally {
     /// Tallies for every phase of `schedule` and its drain slot.
     pub(crate) fn new(schedule: &Schedule) -> Tally {
         Tally {
-            slots: Mutex::new((0..=schedule.drain()).map(|_| SlotTally::new()).collect()),
+            counts: Mutex::new(Counts {
+                slots: (0..=schedule.drain()).map(|_| SlotTally::new()).collect(),
+                client: ClientCounts::new(schedule),
+            }),
         }
     }
 
-    pub(crate) fn started(&self, slot: usize) {
-        self.with(slot, |t| t.started += 1);
+    /// A chain started in `slot`, offered at `at`.
+    pub(crate) fn started(&self, slot: usize, at: Instant) {
+        self.with(slot, |t, client| {
+            t.started += 1;
+            client.offered.add(at, 1.0);
+        });
     }
 
-    pub(crate) fn dropped(&self, slot: usize) {
-        self.with(slot, |t| t.dropped += 1);
+    /// A new request offered at `at`, in `slot`, and dropped.
+    pub(crate) fn dropped(&self, slot: usize, at: Instant) {
+        self.with(slot, |t, client| {
+            t.dropped += 1;
+            client.offered.add(at, 1.0);
+        });
     }
 
-    pub(crate) fn attempt(&self, slot: usize, attempt: Attempt) {
+    /// An attempt sent in `slot` at `sent`, whose outcome was known at `ended`.
+    pub(crate) fn attempt(&self, slot: usize, attempt: Attempt, sent: Instant, ended: Instant) {
         let error = match attempt {
             Attempt::Status(s) if s.is_success() => None,
             Attempt::Status(s) => Some(ErrorKey::Status(s.as_u16())),
             Attempt::Failed(f) => Some(ErrorKey::Failure(f)),
         };
-        self.with(slot, |t| {
+        self.with(slot, |t, client| {
             t.attempts += 1;
-            if let Some(key) = error {
-                *t.errors.entry(key).or_default() += 1;
+            client.sent.add(sent, 1.0);
+            match error {
+                Some(key) => *t.errors.entry(key).or_default() += 1,
+                None => client.succeeded.add(ended, 1.0),
             }
         });
     }
@@ -186,7 +210,7 @@ impl Tally {
     /// Records the end of a chain that started in `slot` and took `latency`.
     pub(crate) fn ended(&self, slot: usize, end: ChainEnd, latency: Duration) {
         let micros = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX);
-        self.with(slot, |t| {
+        self.with(slot, |t, _| {
             match end {
                 ChainEnd::Succeeded => t.succeeded += 1,
                 ChainEnd::Failed => t.failed += 1,
@@ -198,16 +222,23 @@ impl Tally {
 
     /// A copy of every slot: the phases in order, then the drain slot.
     pub(crate) fn snapshot(&self) -> Vec<SlotTally> {
-        self.slots
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        self.lock().slots.clone()
     }
 
-    fn with(&self, slot: usize, record: impl FnOnce(&mut SlotTally)) {
-        let mut slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
+    /// A copy of the counts on the time axis.
+    pub(crate) fn client_counts(&self) -> ClientCounts {
+        self.lock().client.clone()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Counts> {
+        self.counts.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn with(&self, slot: usize, record: impl FnOnce(&mut SlotTally, &mut ClientCounts)) {
+        let mut counts = self.lock();
+        let Counts { slots, client } = &mut *counts;
         if let Some(tally) = slots.get_mut(slot) {
-            record(tally);
+            record(tally, client);
         }
     }
 }
@@ -232,13 +263,19 @@ mod tests {
 
     #[test]
     fn chains_count_where_they_started_and_unfinished_ones_are_the_rest() {
-        let t = Tally::new(&Schedule::new(Instant::now(), &[Duration::from_secs(1); 3]));
+        let now = Instant::now();
+        let t = Tally::new(&Schedule::new(now, &[Duration::from_secs(1); 3]));
         for _ in 0..3 {
-            t.started(1);
+            t.started(1, now);
         }
-        t.attempt(1, Attempt::Status(StatusCode::INTERNAL_SERVER_ERROR));
-        t.attempt(2, Attempt::Status(StatusCode::OK));
-        t.attempt(2, Attempt::Failed(Failure::Connect));
+        t.attempt(
+            1,
+            Attempt::Status(StatusCode::INTERNAL_SERVER_ERROR),
+            now,
+            now,
+        );
+        t.attempt(2, Attempt::Status(StatusCode::OK), now, now);
+        t.attempt(2, Attempt::Failed(Failure::Connect), now, now);
         t.ended(1, ChainEnd::Succeeded, Duration::from_millis(30));
         t.ended(1, ChainEnd::Exhausted, Duration::from_millis(90));
         let s = t.snapshot();
@@ -249,5 +286,32 @@ mod tests {
         assert_eq!(s[2].errors.len(), 1, "2xx is not an error");
         assert_eq!(s[1].latency_us.len(), 2);
         assert!(s[1].latency_us.max() >= 89_000);
+    }
+
+    #[test]
+    fn records_are_also_counted_by_when_they_happened() {
+        let start = Instant::now();
+        let s = Schedule::new(start, &[Duration::from_secs(2)]);
+        let t = Tally::new(&s);
+        let at = |ms: u64| start + Duration::from_millis(ms);
+        t.started(0, at(0));
+        t.dropped(0, at(300));
+        let ok = Attempt::Status(StatusCode::OK);
+        t.attempt(0, ok, at(10), at(600));
+        t.attempt(
+            0,
+            Attempt::Status(StatusCode::BAD_GATEWAY),
+            at(260),
+            at(270),
+        );
+        let c = t.client_counts();
+        // Two seconds make 250 ms buckets: offers at 0 and 300 ms, sends at 10 and 260 ms,
+        // the one success when it arrived, at 600 ms.
+        assert_eq!(c.offered.counts(3, true), [Some(1.0), Some(1.0), Some(0.0)]);
+        assert_eq!(c.sent.counts(3, true), [Some(1.0), Some(1.0), Some(0.0)]);
+        assert_eq!(
+            c.succeeded.counts(3, true),
+            [Some(0.0), Some(0.0), Some(1.0)]
+        );
     }
 }

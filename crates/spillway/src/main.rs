@@ -11,6 +11,7 @@ use spillway_config::{Config, ConfigError, QUICKSTART_KEY, QUICKSTART_TOML};
 use spillway_proxy::reload::{Loaded, Startup};
 use spillway_proxy::BoundGateway;
 
+mod audit;
 mod manage;
 mod remote;
 mod top;
@@ -106,6 +107,10 @@ enum Command {
         #[command(flatten)]
         store: manage::StoreArgs,
     },
+    /// Check a spillway config and Kubernetes manifests (of spillway and of the inference
+    /// servers behind it) against the lessons of the incidents spillway comes from: each
+    /// finding with its severity, file and key, the lesson and the incident (docs/audit.md).
+    Audit(audit::AuditArgs),
     /// Check a configuration file and print every problem with its location: everything
     /// `serve` would refuse the file for, including environment variables named for keys that
     /// are unset, without opening the store or binding a port.
@@ -134,6 +139,7 @@ fn main() -> ExitCode {
 fn run(command: Command) -> anyhow::Result<ExitCode> {
     match command {
         Command::CheckConfig { file, no_env } => Ok(check_config(&file, !no_env)),
+        Command::Audit(args) => Ok(audit::run(args)),
         Command::Serve {
             config,
             listen,

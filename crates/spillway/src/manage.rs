@@ -140,10 +140,18 @@ async fn open(args: &StoreArgs) -> anyhow::Result<Arc<dyn Store>> {
     let (url, max_connections, acquire_timeout) = match (&args.store, &args.config) {
         (Some(url), _) => (url.clone(), 2, std::time::Duration::from_secs(5)),
         (None, path) => {
-            let config = match path {
+            let mut config = match path {
                 Some(p) => Config::load(p).with_context(|| format!("{}", p.display()))?,
                 None => Config::quickstart(),
             };
+            // `store.url_env`: the URL (and its password) from the environment.
+            let env = |name: &str| std::env::var(name).ok();
+            if let Some(p) = spillway_proxy::preflight::resolve_secrets(&mut config, &env)
+                .into_iter()
+                .find(|p| p.location.starts_with("store."))
+            {
+                anyhow::bail!("{p}");
+            }
             (config.store.url, 2, config.store.acquire_timeout)
         }
     };

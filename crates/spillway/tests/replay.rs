@@ -5,6 +5,12 @@
 //!
 //! The replay bounds its own run time; the tests bound it again from outside (the process is
 //! killed past a deadline) so a hang fails the test instead of stalling the suite.
+//!
+//! The pictures of `--out` are checked as files (well-formed SVG naming every series, a page
+//! referencing every picture) and as a reader sees them: the page opened in headless Chromium
+//! (Debian's `chromium`), its screenshot decoded and checked not to be blank, and every image
+//! checked to have loaded with a size. Without Chromium that part is skipped, unless
+//! `SPILLWAY_REQUIRE_CHROMIUM=1` (as `.ci/run` sets) makes it a failure.
 
 // Tests time real processes and sockets on the system clock (see clippy.toml).
 #![allow(clippy::disallowed_methods)]
@@ -21,9 +27,15 @@ const RUN_DEADLINE: Duration = Duration::from_secs(120);
 
 /// Runs `spillway ARGS`, killing it if it outlives `deadline`.
 fn run(args: &[&str], deadline: Duration) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_spillway"))
+    let mut command = Command::new(env!("CARGO_BIN_EXE_spillway"));
+    command.env("SPILLWAY_LOG", "warn");
+    run_program(command, args, deadline)
+}
+
+/// Runs `command` with `args`, killing it if it outlives `deadline`.
+fn run_program(mut command: Command, args: &[&str], deadline: Duration) -> Output {
+    let mut child = command
         .args(args)
-        .env("SPILLWAY_LOG", "warn")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -42,7 +54,7 @@ fn run(args: &[&str], deadline: Duration) -> Output {
     let Some(status) = spillway_testkit::wait_exit(&mut child, deadline) else {
         let _ = child.kill();
         let _ = child.wait();
-        panic!("spillway {args:?} still running after {deadline:?}");
+        panic!("{command:?} still running after {deadline:?}");
     };
     Output {
         status,
@@ -376,4 +388,212 @@ fn bad_rollout_staged_halts_and_recovers_while_replace_keeps_failing() {
         n(&replace, "rollout", "failed") > 2 * n(&staged, "rollout", "failed").max(1),
         "{table}"
     );
+}
+
+/// `--out DIR` on a short retry storm (both modes): an SVG per mode, well-formed and naming
+/// every series and phase, and an index.html that shows each of them. Opened in headless
+/// Chromium, the page renders: its screenshot is not blank, and every picture loaded with a
+/// size.
+#[test]
+fn retry_storm_out_draws_a_picture_per_mode_and_a_page_chromium_renders() {
+    let dir = std::env::temp_dir().join(format!("spillway-replay-out-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let out = dir.to_str().unwrap().to_owned();
+    let args = [
+        "replay",
+        "retry-storm",
+        "--steady",
+        "1s",
+        "--fault",
+        "1s",
+        "--outage",
+        "1s",
+        "--recovery",
+        "1s",
+        "--rate",
+        "20",
+        "--out",
+        &out,
+    ];
+    let (report, table) = replay_json(&args, "pictures", RUN_DEADLINE);
+    run_of(&report, "protected");
+    run_of(&report, "naive");
+
+    let html = std::fs::read_to_string(dir.join("index.html")).expect("index.html");
+    let mut svgs: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|name| name.ends_with(".svg"))
+        .collect();
+    svgs.sort();
+    assert_eq!(svgs, ["naive.svg", "protected.svg"]);
+    for name in &svgs {
+        assert!(
+            html.contains(&format!("src=\"{name}\"")),
+            "{name} not on the page"
+        );
+        check_svg(&std::fs::read_to_string(dir.join(name)).unwrap(), name);
+    }
+    assert_eq!(html.matches("<img ").count(), svgs.len(), "{html}");
+    assert!(html.contains("<pre>"), "the table is on the page: {html}");
+    assert!(html.contains("fault") && table.contains("fault"));
+
+    let Some(chromium) = chromium() else {
+        let required = std::env::var("SPILLWAY_REQUIRE_CHROMIUM").is_ok_and(|v| v == "1");
+        assert!(
+            !required,
+            "SPILLWAY_REQUIRE_CHROMIUM=1 but no chromium on PATH"
+        );
+        eprintln!("skipping the page's rendering check: no chromium on PATH");
+        return;
+    };
+    let shot = dir.join("screenshot.png");
+    let page = format!("file://{}", dir.join("index.html").display());
+    chromium_run(
+        &chromium,
+        &dir,
+        &[&format!("--screenshot={}", shot.display()), &page],
+    );
+    check_not_blank(&std::fs::read(&shot).expect("a screenshot"));
+
+    // The same page with a script that reports every image's state once the page has loaded.
+    let probe = html.replace("</body>", &format!("{IMAGE_PROBE}</body>"));
+    std::fs::write(dir.join("probe.html"), probe).unwrap();
+    let probe = format!("file://{}", dir.join("probe.html").display());
+    let dom = chromium_run(
+        &chromium,
+        &dir,
+        &["--virtual-time-budget=10000", "--dump-dom", &probe],
+    );
+    let dom = String::from_utf8_lossy(&dom.stdout);
+    let report = dom
+        .split_once("id=\"image-probe\">")
+        .and_then(|(_, rest)| rest.split_once('<'))
+        .map(|(report, _)| report)
+        .unwrap_or_else(|| panic!("no image report in the page: {dom}"));
+    assert!(report.starts_with("images=2 broken= "), "{report}");
+    let sizes = report.split_once("sizes=").unwrap().1.trim();
+    for size in sizes.split(',') {
+        let (w, h) = size.split_once('x').unwrap();
+        let (w, h): (u32, u32) = (w.parse().unwrap(), h.parse().unwrap());
+        assert!(w >= 400 && h >= 400, "a picture shown at {w}x{h}: {report}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Reports, on load, how many images the page has, which did not load, and each one's size on
+/// the page, in an element the DOM dump shows.
+const IMAGE_PROBE: &str = "<script>window.addEventListener('load', () => {\
+  const images = Array.from(document.images);\
+  const broken = images.filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.getAttribute('src'));\
+  const sizes = images.map(i => { const r = i.getBoundingClientRect(); return Math.round(r.width) + 'x' + Math.round(r.height); });\
+  const p = document.createElement('p'); p.id = 'image-probe';\
+  p.textContent = 'images=' + images.length + ' broken=' + broken.join(',') + ' sizes=' + sizes.join(',');\
+  document.body.appendChild(p);\
+});</script>";
+
+/// A picture is well-formed XML, names every series and phase, and draws lines through a point
+/// per time bucket.
+fn check_svg(svg: &str, name: &str) {
+    let doc = roxmltree::Document::parse(svg).unwrap_or_else(|e| panic!("{name}: {e}"));
+    assert_eq!(doc.root_element().tag_name().name(), "svg", "{name}");
+    let texts: Vec<&str> = doc
+        .descendants()
+        .filter(|n| n.has_tag_name("text"))
+        .filter_map(|n| n.text().map(str::trim))
+        .collect();
+    for expected in [
+        "offered (new requests)",
+        "client requests (resends included)",
+        "upstream attempts",
+        "successes (2xx to callers)",
+        "shed by the gateway",
+        "gateway RSS",
+        "store queries (gateway)",
+        "steady",
+        "fault",
+        "outage",
+        "recovery",
+        "requests/s (log scale, 0 on the floor)",
+        "gateway RSS (MiB)",
+        "store queries/s",
+        "seconds since the first phase started",
+    ] {
+        assert!(
+            texts.contains(&expected),
+            "{name}: no {expected:?} in {texts:?}"
+        );
+    }
+    // 4 s of phases in 250 ms buckets: every series is a line of a dozen points or more.
+    let lines = doc
+        .descendants()
+        .filter(|n| n.has_tag_name("polyline"))
+        .filter(|n| {
+            n.attribute("points")
+                .unwrap_or("")
+                .split_whitespace()
+                .count()
+                >= 12
+        })
+        .count();
+    assert!(lines >= 7, "{name}: {lines} lines of 12 points or more");
+}
+
+/// A screenshot of a rendered page: a PNG of the window's size with text and pictures on it,
+/// not one colour (a page that failed to render is white from edge to edge).
+fn check_not_blank(png_bytes: &[u8]) {
+    let decoder = png::Decoder::new(std::io::Cursor::new(png_bytes));
+    let mut reader = decoder.read_info().expect("a PNG");
+    let mut pixels = vec![0; reader.output_buffer_size()];
+    let info = reader.next_frame(&mut pixels).expect("a frame");
+    assert_eq!((info.width, info.height), (1400, 2000));
+    let channels = info.color_type.samples();
+    let pixels = &pixels[..info.buffer_size()];
+    let mut colours = std::collections::HashSet::new();
+    let mut inked = 0_usize;
+    for px in pixels.chunks(channels) {
+        colours.insert(px[..3.min(channels)].to_vec());
+        inked += usize::from(px.iter().take(3).any(|&c| c < 200));
+    }
+    let share = inked as f64 / (pixels.len() / channels) as f64;
+    assert!(
+        colours.len() >= 32,
+        "{} colours in the screenshot",
+        colours.len()
+    );
+    assert!(
+        share >= 0.01,
+        "{:.2} % of the screenshot inked",
+        share * 100.0
+    );
+}
+
+/// Debian's headless Chromium, if it is on PATH.
+fn chromium() -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .flat_map(|dir| ["chromium", "chromium-browser"].map(|name| dir.join(name)))
+        .find(|candidate| candidate.is_file())
+}
+
+/// Runs headless Chromium with `args` and a profile of its own in `dir`, and asserts it
+/// succeeded. `--no-sandbox`: CI runs as root, where Chromium's sandbox will not start.
+fn chromium_run(chromium: &PathBuf, dir: &std::path::Path, args: &[&str]) -> Output {
+    let profile = format!("--user-data-dir={}", dir.join("chromium-profile").display());
+    let mut all = vec![
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--hide-scrollbars",
+        "--window-size=1400,2000",
+        &profile,
+    ];
+    all.extend_from_slice(args);
+    let out = run_program(Command::new(chromium), &all, Duration::from_secs(90));
+    assert!(
+        out.status.success(),
+        "chromium {all:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
 }

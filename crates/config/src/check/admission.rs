@@ -73,9 +73,21 @@ pub(super) fn check_admission(
         p,
     ) as u32;
     if let Some(url) = &raw.redis {
-        if !url.starts_with("redis://") && !url.starts_with("rediss://") {
+        if !super::metadata::REDIS_URL_SCHEMES
+            .iter()
+            .any(|k| url.starts_with(k))
+        {
             p.add("admission.redis", "must start with redis:// or rediss://");
         }
+    }
+    if raw.redis.is_some() && raw.redis_env.is_some() {
+        p.add(
+            "admission.redis",
+            "give admission.redis or admission.redis_env, not both",
+        );
+    }
+    if let Some(var) = &raw.redis_env {
+        super::check_env_name(var, "admission.redis_env", p);
     }
     let redis_timeout = raw.redis_timeout.unwrap_or(Duration::from_millis(50));
     if redis_timeout.is_zero() {
@@ -90,6 +102,7 @@ pub(super) fn check_admission(
         max_queued_per_tenant: max_queued_per_tenant.min(max_queued) as usize,
         queue_wait: queue_wait.min(Duration::from_secs(600)),
         redis: raw.redis,
+        redis_env: raw.redis_env,
         redis_timeout: redis_timeout.max(Duration::from_millis(1)),
         instances,
         naive: raw.naive.unwrap_or(false),

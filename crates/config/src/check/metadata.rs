@@ -21,10 +21,29 @@ fn nonzero(d: Option<Duration>, default: Duration, at: &str, p: &mut Problems) -
     d
 }
 
+/// What a store URL may start with.
+pub const STORE_URL_SCHEMES: [&str; 3] = ["sqlite:", "postgres://", "postgresql://"];
+/// What a Redis URL may start with.
+pub const REDIS_URL_SCHEMES: [&str; 2] = ["redis://", "rediss://"];
+
+/// A URL given in the file or by an environment variable (`{key}_env`), never both.
+fn url_or_env(url: &Option<String>, env: &Option<String>, at: &str, p: &mut Problems) {
+    if url.is_some() && env.is_some() {
+        p.add(at, format!("give {at} or {at}_env, not both"));
+    }
+    if let Some(var) = env {
+        super::check_env_name(var, &format!("{at}_env"), p);
+    }
+}
+
 pub(super) fn check_store(raw: RawStore, p: &mut Problems) -> StoreConfig {
-    let url = raw.url.unwrap_or_else(|| DEFAULT_STORE_URL.to_owned());
-    let known = ["sqlite:", "postgres://", "postgresql://"];
-    if !known.iter().any(|k| url.starts_with(k)) {
+    url_or_env(&raw.url, &raw.url_env, "store.url", p);
+    let url = match (&raw.url, &raw.url_env) {
+        (_, Some(_)) => String::new(),
+        (Some(url), None) => url.clone(),
+        (None, None) => DEFAULT_STORE_URL.to_owned(),
+    };
+    if raw.url_env.is_none() && !STORE_URL_SCHEMES.iter().any(|k| url.starts_with(k)) {
         p.add(
             "store.url",
             "must start with sqlite:, postgres:// or postgresql://",
@@ -39,6 +58,7 @@ pub(super) fn check_store(raw: RawStore, p: &mut Problems) -> StoreConfig {
     }
     StoreConfig {
         url,
+        url_env: raw.url_env,
         max_connections: max_connections.clamp(1, 1000),
         acquire_timeout: nonzero(
             raw.acquire_timeout,
@@ -67,10 +87,11 @@ pub(super) fn check_cache(raw: RawCache, p: &mut Problems) -> CacheConfig {
         v
     };
     if let Some(url) = &raw.redis {
-        if !url.starts_with("redis://") && !url.starts_with("rediss://") {
+        if !REDIS_URL_SCHEMES.iter().any(|k| url.starts_with(k)) {
             p.add("cache.redis", "must start with redis:// or rediss://");
         }
     }
+    url_or_env(&raw.redis, &raw.redis_env, "cache.redis", p);
     let ttl = nonzero(raw.ttl, d.ttl, "cache.ttl", p);
     let naive = raw.naive.unwrap_or(d.naive);
     let c = CacheConfig {
@@ -95,6 +116,7 @@ pub(super) fn check_cache(raw: RawCache, p: &mut Problems) -> CacheConfig {
         load_wait: nonzero(raw.load_wait, d.load_wait, "cache.load_wait", p),
         load_timeout: nonzero(raw.load_timeout, d.load_timeout, "cache.load_timeout", p),
         redis: raw.redis,
+        redis_env: raw.redis_env,
         redis_timeout: nonzero(raw.redis_timeout, d.redis_timeout, "cache.redis_timeout", p),
         snapshot: raw.snapshot.map(PathBuf::from),
         warm_batch: count(
@@ -123,6 +145,7 @@ fn without_protections(c: CacheConfig) -> CacheConfig {
     CacheConfig {
         flush_spread: Duration::ZERO,
         redis: None,
+        redis_env: None,
         ..c
     }
 }

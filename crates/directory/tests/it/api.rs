@@ -21,6 +21,7 @@ async fn the_interface_the_proxy_uses_holds() {
         load_wait: Duration::from_millis(100),
         load_timeout: Duration::from_secs(2),
         redis: None,
+        redis_env: None,
         redis_timeout: Duration::from_millis(50),
         snapshot: None,
         warm_batch: 1000,

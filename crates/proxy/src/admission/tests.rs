@@ -10,6 +10,7 @@ fn config(max_in_flight: usize) -> AdmissionConfig {
         max_queued_per_tenant: 4,
         queue_wait: Duration::from_secs(1),
         redis: None,
+        redis_env: None,
         redis_timeout: Duration::from_millis(50),
         instances: 1,
         naive: false,

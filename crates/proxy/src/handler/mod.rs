@@ -138,15 +138,12 @@ fn not_relayed(
 ) {
     let (status, code) = (e.status().as_u16(), e.parts().2);
     trace.refused(status, code);
-    crate::genai::Served {
-        operation: crate::genai::operation(endpoint),
-        model: &labels.model,
-        duration: crate::clock::since(started),
-        error: Some(crate::genai::status_error(status)),
-        first_byte: None,
-        tokens: None,
-    }
-    .record();
+    crate::genai::failed(
+        crate::genai::operation(endpoint),
+        &labels.model,
+        crate::genai::status_error(status),
+        crate::clock::since(started),
+    );
 }
 
 fn refused(e: ApiError, dialect: Dialect) -> Response {

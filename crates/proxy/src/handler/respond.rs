@@ -19,7 +19,7 @@ use crate::endpoint::{Endpoint, Surface};
 use crate::gateway::Gateway;
 use crate::homes::{Home, Homes, IdScanner};
 use crate::live::Live;
-use crate::pool::Backend;
+use crate::pool::{Backend, ModelPool};
 use crate::relay::{BodyEnd, EndObserver, RelayBody};
 use crate::rollout::RolloutCell;
 use crate::trace::{self, fields::Fields, CallTrace};
@@ -96,8 +96,8 @@ where
         started: call.started,
         status: head.status.as_u16(),
         sse,
-        operation: crate::genai::operation(call.endpoint),
-        model: call.pool.name.clone(),
+        endpoint: call.endpoint,
+        pool: call.pool.clone(),
         first_byte: None,
         usage: UsageScanner::new(sse),
         ticket: ticket.relayed(sse),
@@ -132,9 +132,9 @@ struct Finish {
     started: Instant,
     status: u16,
     sse: bool,
-    /// `gen_ai.operation.name` and the call's model, for the GenAI metrics.
-    operation: &'static str,
-    model: Arc<str>,
+    /// The call's endpoint and own model, for the GenAI metrics.
+    endpoint: Endpoint,
+    pool: Arc<ModelPool>,
     /// Since the call arrived, when the first byte of the body came.
     first_byte: Option<Duration>,
     /// The usage the backend reports in the body.
@@ -196,15 +196,13 @@ impl EndObserver for Finish {
         self.ticket.ended(end == BodyEnd::Complete, usage);
         let error = broken
             .or_else(|| (self.status >= 400).then(|| crate::genai::status_error(self.status)));
-        crate::genai::Served {
-            operation: self.operation,
-            model: &self.model,
+        let served = crate::genai::Served {
             duration,
             error,
             first_byte: self.first_byte.filter(|_| self.sse),
             tokens: usage.map(|u| (u.prompt_tokens, u.completion_tokens)),
-        }
-        .record();
+        };
+        self.pool.genai.record(self.endpoint, &served);
         let answer = trace::Answer {
             status: self.status,
             usage,

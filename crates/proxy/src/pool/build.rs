@@ -263,6 +263,7 @@ fn pool(
     let m = &recipe.model;
     ModelPool {
         metrics: PoolMetrics::new(&name),
+        genai: crate::genai::GenAiSeries::new(&name),
         name,
         backends,
         budget: Mutex::new(budget),

@@ -367,6 +367,8 @@ pub struct ModelPool {
     pub max_ejected_share: f64,
     pub panic_threshold: f64,
     pub metrics: PoolMetrics,
+    /// Its GenAI histograms.
+    pub(crate) genai: crate::genai::GenAiSeries,
     /// Woken whenever a backend of this pool frees a unit of concurrency.
     freed: Arc<Freed>,
     pub balance: spillway_config::BalanceConfig,

@@ -57,6 +57,12 @@ pub struct CacheFlushArgs {
     /// Also write the raw figures to FILE as JSON.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
+    /// Also draw the run into DIR (created if missing): an SVG timeline per mode (offered
+    /// load, upstream attempts, successes, shed, gateway RSS and store queries on one time axis,
+    /// the phases marked) and index.html, which shows them side by side with the table and
+    /// opens from the disk.
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
 }
 
 /// A checked `cache-flush` invocation.
@@ -71,6 +77,8 @@ pub(crate) struct FlushPlan {
     pub(crate) phases: [Duration; 6],
     #[serde(skip)]
     pub(crate) json: Option<PathBuf>,
+    #[serde(skip)]
+    pub(crate) out: Option<PathBuf>,
 }
 
 const MAX_KEYS: u32 = 1_000_000;
@@ -118,6 +126,7 @@ impl CacheFlushArgs {
             rate: self.rate,
             phases,
             json: self.json.clone(),
+            out: self.out.clone(),
         })
     }
 }

@@ -47,6 +47,7 @@ use crate::load::{self, Target};
 use crate::plan::{LoadPlan, Mode};
 use crate::scratch::Scratch;
 use crate::tally::{Schedule, Tally};
+use crate::timeline::{GatewayReading, Recording, StoreCount, Timeline};
 
 pub use args::CacheFlushArgs;
 use args::{FlushPlan, PHASES};
@@ -115,6 +116,7 @@ struct CacheFlush {
 }
 
 impl Incident for CacheFlush {
+    const SCENARIO: &'static str = "cache-flush";
     type Run = RunReport;
     type Report = FlushReport;
 
@@ -126,7 +128,11 @@ impl Incident for CacheFlush {
         self.plan.json.as_ref()
     }
 
-    async fn run_mode(&self, mode: Mode) -> Result<RunReport, ReplayError> {
+    fn out(&self) -> Option<&PathBuf> {
+        self.plan.out.as_ref()
+    }
+
+    async fn run_mode(&self, mode: Mode) -> Result<(RunReport, Timeline), ReplayError> {
         run_mode(&self.plan, mode, &self.keyring, &self.link).await
     }
 
@@ -150,7 +156,7 @@ async fn run_mode(
     mode: Mode,
     keyring: &Keyring,
     link: &StoreLink,
-) -> Result<RunReport, ReplayError> {
+) -> Result<(RunReport, Timeline), ReplayError> {
     link.restore()
         .await
         .map_err(|e| ReplayError::Store(format!("cannot reopen the store link: {e}")))?;
@@ -195,9 +201,19 @@ async fn drive(
     gateway: &Arc<Gateway>,
     control: &HttpClient,
     token: &str,
-) -> Result<RunReport, ReplayError> {
+) -> Result<(RunReport, Timeline), ReplayError> {
     let schedule = Schedule::new(Instant::now(), &plan.phases);
     let tally = Arc::new(Tally::new(&schedule));
+    // The link's count, not the gateway's: it includes every process's statements, restarts
+    // and warm-ups too, and is the figure the table reports.
+    let reading = plan.out.as_ref().map(|_| GatewayReading {
+        admin: gateway.admin,
+        store: StoreCount::Counted {
+            what: "store statements (on the wire)",
+            read: link.statement_counter(),
+        },
+    });
+    let recording = Recording::start(mode, &PHASES, schedule, reading);
     let target = Arc::new(Target::chat(
         uri(gateway.api, "/v1/chat/completions"),
         &keyring.keys,
@@ -263,6 +279,7 @@ async fn drive(
     let (marks, drained) = tokio::try_join!(phases, async { Ok(load.await) })?;
     supervisor.stop().await;
     let livez = livez.stop().await;
+    let timeline = recording.finish(&[&tally]).await;
     let mut report = RunReport::completed(
         mode,
         &plan.phases,
@@ -272,7 +289,7 @@ async fn drive(
         drained,
     );
     report.events_failed = missed;
-    Ok(report)
+    Ok((report, timeline))
 }
 
 /// `POST /admin/cache/flush` with the admin token.

@@ -80,6 +80,12 @@ impl StoreLink {
         self.counts.statements.load(Ordering::Relaxed)
     }
 
+    /// [`StoreLink::statements`] as a reader of its own, for a task that outlives a borrow.
+    pub(crate) fn statement_counter(&self) -> Arc<dyn Fn() -> u64 + Send + Sync> {
+        let counts = Arc::clone(&self.counts);
+        Arc::new(move || counts.statements.load(Ordering::Relaxed))
+    }
+
     /// Connections accepted since start.
     pub(crate) fn connections(&self) -> u64 {
         self.counts.connections.load(Ordering::Relaxed)

@@ -36,6 +36,12 @@ pub struct NoisyNeighborArgs {
     /// Also write the raw figures to FILE as JSON.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
+    /// Also draw the run into DIR (created if missing): an SVG timeline per mode (offered
+    /// load, upstream attempts, successes, shed, gateway RSS and store queries on one time axis,
+    /// the phases marked) and index.html, which shows them side by side with the table and
+    /// opens from the disk.
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
 }
 
 /// A checked `noisy-neighbor` invocation.
@@ -46,6 +52,7 @@ pub(crate) struct NeighborPlan {
     pub(crate) flood_limit: u32,
     pub(crate) quiet_rate: f64,
     pub(crate) json: Option<PathBuf>,
+    pub(crate) out: Option<PathBuf>,
 }
 
 impl NoisyNeighborArgs {
@@ -77,6 +84,7 @@ impl NoisyNeighborArgs {
             flood_limit: self.flood_limit,
             quiet_rate: self.quiet_rate,
             json: self.json.clone(),
+            out: self.out.clone(),
         })
     }
 }

@@ -30,6 +30,7 @@ use crate::ready::{self, START_DEADLINE};
 use crate::rss::RssSampler;
 use crate::scratch::Scratch;
 use crate::tally::{Schedule, Tally};
+use crate::timeline::{GatewayReading, Recording, StoreCount, Timeline};
 
 pub use args::NoisyNeighborArgs;
 use args::{NeighborPlan, PHASES};
@@ -71,6 +72,7 @@ pub(crate) fn replay(
 }
 
 impl Incident for NeighborPlan {
+    const SCENARIO: &'static str = "noisy-neighbor";
     type Run = RunReport;
     type Report = NeighborReport;
 
@@ -82,7 +84,11 @@ impl Incident for NeighborPlan {
         self.json.as_ref()
     }
 
-    async fn run_mode(&self, mode: Mode) -> Result<RunReport, ReplayError> {
+    fn out(&self) -> Option<&PathBuf> {
+        self.out.as_ref()
+    }
+
+    async fn run_mode(&self, mode: Mode) -> Result<(RunReport, Timeline), ReplayError> {
         run_mode(self, mode).await
     }
 
@@ -95,7 +101,7 @@ impl Incident for NeighborPlan {
     }
 }
 
-async fn run_mode(plan: &NeighborPlan, mode: Mode) -> Result<RunReport, ReplayError> {
+async fn run_mode(plan: &NeighborPlan, mode: Mode) -> Result<(RunReport, Timeline), ReplayError> {
     say(mode, "starting a mock backend and the gateway");
     let (mock, mock_addrs) =
         ChildProcess::start("mock backend", &mock_args(), &[], START_DEADLINE).await?;
@@ -141,7 +147,7 @@ async fn drive(
     (api, admin): (std::net::SocketAddr, std::net::SocketAddr),
     pid: u32,
     (flood_key, quiet_key): (&str, &str),
-) -> RunReport {
+) -> (RunReport, Timeline) {
     let schedule = Schedule::new(Instant::now(), &plan.phases);
     // The gateway's metrics at the start and at the end of each phase, for queue waits.
     let pages = tokio::spawn(async move {
@@ -182,6 +188,11 @@ async fn drive(
         Arc::new(Tally::new(&schedule)),
     );
     let rss = RssSampler::start(pid, schedule);
+    let gateway = plan.out.as_ref().map(|_| GatewayReading {
+        admin,
+        store: StoreCount::Gateway,
+    });
+    let recording = Recording::start(mode, &PHASES, schedule, gateway);
     say(
         mode,
         &format!(
@@ -195,15 +206,17 @@ async fn drive(
         load::offer(quiet_plan, target(quiet_key), schedule, quiet.clone()),
     );
     let rss = rss.stop().await;
+    let timeline = recording.finish(&[&flood, &quiet]).await;
     let pages = pages.await.unwrap_or_default();
-    RunReport::completed(
+    let report = RunReport::completed(
         mode,
         &plan.phases,
         [&flood.snapshot(), &quiet.snapshot()],
         &pages,
         &rss,
         flood_drained.in_flight_at_end + quiet_drained.in_flight_at_end,
-    )
+    );
+    (report, timeline)
 }
 
 /// The gateway's `/metrics` page, or nothing if it does not answer.
@@ -258,6 +271,7 @@ mod tests {
             flood_limit: 120,
             quiet_rate: 5.0,
             json: None,
+            out: None,
         };
         let addr = "127.0.0.1:9".parse().unwrap();
         let protected = gateway_config(Mode::Protected, &plan, addr);

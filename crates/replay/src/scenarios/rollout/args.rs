@@ -40,6 +40,12 @@ pub struct BadRolloutArgs {
     /// Also write the raw figures to FILE as JSON.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
+    /// Also draw the run into DIR (created if missing): an SVG timeline per mode (offered
+    /// load, upstream attempts, successes, shed, gateway RSS and store queries on one time axis,
+    /// the phases marked) and index.html, which shows them side by side with the table and
+    /// opens from the disk.
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
 }
 
 /// A checked `bad-rollout` invocation.
@@ -52,6 +58,7 @@ pub(crate) struct BadRolloutPlan {
     pub(crate) tools_share: f64,
     pub(crate) regions: usize,
     pub(crate) json: Option<PathBuf>,
+    pub(crate) out: Option<PathBuf>,
 }
 
 /// Bounds that keep a replay a bounded experiment on a small machine: each region is two
@@ -107,6 +114,7 @@ impl BadRolloutArgs {
             tools_share: self.tools_share,
             regions: self.regions,
             json: self.json.clone(),
+            out: self.out.clone(),
         })
     }
 }

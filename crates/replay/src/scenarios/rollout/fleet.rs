@@ -85,7 +85,8 @@ pub(crate) struct Fleet {
     old: Vec<Backend>,
     new: Vec<Backend>,
     pub(crate) gateway_addr: SocketAddr,
-    admin_addr: SocketAddr,
+    /// The gateway's admin listener, where its `/metrics` is.
+    pub(crate) admin_addr: SocketAddr,
     pub(crate) gateway_pid: u32,
     /// The tenant key the client presents.
     pub(crate) key: String,
@@ -416,6 +417,7 @@ mod tests {
             tools_share,
             regions,
             json: None,
+            out: None,
         };
         assert_eq!(slots(&plan(40.0, 3, 0.3)), (64, 2));
         assert_eq!(slots(&plan(40.0, 7, 0.3)), (64, 1));

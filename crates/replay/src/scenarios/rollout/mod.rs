@@ -34,6 +34,7 @@ use crate::incident::{self, say, Incident};
 use crate::load::{self, Target};
 use crate::plan::Mode;
 use crate::tally::{Schedule, Tally};
+use crate::timeline::{GatewayReading, Recording, StoreCount, Timeline};
 
 pub use args::BadRolloutArgs;
 use args::{BadRolloutPlan, PHASES};
@@ -50,6 +51,7 @@ pub(crate) fn replay(
 }
 
 impl Incident for BadRolloutPlan {
+    const SCENARIO: &'static str = "bad-rollout";
     type Run = RunReport;
     type Report = BadRolloutReport;
 
@@ -61,7 +63,11 @@ impl Incident for BadRolloutPlan {
         self.json.as_ref()
     }
 
-    async fn run_mode(&self, mode: Mode) -> Result<RunReport, ReplayError> {
+    fn out(&self) -> Option<&PathBuf> {
+        self.out.as_ref()
+    }
+
+    async fn run_mode(&self, mode: Mode) -> Result<(RunReport, Timeline), ReplayError> {
         run_mode(self, mode).await
     }
 
@@ -74,7 +80,7 @@ impl Incident for BadRolloutPlan {
     }
 }
 
-async fn run_mode(plan: &BadRolloutPlan, mode: Mode) -> Result<RunReport, ReplayError> {
+async fn run_mode(plan: &BadRolloutPlan, mode: Mode) -> Result<(RunReport, Timeline), ReplayError> {
     say(
         mode,
         &format!(
@@ -104,10 +110,15 @@ async fn drive(
     mode: Mode,
     fleet: &Fleet,
     control: &HttpClient,
-) -> Result<RunReport, ReplayError> {
+) -> Result<(RunReport, Timeline), ReplayError> {
     let before = fleet.new_counters(control).await?;
     let schedule = Schedule::new(Instant::now(), &plan.phases);
     let tally = Arc::new(Tally::new(&schedule));
+    let gateway = plan.out.as_ref().map(|_| GatewayReading {
+        admin: fleet.admin_addr,
+        store: StoreCount::Gateway,
+    });
+    let recording = Recording::start(mode, &PHASES, schedule, gateway);
     let mut with_feature = load::chat_body(MODEL);
     with_feature[FEATURE] = json!([{
         "type": "function",
@@ -144,13 +155,15 @@ async fn drive(
         Ok::<_, ReplayError>((counters?, watched))
     };
     let ((counters, watched), drained) = tokio::try_join!(phases, async { Ok(load.await) })?;
-    Ok(RunReport::completed(
+    let timeline = recording.finish(&[&tally]).await;
+    let report = RunReport::completed(
         mode,
         &tally.snapshot(),
         &counters,
         watched,
         drained.in_flight_at_end,
-    ))
+    );
+    Ok((report, timeline))
 }
 
 /// A progress line at the start of phase `i`, if there is one.

@@ -52,6 +52,12 @@ pub struct RetryStormArgs {
     /// Also write the raw figures to FILE as JSON.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
+    /// Also draw the run into DIR (created if missing): an SVG timeline per mode (offered
+    /// load, upstream attempts, successes, shed, gateway RSS and store queries on one time axis,
+    /// the phases marked) and index.html, which shows them side by side with the table and
+    /// opens from the disk.
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
 }
 
 /// A checked `retry-storm` invocation.
@@ -62,6 +68,7 @@ pub(crate) struct StormPlan {
     pub(crate) phases: [Duration; 4],
     pub(crate) load: LoadPlan,
     pub(crate) json: Option<PathBuf>,
+    pub(crate) out: Option<PathBuf>,
 }
 
 /// Bounds that keep a replay a bounded experiment on a small machine.
@@ -123,6 +130,7 @@ impl RetryStormArgs {
                 attempt_timeout,
             },
             json: self.json.clone(),
+            out: self.out.clone(),
         })
     }
 }

@@ -65,6 +65,8 @@ pub(crate) struct Backend {
 pub(crate) struct Fleet {
     pub(crate) backends: Vec<Backend>,
     pub(crate) gateway_addr: SocketAddr,
+    /// The gateway's admin listener, where its `/metrics` is.
+    pub(crate) admin_addr: SocketAddr,
     pub(crate) gateway_pid: u32,
     /// The tenant key the client presents.
     pub(crate) key: String,
@@ -116,6 +118,7 @@ impl Fleet {
         Ok(Fleet {
             backends,
             gateway_addr,
+            admin_addr: gateway_addrs.get(1).copied().unwrap_or(gateway_addr),
             gateway_pid: gateway.pid(),
             key,
             gateway,

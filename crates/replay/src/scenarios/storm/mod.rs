@@ -23,6 +23,7 @@ use crate::load::{self, Target};
 use crate::plan::Mode;
 use crate::rss::RssSampler;
 use crate::tally::{Schedule, Tally};
+use crate::timeline::{GatewayReading, Recording, StoreCount, Timeline};
 pub use args::RetryStormArgs;
 use args::{StormPlan, PHASES};
 use fleet::{Fleet, MODEL};
@@ -38,6 +39,7 @@ pub(crate) fn replay(
 }
 
 impl Incident for StormPlan {
+    const SCENARIO: &'static str = "retry-storm";
     type Run = RunReport;
     type Report = Report;
 
@@ -49,7 +51,11 @@ impl Incident for StormPlan {
         self.json.as_ref()
     }
 
-    async fn run_mode(&self, mode: Mode) -> Result<RunReport, ReplayError> {
+    fn out(&self) -> Option<&PathBuf> {
+        self.out.as_ref()
+    }
+
+    async fn run_mode(&self, mode: Mode) -> Result<(RunReport, Timeline), ReplayError> {
         run_mode(self, mode).await
     }
 
@@ -62,7 +68,7 @@ impl Incident for StormPlan {
     }
 }
 
-async fn run_mode(plan: &StormPlan, mode: Mode) -> Result<RunReport, ReplayError> {
+async fn run_mode(plan: &StormPlan, mode: Mode) -> Result<(RunReport, Timeline), ReplayError> {
     say(
         mode,
         "starting mock backends a1, a2 (region-a), b1 (region-b) and the gateway",
@@ -88,11 +94,16 @@ async fn drive(
     mode: Mode,
     fleet: &Fleet,
     control: &HttpClient,
-) -> Result<RunReport, ReplayError> {
+) -> Result<(RunReport, Timeline), ReplayError> {
     let before = fleet.received(control).await?;
     let schedule = Schedule::new(Instant::now(), &plan.phases);
     let tally = Arc::new(Tally::new(&schedule));
     let rss = RssSampler::start(fleet.gateway_pid, schedule);
+    let gateway = plan.out.as_ref().map(|_| GatewayReading {
+        admin: fleet.admin_addr,
+        store: StoreCount::Gateway,
+    });
+    let recording = Recording::start(mode, &PHASES, schedule, gateway);
     let target = Arc::new(Target::chat(
         uri(fleet.gateway_addr, "/v1/chat/completions"),
         std::slice::from_ref(&fleet.key),
@@ -154,8 +165,9 @@ async fn drive(
         );
     }
     let rss = rss.stop().await;
+    let timeline = recording.finish(&[&tally]).await;
     let backends: Vec<&'static str> = fleet.backends.iter().map(|b| b.name).collect();
-    Ok(RunReport::completed(
+    let report = RunReport::completed(
         mode,
         RunInputs {
             phases: plan.phases,
@@ -165,5 +177,6 @@ async fn drive(
             rss: &rss,
             drained,
         },
-    ))
+    );
+    Ok((report, timeline))
 }

@@ -318,22 +318,22 @@ mod tests {
                 attempt_timeout: Duration::from_secs(1),
             },
             json: None,
+            out: None,
         }
     }
 
     #[test]
     fn figures_divide_by_the_phase_and_leave_empty_ratios_out() {
-        let tally = Tally::new(&crate::tally::Schedule::new(
-            tokio::time::Instant::now(),
-            &plan().phases,
-        ));
+        let now = tokio::time::Instant::now();
+        let tally = Tally::new(&crate::tally::Schedule::new(now, &plan().phases));
         for _ in 0..4 {
-            tally.started(1);
+            tally.started(1, now);
         }
         for _ in 0..10 {
-            tally.attempt(1, Attempt::Status(StatusCode::INTERNAL_SERVER_ERROR));
+            let error = Attempt::Status(StatusCode::INTERNAL_SERVER_ERROR);
+            tally.attempt(1, error, now, now);
         }
-        tally.attempt(1, Attempt::Status(StatusCode::OK));
+        tally.attempt(1, Attempt::Status(StatusCode::OK), now, now);
         tally.ended(1, ChainEnd::Succeeded, Duration::from_millis(40));
         let slots = tally.snapshot();
         let received = vec![

@@ -143,44 +143,35 @@ impl Prometheus {
         p
     }
 
-    /// The result vector of an instant query.
-    pub async fn query(&self, promql: &str) -> Vec<serde_json::Value> {
-        let r: serde_json::Value = client()
-            .get(format!("{}/api/v1/query", self.url))
-            .query(&[("query", promql)])
+    /// The JSON answer of the API at `path` with `query`.
+    async fn api(&self, path: &str, query: &[(&str, &str)]) -> serde_json::Value {
+        client()
+            .get(format!("{}{path}", self.url))
+            .query(query)
             .send()
             .await
             .unwrap()
             .json()
             .await
-            .unwrap();
+            .unwrap()
+    }
+
+    /// The result vector of an instant query.
+    pub async fn query(&self, promql: &str) -> Vec<serde_json::Value> {
+        let r = self.api("/api/v1/query", &[("query", promql)]).await;
         assert_eq!(r["status"], "success", "query {promql}: {r}");
         r["data"]["result"].as_array().cloned().unwrap_or_default()
     }
 
     /// Every alert Prometheus holds (pending and firing).
     pub async fn alerts(&self) -> Vec<serde_json::Value> {
-        let r: serde_json::Value = client()
-            .get(format!("{}/api/v1/alerts", self.url))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let r = self.api("/api/v1/alerts", &[]).await;
         r["data"]["alerts"].as_array().cloned().unwrap_or_default()
     }
 
     /// Every rule of every group, with its `health` and `lastError`.
     pub async fn rules(&self) -> Vec<serde_json::Value> {
-        let r: serde_json::Value = client()
-            .get(format!("{}/api/v1/rules", self.url))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let r = self.api("/api/v1/rules", &[]).await;
         r["data"]["groups"]
             .as_array()
             .into_iter()

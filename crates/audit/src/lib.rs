@@ -12,6 +12,7 @@
 //! inputs are read once into [`Sources`] (`sources.rs`), with each spillway container paired
 //! with the config it runs (`pods.rs`).
 
+mod load;
 mod pods;
 mod quantity;
 mod report;

@@ -54,31 +54,6 @@ pub struct Sources {
 }
 
 impl Sources {
-    /// Reads `config` (if any) and the manifests: YAML files, or directories whose `*.yaml` and
-    /// `*.yml` files are read in name order.
-    pub fn load(config: Option<&Path>, manifests: &[PathBuf]) -> Result<Sources, AuditError> {
-        let mut sources = Sources::default();
-        if let Some(path) = config {
-            let file = path.display().to_string();
-            let text = read(path)?;
-            sources.configs.push(ConfigSource {
-                config: parse_config(&file, None, &text)?,
-                file,
-                object: None,
-                configmap: None,
-                key: None,
-            });
-        }
-        for path in manifests {
-            for file in manifest_files(path)? {
-                let text = read(&file)?;
-                sources.add_manifest(&file.display().to_string(), &text)?;
-            }
-        }
-        sources.read_configmaps()?;
-        Ok(sources)
-    }
-
     /// Adds the objects of one manifest's text (several documents, `List`s flattened).
     pub fn add_manifest(&mut self, file: &str, text: &str) -> Result<(), AuditError> {
         let docs = YamlLoader::load_from_str(text)
@@ -106,8 +81,11 @@ impl Sources {
 
     /// The configs held by ConfigMaps: a key `spillway.toml`, or any `*.toml` key of a ConfigMap
     /// that a spillway container's pod mounts.
-    fn read_configmaps(&mut self) -> Result<(), AuditError> {
-        let mounted = crate::pods::spillway_configmaps(self);
+    /// `mounted`: the ConfigMaps (name, namespace) that spillway pods mount.
+    pub(crate) fn read_configmaps(
+        &mut self,
+        mounted: &[(String, Option<String>)],
+    ) -> Result<(), AuditError> {
         let mut found = Vec::new();
         for o in self.objects.iter().filter(|o| o.kind == "ConfigMap") {
             let Some(data) = o.value.get("data").and_then(Value::as_object) else {
@@ -136,12 +114,12 @@ impl Sources {
     }
 }
 
-fn read(path: &Path) -> Result<String, AuditError> {
+pub(crate) fn read(path: &Path) -> Result<String, AuditError> {
     std::fs::read_to_string(path)
         .map_err(|e| AuditError::new(path.display().to_string(), format!("cannot read: {e}")))
 }
 
-fn manifest_files(path: &Path) -> Result<Vec<PathBuf>, AuditError> {
+pub(crate) fn manifest_files(path: &Path) -> Result<Vec<PathBuf>, AuditError> {
     if !path.is_dir() {
         return Ok(vec![path.to_owned()]);
     }
@@ -155,7 +133,7 @@ fn manifest_files(path: &Path) -> Result<Vec<PathBuf>, AuditError> {
     Ok(files)
 }
 
-fn parse_config(file: &str, at: Option<&str>, text: &str) -> Result<Config, AuditError> {
+pub(crate) fn parse_config(file: &str, at: Option<&str>, text: &str) -> Result<Config, AuditError> {
     let within = at.map(|a| format!("{a}: ")).unwrap_or_default();
     Config::from_toml(text).map_err(|e| {
         let why = match e {

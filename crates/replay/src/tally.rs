@@ -19,7 +19,7 @@ use http::StatusCode;
 use tokio::time::Instant;
 
 use crate::http::Failure;
-use crate::timeline::ClientCounts;
+use crate::timeline::buckets::ClientCounts;
 
 /// The most phases a schedule has.
 pub(crate) const MAX_PHASES: usize = 8;
@@ -169,7 +169,7 @@ impl Tally {
         Tally {
             counts: Mutex::new(Counts {
                 slots: (0..=schedule.drain()).map(|_| SlotTally::new()).collect(),
-                client: ClientCounts::new(schedule),
+                client: ClientCounts::new(schedule.start(), schedule.end()),
             }),
         }
     }

@@ -205,6 +205,38 @@ impl CounterTrack {
     }
 }
 
+/// The load client's own events per bucket.
+#[derive(Debug, Clone)]
+pub(crate) struct ClientCounts {
+    /// New requests offered: started or dropped.
+    pub(crate) offered: Buckets,
+    /// HTTP requests sent, resends included, when they were sent.
+    pub(crate) sent: Buckets,
+    /// 2xx answers, when they arrived.
+    pub(crate) succeeded: Buckets,
+}
+
+impl ClientCounts {
+    /// Counts for a run from `start` to `end`, in buckets of [`width_for`] its length.
+    pub(crate) fn new(start: Instant, end: Instant) -> ClientCounts {
+        let width = width_for(end - start);
+        let buckets = || Buckets::new(start, width);
+        ClientCounts {
+            offered: buckets(),
+            sent: buckets(),
+            succeeded: buckets(),
+        }
+    }
+
+    pub(super) fn merged(self, other: &ClientCounts) -> ClientCounts {
+        ClientCounts {
+            offered: self.offered.merged(&other.offered),
+            sent: self.sent.merged(&other.sent),
+            succeeded: self.succeeded.merged(&other.succeeded),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -12,7 +12,7 @@
 //! to its load alone, as before there were pictures); [`Recording::finish`] turns what they and the tallies saw into a
 //! [`Timeline`], which `pictures` draws.
 
-mod buckets;
+pub(crate) mod buckets;
 mod sampler;
 
 use std::net::SocketAddr;
@@ -21,45 +21,14 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 pub(crate) use buckets::width_for;
-use buckets::{Buckets, MAX_BUCKETS};
+pub(crate) use buckets::ClientCounts;
+use buckets::MAX_BUCKETS;
 pub(crate) use sampler::StoreCount;
 use sampler::{GatewaySampler, Sampled};
 
 use crate::plan::Mode;
 use crate::progress::Progress;
 use crate::tally::{Schedule, Tally};
-
-/// The load client's own events per bucket.
-#[derive(Debug, Clone)]
-pub(crate) struct ClientCounts {
-    /// New requests offered: started or dropped.
-    pub(crate) offered: Buckets,
-    /// HTTP requests sent, resends included, when they were sent.
-    pub(crate) sent: Buckets,
-    /// 2xx answers, when they arrived.
-    pub(crate) succeeded: Buckets,
-}
-
-impl ClientCounts {
-    /// Counts for a run on `schedule`, in buckets of [`width_for`] its length.
-    pub(crate) fn new(schedule: &Schedule) -> ClientCounts {
-        let width = width_for(schedule.end() - schedule.start());
-        let buckets = || Buckets::new(schedule.start(), width);
-        ClientCounts {
-            offered: buckets(),
-            sent: buckets(),
-            succeeded: buckets(),
-        }
-    }
-
-    fn merged(self, other: &ClientCounts) -> ClientCounts {
-        ClientCounts {
-            offered: self.offered.merged(&other.offered),
-            sent: self.sent.merged(&other.sent),
-            succeeded: self.succeeded.merged(&other.succeeded),
-        }
-    }
-}
 
 /// One line of a picture: a value per bucket, `None` where it is unknown.
 #[derive(Debug, Clone)]
@@ -178,7 +147,7 @@ impl Recording {
             .iter()
             .map(|t| t.client_counts())
             .reduce(|a, b| a.merged(&b))
-            .unwrap_or_else(|| ClientCounts::new(&schedule));
+            .unwrap_or_else(|| ClientCounts::new(schedule.start(), schedule.end()));
         let len = client
             .offered
             .index(stopped)

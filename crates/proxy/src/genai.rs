@@ -51,12 +51,23 @@ pub(crate) fn operation(endpoint: Endpoint) -> &'static str {
 
 /// `error.type` of an answer with `status`: the status code, as the conventions ask.
 pub(crate) fn status_error(status: u16) -> &'static str {
-    const NAMED: [&str; 13] = [
-        "400", "401", "403", "404", "408", "409", "413", "422", "429", "500", "502", "503", "504",
+    const NAMED: [(u16, &str); 13] = [
+        (400, "400"),
+        (401, "401"),
+        (403, "403"),
+        (404, "404"),
+        (408, "408"),
+        (409, "409"),
+        (413, "413"),
+        (422, "422"),
+        (429, "429"),
+        (500, "500"),
+        (502, "502"),
+        (503, "503"),
+        (504, "504"),
     ];
-    let code = status.to_string();
-    match NAMED.iter().find(|n| **n == code) {
-        Some(named) => named,
+    match NAMED.iter().find(|(code, _)| *code == status) {
+        Some((_, named)) => named,
         None if status < 500 => "4xx",
         None => "5xx",
     }
@@ -194,6 +205,13 @@ impl Served {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn error_type_is_the_status_or_its_class() {
+        assert_eq!(status_error(429), "429");
+        assert_eq!(status_error(418), "4xx");
+        assert_eq!(status_error(507), "5xx");
+    }
 
     #[test]
     fn time_per_output_token_is_what_follows_the_first_over_the_tokens_after_it() {

@@ -21,10 +21,10 @@ pub struct AdminArgs {
         env = "SPILLWAY_ADMIN_URL",
         default_value = "http://127.0.0.1:9090"
     )]
-    admin_url: String,
+    pub(crate) admin_url: String,
     /// The environment variable that holds the admin token.
     #[arg(long, value_name = "VAR", default_value = "SPILLWAY_ADMIN_TOKEN")]
-    token_env: String,
+    pub(crate) token_env: String,
 }
 
 #[derive(Subcommand)]

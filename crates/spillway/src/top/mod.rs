@@ -34,16 +34,9 @@ const MIN_INTERVAL: Duration = Duration::from_millis(100);
 
 #[derive(Args)]
 pub struct TopArgs {
-    /// The gateway's admin listener.
-    #[arg(
-        long,
-        env = "SPILLWAY_ADMIN_URL",
-        default_value = "http://127.0.0.1:9090"
-    )]
-    admin_url: String,
-    /// The environment variable that holds the admin token (sent when it is set).
-    #[arg(long, value_name = "VAR", default_value = "SPILLWAY_ADMIN_TOKEN")]
-    token_env: String,
+    /// The gateway's admin listener and its token (sent when the variable is set).
+    #[command(flatten)]
+    admin: crate::remote::AdminArgs,
     /// Time between refreshes, and between the two reads of --once (`2s`, `500ms`, or seconds).
     #[arg(long, default_value = "2s", value_parser = interval)]
     interval: Duration,
@@ -103,13 +96,13 @@ struct Reader {
 
 impl Reader {
     fn new(args: &TopArgs) -> anyhow::Result<Reader> {
-        let token = std::env::var(&args.token_env)
+        let token = std::env::var(&args.admin.token_env)
             .ok()
             .map(|t| t.trim().to_owned())
             .filter(|t| !t.is_empty());
         Ok(Reader {
-            url: args.admin_url.trim_end_matches('/').to_owned(),
-            token_env: args.token_env.clone(),
+            url: args.admin.admin_url.trim_end_matches('/').to_owned(),
+            token_env: args.admin.token_env.clone(),
             token,
             client: reqwest::Client::builder().timeout(TIMEOUT).build()?,
         })

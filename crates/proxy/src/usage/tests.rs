@@ -161,6 +161,18 @@ fn counts_that_are_not_integers_void_that_object_only() {
 }
 
 #[test]
+fn a_key_after_a_backslash_is_not_a_key() {
+    let body = br#"{"a":"x\"usage":{"prompt_tokens":1}}"#;
+    assert_eq!(scan_whole(false, body), None);
+    // Cut just after the backslash: the flag crosses the chunks.
+    let (a, b) = body.split_at(8);
+    assert_eq!(a.last(), Some(&b'\\'));
+    assert_eq!(scan(false, &[a, b]), None);
+    let sse = b"data: {\"a\":\"x\\\"usage\":{\"prompt_tokens\":1}}\n\n";
+    assert_eq!(scan_whole(true, sse), None);
+}
+
+#[test]
 fn the_last_usage_wins() {
     let body = br#"{"usage":{"prompt_tokens":1}} {"usage":{"prompt_tokens":2}}"#;
     assert_eq!(scan_whole(false, body), usage(2, 0, 2));
@@ -171,6 +183,8 @@ fn sse_reads_only_data_lines() {
     let body = b": \"usage\":{\"prompt_tokens\":99}\nevent: x \"usage\":{\"prompt_tokens\":98}\n\n\
                  data:{\"usage\":{\"prompt_tokens\":1}}\r\n\r\n";
     assert_eq!(scan_whole(true, body), usage(1, 0, 1));
+    let after = b"data: {\"usage\":{\"prompt_tokens\":1}}\n: {\"usage\":{\"prompt_tokens\":2}}\n\n";
+    assert_eq!(scan_whole(true, after), usage(1, 0, 1));
 }
 
 #[test]
@@ -219,6 +233,7 @@ fn jsonish() -> impl Strategy<Value = Vec<u8>> {
     let piece = prop_oneof![
         3 => proptest::collection::vec(byte, 1..8),
         1 => Just(br#""usage":{"#.to_vec()),
+        1 => Just(br#"\"usage":{"prompt_tokens":3}"#.to_vec()),
         1 => Just(br#""prompt_tokens":7}"#.to_vec()),
         1 => Just(b"\n\ndata: ".to_vec()),
     ];
@@ -234,6 +249,10 @@ proptest! {
     ) {
         let whole = scan_whole(sse, &body);
         prop_assert_eq!(scan(sse, &chunked(&body, cuts)), whole);
+        // The skips change nothing: the state machine alone gives the same answer.
+        let mut machine = UsageScanner::new(sse);
+        machine.feed_bytewise(&body);
+        prop_assert_eq!(machine.finish(), whole);
     }
 
     #[test]

@@ -81,8 +81,9 @@ impl UsageScanner {
     /// Looks at the next chunk of the body (chunks split anywhere, even inside a key or a number).
     ///
     /// The result is that of feeding the chunk a byte at a time (the tests hold it to that), but
-    /// the runs of bytes that cannot change the state are skipped with `memchr`: the JSON text
-    /// before the next `"usage"`, and SSE lines that are not data.
+    /// the runs of bytes that cannot change the state are found with `memchr`: the JSON text
+    /// before the next `"usage"` and SSE lines that are not data are skipped, and the plain
+    /// bytes of a `usage` object are copied whole.
     pub fn feed(&mut self, chunk: &[u8]) {
         if self.sse {
             self.feed_sse(chunk);
@@ -118,6 +119,28 @@ impl UsageScanner {
                         after_backslash: bytes[at - 1] == b'\\',
                     };
                     bytes = &bytes[at..];
+                    continue;
+                }
+            }
+            if let Json::Object {
+                in_string,
+                escaped: false,
+                ..
+            } = self.json
+            {
+                // Inside the object only quotes, backslashes in strings and braces outside them
+                // change the state: the bytes before the next of them are kept as they are.
+                let run = if in_string {
+                    memchr::memchr2(b'"', b'\\', bytes)
+                } else {
+                    memchr::memchr3(b'"', b'{', b'}', bytes)
+                };
+                let run = run
+                    .unwrap_or(bytes.len())
+                    .min(MAX_USAGE_BYTES.saturating_sub(self.object.len()));
+                if run > 0 {
+                    self.object.extend_from_slice(&bytes[..run]);
+                    bytes = &bytes[run..];
                     continue;
                 }
             }

@@ -100,6 +100,8 @@ fn braces_and_quotes_inside_strings_do_not_count() {
         br#"{"choices":[{"message":{"content":"}{ \"usage\": {\"prompt_tokens\": 999} \\"}}],
         "usage":{"note":"} \"}\" {","prompt_tokens":2,"completion_tokens":3,"total_tokens":5}}"#;
     assert_eq!(scan_whole(false, body), usage(2, 3, 5));
+    let body = br#"{"usage":{"note":"a\nb \\","prompt_tokens":2,"completion_tokens":3}}"#;
+    assert_eq!(scan_whole(false, body), usage(2, 3, 5));
     // Only the escaped text mentions usage: nothing to report.
     let body = br#"{"content":"the \"usage\": {\"prompt_tokens\": 7}"}"#;
     assert_eq!(scan_whole(false, body), None);
@@ -207,6 +209,16 @@ fn the_object_buffer_stays_within_the_cap() {
     for _ in 0..100 {
         scanner.feed(&[b'{'; 1000]);
         assert!(scanner.object.capacity() <= MAX_USAGE_BYTES);
+    }
+    // Plain bytes, in a string and outside one, are copied in runs: the cap holds for them too.
+    for run in [
+        &b"\"usage\":{\"a\":\""[..],
+        &[b'x'; 3000],
+        b"\",",
+        &[b'1'; 3000],
+    ] {
+        scanner.feed(run);
+        assert!(scanner.object.len() <= MAX_USAGE_BYTES);
     }
 }
 

@@ -87,9 +87,35 @@ pub fn recorder() -> PrometheusHandle {
             // receives the metrics and this handle renders an empty page.
             let _ = metrics::set_global_recorder(recorder);
             describe();
+            fold_samples(handle.clone());
             handle
         })
         .clone()
+}
+
+/// How often the recorder's histogram samples are folded into their buckets.
+const FOLD_EVERY: Duration = Duration::from_secs(1);
+
+/// Folds the recorder's histogram samples into buckets every [`FOLD_EVERY`], on a thread of its
+/// own, for as long as the process runs.
+///
+/// The recorder keeps every sample until it is folded, so without this its memory grows with
+/// the request rate until the next scrape (about nine samples per request, at 40,000 requests a
+/// second 360,000 a second). Folding is work in proportion to the samples held: on the request
+/// path's own thread (one, by default on a small machine) it would stall every request for as
+/// long as it takes, which shows in their tail latency. Folded every second, at most a second's
+/// samples are held.
+fn fold_samples(handle: PrometheusHandle) {
+    let spawned = std::thread::Builder::new()
+        .name("spillway-metrics".into())
+        .spawn(move || loop {
+            std::thread::sleep(FOLD_EVERY);
+            handle.run_upkeep();
+        });
+    if let Err(e) = spawned {
+        // Every scrape still folds what was recorded since the one before.
+        tracing::warn!("histogram samples are folded at each scrape only: no thread for it: {e}");
+    }
 }
 
 fn describe() {

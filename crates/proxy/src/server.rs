@@ -120,16 +120,6 @@ impl BoundGateway {
             admin_connections.serve(self.admin_listener, admin, stopped(stop_rx.clone()));
         let main_task = tokio::spawn(main_server);
         let admin_task = tokio::spawn(admin_server);
-        // Histogram samples are kept until folded into buckets: fold them on a timer so memory
-        // stays bounded even when nothing scrapes /metrics.
-        let upkeep = admin_metrics.clone();
-        let upkeep_task = tokio::spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_secs(5));
-            loop {
-                tick.tick().await;
-                upkeep.run_upkeep();
-            }
-        });
         started.spawn_tasks(gw.upstream.client());
         drop(started);
         crate::reload::spawn_tasks(&gw, self.hangups, &stop_rx);
@@ -176,7 +166,6 @@ impl BoundGateway {
             (main, admin)
         })
         .await;
-        upkeep_task.abort();
         judge_task.abort();
         anomaly_task.abort();
         gw.live().retire();

@@ -9,7 +9,10 @@
 #   FREQ=999 (samples/s), CALLGRAPH=dwarf (or fp, lbr), SPILLWAY_LOG=warn,
 #   PERF_OUT=run/perf.data, ISOLATE=1, MODE=record (perf record; `stat`: task
 #   clock, context switches and system calls; `trace`: system calls by kind),
-#   TARGET=spillway (or nginx: the NGINX reference's worker, port 18081).
+#   TARGET=spillway (or nginx: the NGINX reference's worker, port 18081), EVENTS (more perf
+#   events for `stat`, comma-separated, each reported per request: a uprobe made with
+#   `perf probe -x BINARY --add mi_malloc_aligned` counts allocations; for `record`, the
+#   events recorded instead of CPU samples, every one of them).
 # Output: wrk's summary on stderr; for `record` the perf data file and
 # lib/perf_summary.py's report (self time by group, top symbols) on stdout.
 # Debug line tables come from the release profile.
@@ -22,7 +25,7 @@ SPILLWAY_BIN="${SPILLWAY_BIN:-$REPO_DIR/target/release/spillway}"
 while [ $# -gt 0 ]; do
   case "$1" in
     --spillway) SPILLWAY_BIN="${2:?--spillway needs a path}"; shift 2;;
-    -h|--help) sed -n '2,16p' "$BENCH_DIR/profile.sh" | sed 's/^# \{0,1\}//'; exit 0;;
+    -h|--help) sed -n '2,19p' "$BENCH_DIR/profile.sh" | sed 's/^# \{0,1\}//'; exit 0;;
     *) echo "unknown argument: $1 (see --help)" >&2; exit 2;;
   esac
 done
@@ -39,6 +42,7 @@ if [ -z "${BENCH_INNER:-}" ]; then
   exec 9>"$RUN/lock"
   flock -n 9 || { echo "a benchmark of this checkout is running (bench/run/lock)" >&2; exit 1; }
   export BENCH_INNER=1 SPILLWAY_BIN CONNS DURATION WARMUP FREQ CALLGRAPH TARGET MODE SPILLWAY_LOG PERF_OUT
+  export EVENTS="${EVENTS:-}"
   if [ "${ISOLATE:-1}" = 1 ] && command -v ip >/dev/null 2>&1 && unshare -n true 2>/dev/null; then
     exec unshare -n -- bash -c 'ip link set lo up && exec "$0"' "$BENCH_DIR/profile.sh"
   fi
@@ -89,9 +93,10 @@ drive() { # seconds -> wrk's JSON summary line in run/profile-wrk.out
 # perf is attached just before wrk starts and stays a little longer than wrk runs, so it
 # sees every request wrk counts.
 case "$MODE" in
-  record) perf record -F "$FREQ" -g --call-graph "$CALLGRAPH" -o "$PERF_OUT" -p "$PROFILED" \
+  record) if [ -n "$EVENTS" ]; then SAMPLING=(-e "$EVENTS" -c 1); else SAMPLING=(-F "$FREQ"); fi
+          perf record "${SAMPLING[@]}" -g --call-graph "$CALLGRAPH" -o "$PERF_OUT" -p "$PROFILED" \
             -- sleep "$((DURATION + 1))" >/dev/null 2>"$RUN/perf.err" &;;
-  stat) perf stat -e task-clock,context-switches,raw_syscalls:sys_enter -p "$PROFILED" \
+  stat) perf stat -e "task-clock,context-switches,raw_syscalls:sys_enter${EVENTS:+,$EVENTS}" -p "$PROFILED" \
           -- sleep "$((DURATION + 1))" >/dev/null 2>"$RUN/perf.err" &;;
   trace) timeout $((DURATION + 6)) perf trace -s -p "$PROFILED" -o "$RUN/perf-trace.out" \
            -- sleep "$((DURATION + 1))" >/dev/null 2>"$RUN/perf.err" &;;
@@ -111,7 +116,7 @@ grep -E '^JSON:' "$RUN/profile-wrk.out" | sed 's/^JSON://' >&2
 echo "requests: $REQUESTS" >&2
 case "$MODE" in
   record) python3 "$BENCH_DIR/lib/perf_summary.py" "$PERF_OUT" 40;;
-  stat) python3 - "$RUN/perf.err" "$REQUESTS" "$TICKS_BEFORE" "$TICKS_AFTER" "$(getconf CLK_TCK)" <<'PY'
+  stat) python3 - "$RUN/perf.err" "$REQUESTS" "$TICKS_BEFORE" "$TICKS_AFTER" "$(getconf CLK_TCK)" "${EVENTS:-}" <<'PY'
 import re, sys
 text, n = open(sys.argv[1]).read(), int(sys.argv[2])
 (u0, s0), (u1, s1) = (map(int, sys.argv[i].split()) for i in (3, 4))
@@ -124,6 +129,10 @@ for name, unit in (("task-clock", "us CPU"), ("context-switches", "context switc
         v = float(m.group(1).replace(",", ""))
         v = v * 1000 if name == "task-clock" else v
         print(f"{v / n:8.2f} {unit} per request")
+for name in filter(None, sys.argv[6].split(",")):
+    m = re.search(r"([\d.,]+)\s+" + re.escape(name), text)
+    print(f"{float(m.group(1).replace(',', '')) / n:8.2f} {name} per request" if m
+          else f"     n/a {name} (not in perf's output)")
 PY
   ;;
   trace) grep -vE '^\s*$' "$RUN/perf-trace.out" | head -40;;

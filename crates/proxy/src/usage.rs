@@ -43,6 +43,9 @@ use serde::Deserialize;
 /// The most bytes a `usage` object may take. Real ones, details included, are a few hundred.
 pub const MAX_USAGE_BYTES: usize = 4096;
 
+/// What a `usage` object's buffer is made room for when the first one starts.
+const USUAL_USAGE_BYTES: usize = 512;
+
 /// Token usage as a backend reported it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Usage {
@@ -248,6 +251,9 @@ impl UsageScanner {
             Json::BeforeValue if is_json_space(byte) => Json::BeforeValue,
             Json::BeforeValue if byte == b'{' => {
                 self.object.clear();
+                // Room for a usual object at once (with OpenAI's details about 300 bytes),
+                // rather than growing to it a few bytes at a time.
+                self.object.reserve(USUAL_USAGE_BYTES);
                 self.object.push(byte);
                 Json::Object {
                     depth: 1,

@@ -36,6 +36,9 @@ use crate::engine::EngineLoad;
 use crate::health::BackendHealth;
 use crate::metrics::{BackendMetrics, PoolMetrics};
 
+/// A value per backend of a pool, made per pick: on the stack for pools of up to eight backends.
+type PerBackend<T> = smallvec::SmallVec<[T; 8]>;
+
 /// One upstream server for one model.
 #[derive(Debug)]
 pub struct Backend {
@@ -70,6 +73,8 @@ pub struct Backend {
     /// when `engine = "none"`.
     pub engine: Option<Arc<EngineLoad>>,
     uris: [Uri; Endpoint::ALL.len()],
+    /// The `Host` header of its requests, the authority its URIs share, made once.
+    pub host: Option<HeaderValue>,
     /// The API surfaces it serves: only requests on these are sent to it.
     pub surfaces: Surfaces,
     /// Where its stored chat completions are (`GET /v1/chat/completions` and below).
@@ -125,7 +130,9 @@ impl Backend {
         for endpoint in Endpoint::ALL {
             uris.push(upstream_uri(&cfg.kind, base, endpoint)?);
         }
-        let uris = uris.try_into().expect("one URI per endpoint");
+        let uris: [Uri; Endpoint::ALL.len()] = uris.try_into().expect("one URI per endpoint");
+        debug_assert!(uris.iter().all(|u| u.authority() == uris[0].authority()));
+        let host = crate::upstream::host_header(&uris[0]);
         let stored_chat = stored_chat_uri(&cfg.kind, base)?;
         let auth_header = match &cfg.api_key_env {
             None => None,
@@ -182,6 +189,7 @@ impl Backend {
             auth_header,
             engine: None,
             uris,
+            host,
             surfaces: cfg.surfaces,
             stored_chat,
             outstanding: AtomicU32::new(0),
@@ -428,8 +436,8 @@ impl ModelPool {
 
     /// Each backend's health and whether it is degraded, and whether the pool is in panic mode:
     /// one look at each backend per decision, panic mode derived from the same look.
-    fn states(&self, now: Instant) -> (Vec<(Health, bool)>, bool) {
-        let states: Vec<(Health, bool)> =
+    fn states(&self, now: Instant) -> (PerBackend<(Health, bool)>, bool) {
+        let states: PerBackend<(Health, bool)> =
             self.backends.iter().map(|b| b.health.state(now)).collect();
         let healthy = states.iter().filter(|(h, _)| *h == Health::Healthy).count();
         (states, self.panics_with(healthy))
@@ -505,7 +513,7 @@ impl ModelPool {
         // re-pick without it. The list is allocated only in that rare case.
         let mut full: Vec<usize> = Vec::new();
         for _ in 0..self.backends.len() {
-            let candidates: Vec<Candidate<'_>> = self
+            let candidates: PerBackend<Candidate<'_>> = self
                 .backends
                 .iter()
                 .enumerate()

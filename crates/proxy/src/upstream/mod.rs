@@ -31,7 +31,9 @@ use crate::endpoint::Endpoint;
 use crate::metrics::UpstreamFailure;
 use crate::pool::Backend;
 
-pub type HttpClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
+mod connector;
+
+pub type HttpClient = Client<connector::Plain<HttpsConnector<HttpConnector>>, Full<Bytes>>;
 
 /// One attempt, as the attempt loop hands it to the upstream.
 pub(crate) struct Attempt<'a> {
@@ -277,7 +279,7 @@ fn build(cfg: &UpstreamConfig, max_idle_per_host: usize) -> HttpClient {
         .pool_timer(TokioTimer::new())
         .pool_idle_timeout(cfg.pool_idle_timeout)
         .pool_max_idle_per_host(max_idle_per_host)
-        .build(connector)
+        .build(connector::Plain(connector))
 }
 
 /// Request headers that never travel upstream: hop-by-hop headers, the caller's own credentials
@@ -365,6 +367,22 @@ pub(crate) fn strip_response_headers(headers: &mut HeaderMap) {
     headers.remove("proxy-connection");
 }
 
+/// The `Host` header of requests to `uri`, as the client would write it: the host, and the port
+/// unless it is the scheme's default.
+pub(crate) fn host_header(uri: &http::Uri) -> Option<HeaderValue> {
+    let host = uri.host()?;
+    let default = if uri.scheme_str() == Some("https") {
+        443
+    } else {
+        80
+    };
+    let value = match uri.port_u16() {
+        Some(port) if port != default => format!("{host}:{port}"),
+        _ => host.to_owned(),
+    };
+    HeaderValue::try_from(value).ok()
+}
+
 /// The upstream request for `endpoint` on `backend`, carrying `body` and `outbound`, the client's
 /// headers minus those that must not cross ([`outbound_headers`]).
 fn request(
@@ -386,7 +404,14 @@ fn request(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
     );
-    headers.insert(header::CONTENT_LENGTH, HeaderValue::from(length));
+    // One allocation (`From<usize>` makes two).
+    let length = HeaderValue::from_str(itoa::Buffer::new().format(length))
+        .expect("digits are a header value");
+    headers.insert(header::CONTENT_LENGTH, length);
+    // Made once per backend; the client would format it for every request.
+    if let Some(host) = &backend.host {
+        headers.insert(header::HOST, host.clone());
+    }
     if let Some((name, value)) = &backend.auth_header {
         headers.insert(name.clone(), value.clone());
     }
@@ -416,6 +441,27 @@ mod tests {
         );
         assert_eq!(with_query(&azure, "api-version=1999-01-01"), None);
         assert_eq!(with_query(&plain, "&&"), None);
+    }
+
+    #[test]
+    fn the_host_header_names_the_port_only_when_it_is_not_the_schemes_default() {
+        for (uri, host) in [
+            ("http://127.0.0.1:18080/v1", "127.0.0.1:18080"),
+            ("http://vllm/v1", "vllm"),
+            ("http://vllm:80/v1", "vllm"),
+            (
+                "https://r.openai.azure.com/openai/deployments/d",
+                "r.openai.azure.com",
+            ),
+            ("https://r.openai.azure.com:443/x", "r.openai.azure.com"),
+            ("https://gw:8443/v1", "gw:8443"),
+            ("http://gw:443/v1", "gw:443"),
+            ("http://[::1]:8000/v1", "[::1]:8000"),
+        ] {
+            let uri: http::Uri = uri.parse().unwrap();
+            assert_eq!(host_header(&uri).unwrap(), host, "{uri}");
+        }
+        assert_eq!(host_header(&"/v1".parse().unwrap()), None);
     }
 
     #[test]

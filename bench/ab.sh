@@ -9,7 +9,7 @@
 # Env (defaults): PAIRS=6, CONNS=64, DURATION=5, plus what bench/profile.sh reads.
 set -euo pipefail
 BENCH_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-case "${1:-}" in -h|--help|"") sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 0;; esac
+case "${1:-}" in -h|--help|"") sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 0;; esac
 A="${1:?A binary}"; B="${2:?B binary}"
 for bin in "$A" "$B"; do [ -x "$bin" ] || { echo "not an executable: $bin" >&2; exit 2; }; done
 PAIRS="${PAIRS:-6}"; export CONNS="${CONNS:-64}" DURATION="${DURATION:-5}" MODE=stat

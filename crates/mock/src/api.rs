@@ -462,6 +462,7 @@ pub(crate) fn remembered(parts: &Parts, model: Option<String>, body: Arc<Value>)
             .get("x-request-id")
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned),
+        host: header_text(h, "host"),
         auth,
         anthropic_version: header_text(h, "anthropic-version"),
         anthropic_beta: header_text(h, "anthropic-beta"),

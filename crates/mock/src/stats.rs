@@ -72,6 +72,9 @@ pub struct LastRequest {
     pub model: Option<String>,
     /// The `x-request-id` header.
     pub request_id: Option<String>,
+    /// The `Host` header.
+    #[serde(default)]
+    pub host: Option<String>,
     /// How a key was presented: `"bearer"`, `"api-key"`, `"x-api-key"` or `"none"` (the first
     /// of these headers the request carried).
     pub auth: String,
@@ -132,6 +135,7 @@ pub(crate) struct Remembered {
     pub(crate) query: Option<String>,
     pub(crate) model: Option<String>,
     pub(crate) request_id: Option<String>,
+    pub(crate) host: Option<String>,
     pub(crate) auth: &'static str,
     pub(crate) anthropic_version: Option<String>,
     pub(crate) anthropic_beta: Option<String>,
@@ -145,6 +149,7 @@ impl From<&Remembered> for LastRequest {
             query: r.query.clone(),
             model: r.model.clone(),
             request_id: r.request_id.clone(),
+            host: r.host.clone(),
             auth: r.auth.to_owned(),
             anthropic_version: r.anthropic_version.clone(),
             anthropic_beta: r.anthropic_beta.clone(),

@@ -318,13 +318,14 @@ impl UsageScanner {
 }
 
 const KEY: &[u8] = b"\"usage\"";
+const DATA_FIELD: &[u8] = b"data:";
 
+/// The search for [`KEY`], built once.
 fn key_finder() -> &'static memchr::memmem::Finder<'static> {
     static FINDER: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
         std::sync::LazyLock::new(|| memchr::memmem::Finder::new(KEY));
     &FINDER
 }
-const DATA_FIELD: &[u8] = b"data:";
 
 /// Where the scanner is in an SSE line.
 #[derive(Debug, Clone, Copy)]

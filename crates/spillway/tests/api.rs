@@ -234,6 +234,8 @@ async fn model_name_is_mapped_and_upstream_key_injected() {
     let last = &get_json(&mock.url("/stats")).await["last_request"];
     assert_eq!(last["model"], "served-name");
     assert_eq!(last["auth"], "bearer");
+    // The backend's own authority, not the gateway's the client named.
+    assert_eq!(last["host"], mock.url("").trim_start_matches("http://"));
     assert_eq!(last["body"]["x_unknown_field"], serde_json::json!([1, 2]));
 }
 
@@ -277,4 +279,5 @@ async fn azure_backend_gets_deployment_path_api_version_and_api_key() {
     assert_eq!(last["path"], "/openai/deployments/gpt-4o/embeddings");
     assert_eq!(last["query"], "api-version=2024-10-21");
     assert_eq!(last["auth"], "api-key");
+    assert_eq!(last["host"], mock.url("").trim_start_matches("http://"));
 }

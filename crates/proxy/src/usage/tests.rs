@@ -222,6 +222,35 @@ fn the_object_buffer_stays_within_the_cap() {
     }
 }
 
+#[test]
+fn a_hostile_body_of_near_keys_and_oversize_objects_is_read_as_the_machine_reads_it() {
+    // Keys without objects, keys split by escapes, objects past the cap, then one real report.
+    let mut body = Vec::new();
+    for i in 0..2000 {
+        body.extend_from_slice(match i % 4 {
+            0 => br#""usage": null, "#.as_slice(),
+            1 => br#"\"usage\":{ "#,
+            2 => br#""usag"usage" "#,
+            _ => br#""usage":{"pad":"#,
+        });
+    }
+    body.extend_from_slice(&[b'x'; 3 * MAX_USAGE_BYTES]);
+    body.extend_from_slice(br#""}} "usage":{"prompt_tokens":6,"completion_tokens":1}"#);
+    let mut machine = UsageScanner::new(false);
+    machine.feed_bytewise(&body);
+    let expected = machine.finish();
+    assert_eq!(expected, usage(6, 1, 7));
+    assert_eq!(scan_whole(false, &body), expected);
+    for size in [1, 7, 100, 4096] {
+        let mut scanner = UsageScanner::new(false);
+        for chunk in body.chunks(size) {
+            scanner.feed(chunk);
+            assert!(scanner.object.len() <= MAX_USAGE_BYTES);
+        }
+        assert_eq!(scanner.finish(), expected, "chunks of {size}");
+    }
+}
+
 /// Cuts `body` at the given points (taken modulo its length).
 fn chunked(body: &[u8], mut cuts: Vec<usize>) -> Vec<&[u8]> {
     cuts.iter_mut().for_each(|c| *c %= body.len() + 1);

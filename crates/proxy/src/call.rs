@@ -88,8 +88,10 @@ pub(crate) struct Call {
     pub trace: crate::trace::CallTrace,
     /// Its places in the in-flight counts, taken at its head, until admission takes them over.
     pub entered: Option<Entered>,
+    /// Room in the body budget for the copies of the body its attempts make for backends that
+    /// are told another model name, a priority or a tenant tag, or for a fallback model
+    /// (`handler/read.rs`); the body holds its own place.
+    pub _rewrite_room: Option<BodyHold>,
     /// Its tenant's traffic counters (`GET /admin/top`).
     pub traffic: Arc<crate::traffic::TenantTraffic>,
-    /// Its body's bytes in the body budget, held (not read) as long as the body is.
-    pub _body_hold: Option<BodyHold>,
 }

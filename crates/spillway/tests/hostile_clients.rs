@@ -502,3 +502,54 @@ async fn an_http2_client_that_stops_answering_pings_is_disconnected() {
     .await;
     drop((held, conn));
 }
+
+/// A backend that knows the model by another name is sent a copy of the body, and the copy is
+/// counted in the body budget beside the body: a body that fits alone is refused while its copy
+/// does not fit, and one whose copy could never fit is 413, saying why.
+#[tokio::test]
+async fn the_copy_a_renamed_backend_is_sent_is_counted_in_the_body_budget() {
+    let m = mock(&["--model", "m"]);
+    let gw = gateway_with_env(
+        &format!(
+            "header_read_timeout = \"1h\"\nbody_read_timeout = \"1h\"\nmax_body_bytes = 2000000\n\
+             [admission]\nmax_buffered_body_bytes = 2500000\n\
+             max_buffered_body_bytes_per_tenant = 2500000\n{}\
+             [[models]]\nname = \"alias\"\n[[models.backends]]\nname = \"b\"\nregion = \"r\"\n\
+             url = \"{}\"\nupstream_model = \"m\"\n\
+             [[tenants]]\nname = \"limited\"\nkeys = [{{ env = \"LIMITED_KEY\" }}]\n",
+            model("m", &[("b", "r", m.url("/v1"))]),
+            m.url("/v1")
+        ),
+        &[("LIMITED_KEY", "limited-key")],
+    );
+    let body_of = |model: &str, bytes: usize| {
+        let mut body = chat_body(model, false);
+        body["messages"][0]["content"] = "x".repeat(bytes).into();
+        body
+    };
+    // Alone, each fits: 0.9 MB of body and as much again for its copy, of 2.5 MB.
+    for model in ["m", "alias"] {
+        let r = chat(&gw, &body_of(model, 900_000)).await;
+        assert_eq!(r.status(), 200, "{model}: {}", r.text().await.unwrap());
+    }
+    let _held = stalled_request(&gw, 900_000).await;
+    eventually(Duration::from_secs(10), "a stalled body held", || async {
+        sample(&metrics(&gw).await, "spillway_buffered_body_bytes ") == Some(900_000.0)
+    })
+    .await;
+    // Beside another tenant's held 0.9 MB, a body still fits (1.8 MB); a body and its copy (2.7 MB) do not.
+    let r = chat(&gw, &body_of("m", 900_000)).await;
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    let r = chat(&gw, &body_of("alias", 900_000)).await;
+    assert_eq!(r.status(), 503);
+    let e: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(e["error"]["code"], "gateway_overloaded", "{e}");
+    // 1.3 MB and its copy could never fit in 2.5 MB, held body or not.
+    let r = chat(&gw, &body_of("m", 1_300_000)).await;
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    let r = chat(&gw, &body_of("alias", 1_300_000)).await;
+    assert_eq!(r.status(), 413);
+    let e: serde_json::Value = r.json().await.unwrap();
+    let message = e["error"]["message"].as_str().unwrap();
+    assert!(message.contains("are sent a copy of it"), "{message}");
+}

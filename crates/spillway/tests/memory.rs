@@ -9,10 +9,11 @@
 
 mod support;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use spillway_testkit::eventually;
 use spillway_testkit::http::client;
 use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -100,26 +101,32 @@ fn slow_gateway(server: &str, admission: &str, tenant_limits: &str) -> (Proc, Pr
     (gw, slow)
 }
 
-/// `clients` clients, each posting `body` as tenant-a as fast as it is answered until stopped.
+/// `clients` clients, each posting `body` as tenant-a as fast as it is answered until stopped,
+/// counting the answers that are 200 in `served`.
 fn posting_clients(
     clients: usize,
     url: String,
     body: Vec<u8>,
+    served: Arc<AtomicU64>,
 ) -> impl FnOnce(Arc<AtomicBool>) -> Vec<tokio::task::JoinHandle<()>> {
     move |stop| {
         (0..clients)
             .map(|_| {
                 let (url, body, stop) = (url.clone(), body.clone(), stop.clone());
+                let served = served.clone();
                 tokio::spawn(async move {
                     let c = client();
                     while !stop.load(Ordering::Relaxed) {
-                        let _ = c
+                        let sent = c
                             .post(&url)
                             .bearer_auth(KEY)
                             .header("content-type", "application/json")
                             .body(body.clone())
                             .send()
                             .await;
+                        if sent.is_ok_and(|r| r.status() == 200) {
+                            served.fetch_add(1, Ordering::Relaxed);
+                        }
                     }
                 })
             })
@@ -149,7 +156,7 @@ async fn memory_stays_within_the_bound_under_a_flood_of_clients() {
     let body = body_of(8 * 1024);
     warm_up(&gw, &body).await;
     let url = gw.url("/v1/chat/completions");
-    let flood = posting_clients(600, url, serde_json::to_vec(&body).unwrap());
+    let flood = posting_clients(600, url, serde_json::to_vec(&body).unwrap(), Arc::default());
     let measured = growth_under(&gw, Duration::from_secs(4), flood).await;
     let m = metrics(&gw).await;
     assert!(
@@ -173,7 +180,12 @@ async fn memory_stays_within_the_bound_when_one_tenant_sends_large_bodies_on_man
     let body = body_of(100 * 1000);
     warm_up(&gw, &body).await;
     let url = gw.url("/v1/chat/completions");
-    let flood = posting_clients(1000, url, serde_json::to_vec(&body).unwrap());
+    let flood = posting_clients(
+        1000,
+        url,
+        serde_json::to_vec(&body).unwrap(),
+        Arc::default(),
+    );
     let measured = growth_under(&gw, Duration::from_secs(5), flood).await;
     assert_within(
         "1000 connections, 100 KB bodies",
@@ -300,7 +312,65 @@ async fn memory_stays_within_the_bound_under_bodies_the_size_of_the_cap() {
     warm_up(&gw, &body_of(1000)).await;
     let body = serde_json::to_vec(&body_of(4 * 1024 * 1024 - 200)).unwrap();
     let url = gw.url("/v1/chat/completions");
-    let flood = posting_clients(40, url, body);
+    let served = Arc::new(AtomicU64::new(0));
+    let flood = posting_clients(40, url, body, served.clone());
     let measured = growth_under(&gw, Duration::from_secs(5), flood).await;
     assert_within("4 MiB bodies", measured, bound(32 * MIB, 100, 50));
+    served_and_given_back(&gw, &served).await;
+}
+
+/// Bodies of the cap's size to a backend that knows the model by another name: each attempt
+/// sends a rewritten copy, which is counted in the body budget as the body is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_stays_within_the_bound_when_every_body_is_rewritten_for_its_backend() {
+    let slow = mock(&[
+        "--model",
+        "m",
+        "--ttft",
+        "300ms",
+        "--tokens-per-sec",
+        "0",
+        "--capacity",
+        "64",
+    ]);
+    let gw = gateway(&format!(
+        "max_body_bytes = 4194304\nmax_connections = 100\n\
+         [admission]\nmax_in_flight = 50\nmax_buffered_body_bytes = 33554432\n\
+         max_buffered_body_bytes_per_tenant = 33554432\n\
+         [[models]]\nname = \"alias\"\n\
+         [[models.backends]]\nname = \"b\"\nregion = \"r\"\nurl = \"{}\"\n\
+         upstream_model = \"m\"\nmax_concurrency = 20\n",
+        slow.url("/v1")
+    ));
+    let mut small = body_of(1000);
+    small["model"] = "alias".into();
+    warm_up(&gw, &small).await;
+    let mut body = body_of(4 * 1024 * 1024 - 200);
+    body["model"] = "alias".into();
+    let served = Arc::new(AtomicU64::new(0));
+    let flood = posting_clients(
+        40,
+        gw.url("/v1/chat/completions"),
+        serde_json::to_vec(&body).unwrap(),
+        served.clone(),
+    );
+    let measured = growth_under(&gw, Duration::from_secs(5), flood).await;
+    assert_within(
+        "4 MiB bodies, rewritten",
+        measured,
+        bound(32 * MIB, 100, 50),
+    );
+    served_and_given_back(&gw, &served).await;
+}
+
+/// Some of the flood was served (the backend knows its model by the name it was sent), and
+/// once the clients are gone every byte of body they held is given back to the budget.
+async fn served_and_given_back(gw: &Proc, served: &AtomicU64) {
+    assert!(served.load(Ordering::Relaxed) > 0, "no request was served");
+    eventually(
+        Duration::from_secs(10),
+        "the body budget to be all given back",
+        || async { sample(&metrics(gw).await, "spillway_buffered_body_bytes ") == Some(0.0) },
+    )
+    .await;
 }

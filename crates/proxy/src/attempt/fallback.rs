@@ -12,7 +12,7 @@ use tracing::debug;
 
 use super::answer::Failure;
 use super::Loop;
-use crate::request::with_model;
+use crate::request::{rewritten, Changes};
 
 /// Why a run on a model that found no backend to try (none had room, or none was up) ended,
 /// after `last`, the failure of its last attempt, if any; `seats` is what its backends could
@@ -80,7 +80,12 @@ impl Loop<'_> {
             return false;
         }
         let name = &own.fallbacks[i].model;
-        let (Some(pool), Ok(body)) = (models.get(name), with_model(&call.body, name)) else {
+        let model = Changes {
+            model: Some(name),
+            ..Changes::default()
+        };
+        // The copy is inside the room the call holds for it (`Call::_rewrite_room`).
+        let (Some(pool), Ok(body)) = (models.get(name), rewritten(&call.body, &model)) else {
             return false;
         };
         // One more attempt of this call: a retry like any other, from its own model's budget

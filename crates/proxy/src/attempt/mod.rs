@@ -36,7 +36,7 @@ use tracing::{debug, warn};
 use crate::call::Call;
 use crate::error::ApiError;
 use crate::pool::{Acquired, Ask, Backend, InFlight, ModelPool, Models};
-use crate::request::with_fields;
+use crate::request::{rewritten, Changes};
 use crate::upstream::{self, Upstream};
 use answer::Failure;
 pub(crate) use peek::Peeked;
@@ -367,22 +367,24 @@ impl Loop<'_> {
         let priority = backend
             .forward_priority
             .then(|| call.priority.engine_value());
-        let body = match (&backend.rename_to, priority) {
-            (None, None) => self.body.clone(),
-            (name, priority) => with_fields(&self.body, name.as_deref(), priority)
-                .unwrap_or_else(|_| self.body.clone()),
-        };
         // A completion the backend keeps is tagged with its tenant, whose listings show only
         // its own (`handler/stored.rs`).
-        let body = if call.summary.store == Some(true)
+        let tagged = call.summary.store == Some(true)
             && call.endpoint == crate::endpoint::Endpoint::ChatCompletions
             && backend
                 .surfaces
-                .contains(spillway_config::Surface::StoredChat)
-        {
-            crate::request::with_tenant_tag(&body, &call.tenant.name).unwrap_or(body)
+                .contains(spillway_config::Surface::StoredChat);
+        let changes = Changes {
+            model: backend.rename_to.as_deref(),
+            priority,
+            tenant_tag: tagged.then_some(&*call.tenant.name),
+        };
+        // The copy is inside the room the call holds for it (`Call::_rewrite_room`). The body
+        // was read as a JSON object, so the rewrite does not fail.
+        let body = if changes.is_empty() {
+            self.body.clone()
         } else {
-            body
+            rewritten(&self.body, &changes).unwrap_or_else(|_| self.body.clone())
         };
         upstream::Attempt {
             endpoint: call.endpoint,

@@ -217,8 +217,8 @@ pub(super) fn call(models: &Models, retries: &Retries) -> Call {
         throttle_pass: None,
         trace: crate::trace::CallTrace::none(),
         entered: None,
+        _rewrite_room: None,
         traffic: Arc::default(),
-        _body_hold: None,
     }
 }
 

@@ -13,6 +13,7 @@ use http::{HeaderMap, HeaderName};
 use spillway_policy::Priority;
 use tracing::warn;
 
+use crate::admission::gate::Entered;
 use crate::auth::{presented_key, Tenant};
 use crate::call::Call;
 use crate::endpoint::Endpoint;
@@ -20,7 +21,8 @@ use crate::error::{ApiError, ErrorKind};
 use crate::gateway::Gateway;
 use crate::live::Live;
 use crate::metrics::RequestLabels;
-use crate::request::{read_body, summarize, BodyLimits};
+use crate::pool::ModelPool;
+use crate::request::{read_body, summarize, BodyHold, BodyLimits};
 
 /// Reads `req`, which arrived at `started`, into a call; a refusal comes with the labels known
 /// by then.
@@ -53,13 +55,12 @@ async fn build(
         deadline: started + live.config.server.body_read_timeout,
         timeout: live.config.server.body_read_timeout,
     };
-    let (mut body, body_hold) =
-        read_body(body, limits, &gw.body_budget, entered.body_held()).await?;
+    let mut body = read_body(body, limits, &gw.body_budget, entered.body_held()).await?;
     let mut summary = summarize(&body, endpoint.continues_responses())?;
     let model_named = !summary.model.is_empty();
     let home = continued(gw, endpoint, &tenant, &mut summary)?;
     if summary.model.is_empty() {
-        body = defaulted(&tenant, &mut summary, &body)?;
+        body = defaulted(gw, &entered, &tenant, &mut summary, &body)?;
     }
     let pool = live.models.get(&summary.model).cloned().ok_or_else(|| {
         ApiError::new(
@@ -87,6 +88,7 @@ async fn build(
             ),
         ));
     }
+    let rewrite_room = rewrite_room(gw, &entered, &pool, endpoint, &summary, &body)?;
     let headers = parts.headers;
     let region = match headers
         .get(&live.config.server.region_header)
@@ -130,7 +132,7 @@ async fn build(
         traffic: entered.traffic().clone(),
         trace: crate::trace::CallTrace::none(),
         entered: Some(entered),
-        _body_hold: Some(body_hold),
+        _rewrite_room: rewrite_room,
     })
 }
 
@@ -191,6 +193,8 @@ fn continued(
 /// model and continues no stored response (the API allows it, e.g. with a stored prompt). The
 /// backend is told which model it runs, as it would be had the caller named it.
 fn defaulted(
+    gw: &Gateway,
+    entered: &Entered,
     tenant: &Tenant,
     summary: &mut crate::request::RequestSummary,
     body: &bytes::Bytes,
@@ -203,8 +207,60 @@ fn defaulted(
         ));
     };
     summary.model = model.to_owned();
-    crate::request::with_model(body, model)
+    let changes = crate::request::Changes {
+        model: Some(model),
+        ..Default::default()
+    };
+    // The copy takes the body's place, and its own place in the budget.
+    crate::request::rewritten_held(body, &changes, &gw.body_budget, entered.body_held())
 }
+
+/// Room in the body budget for the copies of `body` the call's attempts may hold beside it at
+/// once: one an attempt sends to a backend told another model name, a priority or a tenant
+/// tag, and one more while the call is on a fallback model (its body names that model), each
+/// the body's size and what the rewrite adds (a name, a number; 4 KiB covers them).
+fn rewrite_room(
+    gw: &Gateway,
+    entered: &Entered,
+    pool: &ModelPool,
+    endpoint: Endpoint,
+    summary: &crate::request::RequestSummary,
+    body: &[u8],
+) -> Result<Option<BodyHold>, ApiError> {
+    let tagged = summary.store == Some(true) && endpoint == Endpoint::ChatCompletions;
+    let rewrites = pool.backends.iter().any(|b| {
+        b.rename_to.is_some()
+            || b.forward_priority
+            || (tagged && b.surfaces.contains(spillway_config::Surface::StoredChat))
+    });
+    let copies = if !pool.fallbacks.is_empty() {
+        2
+    } else {
+        u64::from(rewrites)
+    };
+    if copies == 0 {
+        return Ok(None);
+    }
+    let room = copies * (body.len() as u64 + REWRITE_GROWTH);
+    let share = gw.body_budget.tenant_share();
+    if body.len() as u64 + room > share {
+        // It could never fit, however long the caller waited.
+        return Err(ApiError::new(
+            ErrorKind::BodyTooLarge,
+            format!(
+                "a request body of {} bytes to the model {:?} needs {} bytes of the body budget \
+                 (its backends are sent a copy of it), more than a tenant's maximum of {share}",
+                body.len(),
+                shown(&pool.name),
+                body.len() as u64 + room
+            ),
+        ));
+    }
+    gw.body_budget.hold(entered.body_held(), room).map(Some)
+}
+
+/// What a rewrite may add to a body, at most: a model name, a priority, a tenant tag.
+const REWRITE_GROWTH: u64 = 4096;
 
 /// Whether a request carries a caller's retry marker with a value other than 0.
 fn is_client_retry(headers: &HeaderMap, markers: &[HeaderName]) -> bool {

@@ -25,7 +25,7 @@ use crate::error::{ApiError, ErrorKind};
 use crate::gateway::Gateway;
 use crate::metrics::RequestLabels;
 use crate::pool::Backend;
-use crate::request::{read_body, with_tenant_tag, BodyLimits, TENANT_TAG};
+use crate::request::{read_body, rewritten_held, BodyLimits, Changes, TENANT_TAG};
 use crate::upstream;
 
 /// The largest metadata update read.
@@ -114,8 +114,12 @@ async fn on_id(
             timeout: read_timeout,
         };
         let held = caller.places.body_held();
-        let (read, _hold) = read_body(body, limits, &gw.body_budget, held).await?;
-        with_tenant_tag(&read, &tenant.name)?
+        let read = read_body(body, limits, &gw.body_budget, held).await?;
+        let tag = Changes {
+            tenant_tag: Some(&tenant.name),
+            ..Changes::default()
+        };
+        rewritten_held(&read, &tag, &gw.body_budget, held)?
     } else {
         Bytes::new()
     };

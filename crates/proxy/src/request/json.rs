@@ -1,8 +1,6 @@
-//! The request body as JSON: the few fields routing and admission read from it, and the one
-//! rewrite spillway makes (`model`, and `priority` for engines that schedule by it), which keeps
-//! every other field as it was.
+//! The request body as JSON: the few fields routing and admission read from it (what spillway
+//! rewrites is in `rewrite.rs`).
 
-use bytes::Bytes;
 use serde::Deserialize;
 
 use crate::error::{ApiError, ErrorKind};
@@ -88,83 +86,11 @@ pub fn summarize(body: &[u8], model_optional: bool) -> Result<RequestSummary, Ap
     })
 }
 
-/// The metadata key that names the tenant on a completion a backend stores, so that listing
-/// stored completions through one backend key shows each tenant only its own.
-pub const TENANT_TAG: &str = "spillway_tenant";
-
-/// `body` (an object) with `metadata.spillway_tenant` set to `tenant`, its other metadata kept
-/// (a `metadata` that is not an object is left for the backend to refuse).
-pub fn with_tenant_tag(body: &Bytes, tenant: &str) -> Result<Bytes, ApiError> {
-    let mut value: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(body)
-        .map_err(|e| ApiError::new(ErrorKind::MalformedRequest, e.to_string()))?;
-    let metadata = value
-        .entry("metadata")
-        .or_insert_with(|| serde_json::Value::Object(Default::default()));
-    if metadata.is_null() {
-        *metadata = serde_json::Value::Object(Default::default());
-    }
-    if let Some(m) = metadata.as_object_mut() {
-        m.insert(TENANT_TAG.to_owned(), serde_json::Value::from(tenant));
-    }
-    serde_json::to_vec(&value)
-        .map(Bytes::from)
-        .map_err(|e| ApiError::new(ErrorKind::Internal, e.to_string()))
-}
-
-/// The body with `model` replaced, every other field kept as it was (order included).
-pub fn with_model(body: &Bytes, model: &str) -> Result<Bytes, ApiError> {
-    with_fields(body, Some(model), None)
-}
-
-/// The body with `model` and `priority` set where given, every other field kept as it was.
-pub fn with_fields(
-    body: &Bytes,
-    model: Option<&str>,
-    priority: Option<i64>,
-) -> Result<Bytes, ApiError> {
-    let mut value: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(body)
-        .map_err(|e| ApiError::new(ErrorKind::MalformedRequest, e.to_string()))?;
-    if let Some(model) = model {
-        value.insert(
-            "model".to_owned(),
-            serde_json::Value::String(model.to_owned()),
-        );
-    }
-    if let Some(priority) = priority {
-        value.insert("priority".to_owned(), serde_json::Value::from(priority));
-    }
-    serde_json::to_vec(&value)
-        .map(Bytes::from)
-        .map_err(|e| ApiError::new(ErrorKind::Internal, e.to_string()))
-}
-
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;
 
     use super::*;
-
-    #[test]
-    fn the_tenant_tag_joins_the_callers_metadata() {
-        let tagged = with_tenant_tag(
-            &Bytes::from_static(br#"{"model":"m","metadata":{"a":"1"}}"#),
-            "t",
-        )
-        .unwrap();
-        let v: serde_json::Value = serde_json::from_slice(&tagged).unwrap();
-        assert_eq!(
-            v["metadata"],
-            serde_json::json!({"a": "1", "spillway_tenant": "t"})
-        );
-        let tagged = with_tenant_tag(
-            &Bytes::from_static(br#"{"model":"m","metadata":null}"#),
-            "t",
-        )
-        .unwrap();
-        let v: serde_json::Value = serde_json::from_slice(&tagged).unwrap();
-        assert_eq!(v["metadata"], serde_json::json!({"spillway_tenant": "t"}));
-        assert!(with_tenant_tag(&Bytes::from_static(b"[]"), "t").is_err());
-    }
 
     #[test]
     fn reads_model_and_stream_and_ignores_the_rest() {
@@ -248,24 +174,11 @@ mod tests {
         assert!(summarize(b"[]", true).is_err());
     }
 
-    #[test]
-    fn model_rewrite_keeps_unknown_fields_and_order() {
-        let body = Bytes::from_static(
-            br#"{"z":1,"model":"public","encoding_format":"base64","input":"x"}"#,
-        );
-        let out = with_model(&body, "private").unwrap();
-        assert_eq!(
-            &out[..],
-            br#"{"z":1,"model":"private","encoding_format":"base64","input":"x"}"#
-        );
-    }
-
     proptest! {
         #[test]
         fn parser_never_panics_on_random_bytes(bytes in prop::collection::vec(any::<u8>(), 0..512)) {
             let _ = summarize(&bytes, false);
             let _ = summarize(&bytes, true);
-            let _ = with_model(&Bytes::from(bytes), "m");
         }
 
         #[test]

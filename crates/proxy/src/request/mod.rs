@@ -15,9 +15,15 @@ use http_body_util::{BodyExt, Limited};
 
 use crate::error::{ApiError, ErrorKind};
 
+mod held;
 mod json;
+mod rewrite;
 
-pub use json::{summarize, with_fields, with_model, with_tenant_tag, RequestSummary, TENANT_TAG};
+use held::Filling;
+
+pub use json::{summarize, RequestSummary};
+use rewrite::Plan;
+pub use rewrite::{Changes, TENANT_TAG};
 
 /// Request body bytes read or held by every request at once, under a cap: a flood of large
 /// bodies is refused at once (503) rather than held until memory runs out (IL-0110). Each
@@ -43,6 +49,46 @@ impl BodyBudget {
     pub fn usage(&self) -> (u64, u64) {
         (self.held.load(Ordering::Relaxed), self.max)
     }
+
+    /// The most bytes one tenant's bodies may hold at once.
+    pub fn tenant_share(&self) -> u64 {
+        self.per_tenant
+    }
+
+    /// A place of `bytes` in the budget and in `tenant`'s share, refused as a body past
+    /// either is (429, 503).
+    pub fn hold(
+        self: &Arc<Self>,
+        tenant: &Arc<AtomicU64>,
+        bytes: u64,
+    ) -> Result<BodyHold, ApiError> {
+        let mut hold = BodyHold {
+            budget: self.clone(),
+            tenant: tenant.clone(),
+            bytes: 0,
+        };
+        hold.grow(bytes)?;
+        Ok(hold)
+    }
+}
+
+/// `body` rewritten by `changes` (`rewrite.rs`), holding no place of its own in the budget:
+/// for a copy an attempt sends, inside the room its call holds for it (`Call::rewrite_room`).
+pub fn rewritten(body: &[u8], changes: &Changes<'_>) -> Result<Bytes, ApiError> {
+    Ok(Plan::new(body, changes)?.apply(body).finish_unheld())
+}
+
+/// `body` rewritten by `changes`, the copy holding its own place in the budget (taken before
+/// it is made), for a copy that takes the body's place.
+pub fn rewritten_held(
+    body: &[u8],
+    changes: &Changes<'_>,
+    budget: &Arc<BodyBudget>,
+    tenant: &Arc<AtomicU64>,
+) -> Result<Bytes, ApiError> {
+    let plan = Plan::new(body, changes)?;
+    let hold = budget.hold(tenant, plan.size() as u64)?;
+    Ok(plan.apply(body).finish(hold))
 }
 
 /// How a body may be read: its size cap, and when it must have arrived whole.
@@ -108,14 +154,14 @@ impl Drop for BodyHold {
 /// Reads the whole body: refused with 413 as soon as it passes the cap (at once when its
 /// declared length does, before `100 Continue` invites it), with 408 when it has not arrived
 /// by the deadline, with 429 when the tenant's bodies would pass its share of the budget, and
-/// with 503 when all bodies would pass the budget. The hold keeps the body's bytes counted
-/// until it is dropped.
+/// with 503 when all bodies would pass the budget. The bytes hold their place in the budget
+/// until the last reference to them is dropped (`held.rs`).
 pub async fn read_body(
     body: axum::body::Body,
     limits: BodyLimits,
     budget: &Arc<BodyBudget>,
     tenant: &Arc<AtomicU64>,
-) -> Result<(Bytes, BodyHold), ApiError> {
+) -> Result<Bytes, ApiError> {
     let cap = limits.cap;
     let too_large = || {
         ApiError::new(
@@ -173,22 +219,23 @@ pub async fn read_body(
         }
         parts.push(data);
     }
-    if declared.is_none() && parts.needs_copy() {
+    if parts.needs_copy() {
         // The chunks are put together in a copy of them all: both exist for a moment.
         let total = hold.bytes;
         hold.grow(total)?;
-        let bytes = parts.into_bytes();
+        let whole = parts.put_together();
         hold.shrink(total);
-        return Ok((bytes, hold));
+        return Ok(whole.finish(hold));
     }
-    Ok((parts.into_bytes(), hold))
+    Ok(parts.finish(hold))
 }
 
 /// A body's frames as they arrive: the first kept as it is (most bodies are one frame), later
-/// ones copied into one buffer, of the declared length when there is one.
+/// ones copied into one buffer of the declared length, or kept until the body ends when no
+/// length was declared.
 struct Parts {
     first: Option<Bytes>,
-    rest: Option<bytes::BytesMut>,
+    rest: Option<Filling>,
     chunks: Vec<Bytes>,
     declared: Option<u64>,
 }
@@ -211,38 +258,43 @@ impl Parts {
         match self.declared {
             Some(n) => {
                 let buf = self.rest.get_or_insert_with(|| {
-                    let mut buf = bytes::BytesMut::with_capacity(n as usize);
-                    buf.extend_from_slice(first);
+                    let mut buf = Filling::new(n as usize);
+                    buf.extend(first);
                     buf
                 });
-                buf.extend_from_slice(&data);
+                buf.extend(&data);
                 self.first = Some(Bytes::new());
             }
             None => self.chunks.push(data),
         }
     }
 
+    /// Whether the frames are in pieces that must be copied into one.
     fn needs_copy(&self) -> bool {
         !self.chunks.is_empty()
     }
 
-    fn into_bytes(self) -> Bytes {
-        if let Some(buf) = self.rest {
-            return buf.freeze();
-        }
-        let Some(first) = self.first else {
-            return Bytes::new();
-        };
-        if self.chunks.is_empty() {
-            return first;
-        }
+    /// The pieces copied into one buffer (and dropped).
+    fn put_together(self) -> Filling {
+        let first = self.first.unwrap_or_default();
         let total = first.len() + self.chunks.iter().map(Bytes::len).sum::<usize>();
-        let mut all = Vec::with_capacity(total);
-        all.extend_from_slice(&first);
+        let mut all = Filling::new(total);
+        all.extend(&first);
         for chunk in &self.chunks {
-            all.extend_from_slice(chunk);
+            all.extend(chunk);
         }
-        Bytes::from(all)
+        all
+    }
+
+    /// The body, holding `hold`.
+    fn finish(self, hold: BodyHold) -> Bytes {
+        if let Some(buf) = self.rest {
+            return buf.finish(hold);
+        }
+        if self.chunks.is_empty() {
+            return held::frame(self.first.unwrap_or_default(), hold);
+        }
+        self.put_together().finish(hold)
     }
 }
 
@@ -271,7 +323,7 @@ mod tests {
         .await
         .unwrap_err();
         assert_eq!(e.kind, ErrorKind::BodyTooLarge);
-        let (ok, _hold) = read_body(
+        let ok = read_body(
             axum::body::Body::from(vec![b' '; 10]),
             limits(10),
             &budget,
@@ -294,8 +346,8 @@ mod tests {
                 &tenants[t],
             )
         };
-        let (_, first) = read(10, 0).await.unwrap();
-        let (_, second) = read(10, 1).await.unwrap();
+        let first = read(10, 0).await.unwrap();
+        let second = read(10, 1).await.unwrap();
         assert_eq!(budget.usage(), (20, 25));
         let e = read(10, 2).await.unwrap_err();
         assert_eq!(e.kind, ErrorKind::GatewayOverloaded);
@@ -305,6 +357,34 @@ mod tests {
         drop((first, second));
         assert_eq!(budget.usage().0, 0);
         assert!(read(25, 2).await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_body_keeps_its_place_until_its_last_reference_is_dropped() {
+        let budget = BodyBudget::new(1 << 20, 1 << 20);
+        let tenant: Arc<AtomicU64> = Arc::default();
+        for size in [10, held::MAPPED_ABOVE + 1] {
+            let body = read_body(
+                axum::body::Body::from(vec![b'x'; size]),
+                limits(1 << 20),
+                &budget,
+                &tenant,
+            )
+            .await
+            .unwrap();
+            let (copy, piece) = (body.clone(), body.slice(1..5));
+            drop(body);
+            assert_eq!(
+                budget.usage().0,
+                size as u64,
+                "{size} bytes, two references"
+            );
+            drop(copy);
+            assert_eq!(&piece[..], b"xxxx");
+            assert_eq!(budget.usage().0, size as u64, "{size} bytes, a slice");
+            drop(piece);
+            assert_eq!((budget.usage().0, tenant.load(Ordering::Relaxed)), (0, 0));
+        }
     }
 
     #[tokio::test]
@@ -323,7 +403,7 @@ mod tests {
                 .await
             }
         };
-        let (_, a) = read(20, greedy.clone()).await.unwrap();
+        let a = read(20, greedy.clone()).await.unwrap();
         let e = read(20, greedy.clone()).await.unwrap_err();
         assert_eq!(e.kind, ErrorKind::TenantBodyBudget);
         assert_eq!(e.status(), http::StatusCode::TOO_MANY_REQUESTS);
@@ -332,7 +412,7 @@ mod tests {
             20,
             "a body refused by its tenant's share holds nothing"
         );
-        let (_, b) = read(30, other).await.unwrap();
+        let b = read(30, other).await.unwrap();
         drop((a, b));
         assert_eq!((budget.usage().0, greedy.load(Ordering::Relaxed)), (0, 0));
     }
@@ -374,7 +454,7 @@ mod tests {
         let budget = BodyBudget::new(1000, 1000);
         let tenant: Arc<AtomicU64> = Arc::default();
         let chunked = axum::body::Body::from_stream(frames());
-        let (bytes, hold) = read_body(chunked, limits(100), &budget, &tenant)
+        let bytes = read_body(chunked, limits(100), &budget, &tenant)
             .await
             .unwrap();
         assert_eq!(&bytes[..], br#"{"model":"m","x":1}"#);
@@ -383,7 +463,7 @@ mod tests {
             19,
             "the copy's share is given back once it is made"
         );
-        drop(hold);
+        drop(bytes);
         struct Declared<S>(S, u64);
         impl<S: futures_util::Stream<Item = Result<Bytes, std::io::Error>> + Unpin> http_body::Body
             for Declared<S>
@@ -404,12 +484,12 @@ mod tests {
             }
         }
         let declared = axum::body::Body::new(Declared(frames(), 19));
-        let (bytes, hold) = read_body(declared, limits(100), &budget, &tenant)
+        let bytes = read_body(declared, limits(100), &budget, &tenant)
             .await
             .unwrap();
         assert_eq!(&bytes[..], br#"{"model":"m","x":1}"#);
         assert_eq!(budget.usage().0, 19);
-        drop(hold);
+        drop(bytes);
         assert_eq!((budget.usage().0, tenant.load(Ordering::Relaxed)), (0, 0));
     }
 

@@ -546,10 +546,11 @@ mod tests {
     #[test]
     fn the_recorder_folds_its_samples_on_a_thread_of_its_own() {
         let _ = super::recorder();
-        assert!(
-            threads().iter().any(|t| t == "spillway-fold"),
-            "{:?}",
-            threads()
+        // A thread takes its name once it runs, a moment after it is spawned.
+        spillway_testkit::eventually_blocking(
+            std::time::Duration::from_secs(10),
+            "a thread named spillway-fold",
+            || threads().iter().any(|t| t == "spillway-fold"),
         );
     }
 }

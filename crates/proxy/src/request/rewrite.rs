@@ -52,8 +52,7 @@ impl Plan {
     /// cannot keep the caller's value; a field not there is added at the end of its object.
     pub fn new(body: &[u8], changes: &Changes<'_>) -> Result<Plan, ApiError> {
         let text = std::str::from_utf8(body).map_err(malformed)?;
-        let whole: &RawValue = serde_json::from_str(text).map_err(malformed)?;
-        let top = fields(text, whole.get())?;
+        let top = fields(text, text)?;
         let mut edits = Vec::new();
         let mut added = Vec::new();
         let mut set = |key: &str, value: String, added: &mut Vec<String>| {
@@ -97,7 +96,8 @@ impl Plan {
             }
         }
         if !added.is_empty() {
-            let close = offset(text, whole.get()) + whole.get().len() - 1;
+            // The object's closing brace: only whitespace may follow it.
+            let close = text.trim_end().len() - 1;
             let comma = if top.is_empty() { "" } else { "," };
             edits.push((close..close, format!("{comma}{}", added.join(","))));
         }

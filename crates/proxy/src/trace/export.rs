@@ -16,7 +16,7 @@ use metrics::{counter, describe_counter};
 use opentelemetry::Context;
 use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
 use opentelemetry_sdk::trace::{Span, SpanData, SpanExporter, SpanProcessor};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tracing::warn;
 
@@ -42,7 +42,7 @@ pub(crate) fn describe() {
 enum Message {
     Span(Box<SpanData>),
     /// Export what is queued, then answer.
-    Flush(oneshot::Sender<()>),
+    Flush(std::sync::mpsc::SyncSender<()>),
 }
 
 /// How the queue is bounded and drained.
@@ -51,12 +51,16 @@ pub(crate) struct Bounds {
     pub queue: usize,
     pub batch: usize,
     pub interval: Duration,
+    /// How long a flush waits for what is queued to be exported (one export, bounded by the
+    /// exporter's timeout).
+    pub flush_wait: Duration,
 }
 
 /// The span processor: ended spans into the bounded queue.
 #[derive(Debug)]
 pub(crate) struct Queue {
     tx: Mutex<Option<mpsc::Sender<Message>>>,
+    flush_wait: Duration,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
@@ -86,6 +90,7 @@ impl Queue {
             })?;
         Ok(Queue {
             tx: Mutex::new(Some(tx)),
+            flush_wait: bounds.flush_wait,
             thread: Mutex::new(Some(thread)),
         })
     }
@@ -108,15 +113,25 @@ impl SpanProcessor for Queue {
         }
     }
 
+    /// Never blocks on a full queue and waits at most `flush_wait`: a flush asked for while
+    /// the collector does not answer fails rather than hangs its caller.
     fn force_flush(&self) -> OTelSdkResult {
         let Some(tx) = self.sender() else {
             return Err(OTelSdkError::AlreadyShutdown);
         };
-        let (done, wait) = oneshot::channel();
-        tx.blocking_send(Message::Flush(done))
-            .map_err(|_| OTelSdkError::AlreadyShutdown)?;
-        wait.blocking_recv()
-            .map_err(|_| OTelSdkError::InternalFailure("the exporter stopped".into()))
+        let (done, wait) = std::sync::mpsc::sync_channel(1);
+        tx.try_send(Message::Flush(done)).map_err(|e| match e {
+            mpsc::error::TrySendError::Full(_) => {
+                OTelSdkError::InternalFailure("the export queue is full".into())
+            }
+            mpsc::error::TrySendError::Closed(_) => OTelSdkError::AlreadyShutdown,
+        })?;
+        wait.recv_timeout(self.flush_wait).map_err(|e| match e {
+            std::sync::mpsc::RecvTimeoutError::Timeout => OTelSdkError::Timeout(self.flush_wait),
+            std::sync::mpsc::RecvTimeoutError::Disconnected => {
+                OTelSdkError::InternalFailure("the exporter stopped".into())
+            }
+        })
     }
 
     fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
@@ -201,5 +216,69 @@ async fn send<E: SpanExporter>(
                 warn!("{n} spans not exported (not retried): {e}");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::SystemTime;
+
+    use opentelemetry::trace::{SpanContext, SpanId, SpanKind, Status};
+    use opentelemetry::InstrumentationScope;
+
+    use super::*;
+
+    /// A collector that takes the connection and never answers.
+    #[derive(Debug)]
+    struct Silent;
+
+    impl SpanExporter for Silent {
+        async fn export(&self, _batch: Vec<SpanData>) -> OTelSdkResult {
+            std::future::pending().await
+        }
+    }
+
+    fn span() -> SpanData {
+        SpanData {
+            span_context: SpanContext::empty_context(),
+            parent_span_id: SpanId::INVALID,
+            parent_span_is_remote: false,
+            span_kind: SpanKind::Internal,
+            name: "s".into(),
+            start_time: SystemTime::UNIX_EPOCH,
+            end_time: SystemTime::UNIX_EPOCH,
+            attributes: Vec::new(),
+            dropped_attributes_count: 0,
+            events: Default::default(),
+            links: Default::default(),
+            status: Status::Unset,
+            instrumentation_scope: InstrumentationScope::default(),
+        }
+    }
+
+    #[test]
+    fn a_flush_while_the_collector_never_answers_fails_instead_of_hanging() {
+        let queue = Queue::start(
+            Silent,
+            Bounds {
+                queue: 2,
+                batch: 1,
+                interval: Duration::from_millis(1),
+                flush_wait: Duration::from_millis(50),
+            },
+        )
+        .unwrap();
+        // The first span's export never ends; the next fill the queue behind it.
+        for _ in 0..4 {
+            queue.on_end(span());
+        }
+        let flushed = queue.force_flush();
+        assert!(
+            matches!(
+                flushed,
+                Err(OTelSdkError::Timeout(_)) | Err(OTelSdkError::InternalFailure(_))
+            ),
+            "{flushed:?}"
+        );
     }
 }

@@ -82,6 +82,7 @@ impl Tracing {
                 queue: config.export_queue,
                 batch: config.export_batch,
                 interval: config.export_interval,
+                flush_wait: config.export_timeout + std::time::Duration::from_secs(1),
             },
         )
         .map_err(|e| format!("telemetry: cannot start the exporter thread: {e}"))?;

@@ -77,9 +77,9 @@ fn assert_within(what: &str, (baseline, grew): (u64, u64), bound: u64) {
     );
 }
 
-/// A gateway in front of a backend slow enough that requests pile up in it.
-fn slow_gateway(server: &str, admission: &str, tenant_limits: &str) -> (Proc, Proc) {
-    let slow = mock(&[
+/// A backend slow enough that requests pile up in it: 300 ms to its first token.
+fn slow_mock() -> Proc {
+    mock(&[
         "--model",
         "m",
         "--ttft",
@@ -88,7 +88,12 @@ fn slow_gateway(server: &str, admission: &str, tenant_limits: &str) -> (Proc, Pr
         "0",
         "--capacity",
         "64",
-    ]);
+    ])
+}
+
+/// A gateway in front of a backend slow enough that requests pile up in it.
+fn slow_gateway(server: &str, admission: &str, tenant_limits: &str) -> (Proc, Proc) {
+    let slow = slow_mock();
     let gw = gateway_with_env(
         &format!(
             "{server}\n[admission]\n{admission}\n[[models]]\nname = \"m\"\n\
@@ -323,16 +328,7 @@ async fn memory_stays_within_the_bound_under_bodies_the_size_of_the_cap() {
 /// sends a rewritten copy, which is counted in the body budget as the body is.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_stays_within_the_bound_when_every_body_is_rewritten_for_its_backend() {
-    let slow = mock(&[
-        "--model",
-        "m",
-        "--ttft",
-        "300ms",
-        "--tokens-per-sec",
-        "0",
-        "--capacity",
-        "64",
-    ]);
+    let slow = slow_mock();
     let gw = gateway(&format!(
         "max_body_bytes = 4194304\nmax_connections = 100\n\
          [admission]\nmax_in_flight = 50\nmax_buffered_body_bytes = 33554432\n\

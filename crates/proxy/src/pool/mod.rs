@@ -6,6 +6,7 @@
 //! backend's `max_concurrency`, so the cap holds under any number of concurrent pickers.
 
 mod build;
+mod host;
 mod learn;
 mod pass;
 
@@ -132,7 +133,7 @@ impl Backend {
         }
         let uris: [Uri; Endpoint::ALL.len()] = uris.try_into().expect("one URI per endpoint");
         debug_assert!(uris.iter().all(|u| u.authority() == uris[0].authority()));
-        let host = crate::upstream::host_header(&uris[0]);
+        let host = host::host_header(&uris[0]);
         let stored_chat = stored_chat_uri(&cfg.kind, base)?;
         let auth_header = match &cfg.api_key_env {
             None => None,

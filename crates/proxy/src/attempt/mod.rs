@@ -36,7 +36,7 @@ use tracing::{debug, warn};
 use crate::call::Call;
 use crate::error::ApiError;
 use crate::pool::{Acquired, Ask, Backend, InFlight, ModelPool, Models};
-use crate::request::{rewritten, Changes};
+use crate::request::rewritten;
 use crate::upstream::{self, Upstream};
 use answer::Failure;
 pub(crate) use peek::Peeked;
@@ -364,21 +364,11 @@ impl Loop<'_> {
         span: &'s crate::trace::Attempt,
     ) -> upstream::Attempt<'s> {
         let call = self.call;
-        let priority = backend
-            .forward_priority
-            .then(|| call.priority.engine_value());
-        // A completion the backend keeps is tagged with its tenant, whose listings show only
-        // its own (`handler/stored.rs`).
-        let tagged = call.summary.store == Some(true)
-            && call.endpoint == crate::endpoint::Endpoint::ChatCompletions
-            && backend
-                .surfaces
-                .contains(spillway_config::Surface::StoredChat);
-        let changes = Changes {
-            model: backend.rename_to.as_deref(),
-            priority,
-            tenant_tag: tagged.then_some(&*call.tenant.name),
-        };
+        let changes = backend.changes(
+            call.summary.stores_chat(call.endpoint),
+            &call.tenant.name,
+            call.priority,
+        );
         // The copy is inside the room the call holds for it (`Call::_rewrite_room`). The body
         // was read as a JSON object, so the rewrite does not fail.
         let body = if changes.is_empty() {

@@ -227,12 +227,12 @@ fn rewrite_room(
     summary: &crate::request::RequestSummary,
     body: &[u8],
 ) -> Result<Option<BodyHold>, ApiError> {
-    let tagged = summary.store == Some(true) && endpoint == Endpoint::ChatCompletions;
-    let rewrites = pool.backends.iter().any(|b| {
-        b.rename_to.is_some()
-            || b.forward_priority
-            || (tagged && b.surfaces.contains(spillway_config::Surface::StoredChat))
-    });
+    let stored = summary.stores_chat(endpoint);
+    // Whether a backend is sent a copy does not depend on the tenant's name or the class.
+    let rewrites = pool
+        .backends
+        .iter()
+        .any(|b| !b.changes(stored, "", Priority::default()).is_empty());
     let copies = if !pool.fallbacks.is_empty() {
         2
     } else {

@@ -36,6 +36,7 @@ use crate::endpoint::Endpoint;
 use crate::engine::EngineLoad;
 use crate::health::BackendHealth;
 use crate::metrics::{BackendMetrics, PoolMetrics};
+use crate::request::Changes;
 
 /// A value per backend of a pool, made per pick: on the stack for pools of up to eight backends.
 type PerBackend<T> = smallvec::SmallVec<[T; 8]>;
@@ -118,6 +119,25 @@ impl Freed {
 }
 
 impl Backend {
+    /// What this backend is sent in place of the caller's body: the model by the name it knows
+    /// it by, the call's `priority` for an engine that schedules by it, and, for a completion it
+    /// is asked to keep (`stored`, see [`RequestSummary::stores_chat`]), the tenant's tag, whose
+    /// listings show only its own (`handler/stored.rs`).
+    ///
+    /// [`RequestSummary::stores_chat`]: crate::request::RequestSummary::stores_chat
+    pub(crate) fn changes<'a>(
+        &'a self,
+        stored: bool,
+        tenant: &'a str,
+        priority: spillway_policy::Priority,
+    ) -> Changes<'a> {
+        Changes {
+            model: self.rename_to.as_deref(),
+            priority: self.forward_priority.then(|| priority.engine_value()),
+            tenant_tag: (stored && self.surfaces.contains(Surface::StoredChat)).then_some(tenant),
+        }
+    }
+
     /// Builds a backend; `base` is the resolved base URL (a mock's is known only once it listens).
     pub fn new(
         model: &Arc<str>,

@@ -15,37 +15,40 @@ use super::BodyHold;
 /// of their own; smaller ones are allocated as any buffer is.
 pub(super) const MAPPED_ABOVE: usize = 64 * 1024;
 
-/// Where a body's bytes are.
+/// Where the bytes of a buffer being filled are.
 enum Store {
-    /// The one frame it arrived in, as hyper read it.
-    Frame(Bytes),
     Heap(Vec<u8>),
     Mapped(MmapMut),
 }
 
+/// Where a body's bytes are.
+enum Body {
+    /// The one frame it arrived in, as hyper read it.
+    Frame(Bytes),
+    /// A buffer it was put together in, of which the first `len` bytes are the body.
+    Filled(Store, usize),
+}
+
 /// The owner of a body's bytes: the bytes, and their place in the budget.
 struct Held {
-    store: Store,
-    len: usize,
+    body: Body,
     _hold: Option<BodyHold>,
 }
 
 impl AsRef<[u8]> for Held {
     fn as_ref(&self) -> &[u8] {
-        match &self.store {
-            Store::Frame(b) => b,
-            Store::Heap(v) => v,
-            Store::Mapped(m) => &m[..self.len],
+        match &self.body {
+            Body::Frame(b) => b,
+            Body::Filled(Store::Heap(v), _) => v,
+            Body::Filled(Store::Mapped(m), len) => &m[..*len],
         }
     }
 }
 
 /// `frame` as the whole body, holding `hold` until its last reference is dropped.
 pub(super) fn frame(frame: Bytes, hold: BodyHold) -> Bytes {
-    let len = frame.len();
     Bytes::from_owner(Held {
-        store: Store::Frame(frame),
-        len,
+        body: Body::Frame(frame),
         _hold: Some(hold),
     })
 }
@@ -91,7 +94,6 @@ impl Filling {
                 self.store = Store::Heap(heap);
             }
             Store::Heap(v) => v.extend_from_slice(data),
-            Store::Frame(_) => unreachable!("a buffer being filled is never a frame"),
         }
         self.len = end;
     }
@@ -108,8 +110,7 @@ impl Filling {
 
     fn into_bytes(self, hold: Option<BodyHold>) -> Bytes {
         Bytes::from_owner(Held {
-            store: self.store,
-            len: self.len,
+            body: Body::Filled(self.store, self.len),
             _hold: hold,
         })
     }

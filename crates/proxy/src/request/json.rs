@@ -3,6 +3,7 @@
 
 use serde::Deserialize;
 
+use crate::endpoint::Endpoint;
 use crate::error::{ApiError, ErrorKind};
 
 /// The fields of a request body that routing and admission need.
@@ -20,6 +21,14 @@ pub struct RequestSummary {
     pub previous_response_id: Option<String>,
     /// `store`: whether the backend is asked to keep the completion.
     pub store: Option<bool>,
+}
+
+impl RequestSummary {
+    /// Whether the call asks its backend to keep the completion (`store: true` on a chat
+    /// completion): a backend that keeps them is told the tenant (`pool::Backend::changes`).
+    pub fn stores_chat(&self, endpoint: Endpoint) -> bool {
+        self.store == Some(true) && endpoint == Endpoint::ChatCompletions
+    }
 }
 
 /// The fields read; a missing one is `None`.

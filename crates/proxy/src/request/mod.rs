@@ -62,18 +62,14 @@ impl BodyBudget {
         tenant: &Arc<AtomicU64>,
         bytes: u64,
     ) -> Result<BodyHold, ApiError> {
-        let mut hold = BodyHold {
-            budget: self.clone(),
-            tenant: tenant.clone(),
-            bytes: 0,
-        };
+        let mut hold = BodyHold::empty(self, tenant);
         hold.grow(bytes)?;
         Ok(hold)
     }
 }
 
 /// `body` rewritten by `changes` (`rewrite.rs`), holding no place of its own in the budget:
-/// for a copy an attempt sends, inside the room its call holds for it (`Call::rewrite_room`).
+/// for a copy an attempt sends, inside the room its call holds for it (`Call::_rewrite_room`).
 pub fn rewritten(body: &[u8], changes: &Changes<'_>) -> Result<Bytes, ApiError> {
     Ok(Plan::new(body, changes)?.apply(body).finish_unheld())
 }
@@ -109,6 +105,15 @@ pub struct BodyHold {
 }
 
 impl BodyHold {
+    /// A hold of nothing yet in `budget` and `tenant`'s share.
+    fn empty(budget: &Arc<BodyBudget>, tenant: &Arc<AtomicU64>) -> BodyHold {
+        BodyHold {
+            budget: budget.clone(),
+            tenant: tenant.clone(),
+            bytes: 0,
+        }
+    }
+
     fn grow(&mut self, more: u64) -> Result<(), ApiError> {
         let before = self.tenant.fetch_add(more, Ordering::AcqRel);
         if before.saturating_add(more) > self.budget.per_tenant {
@@ -172,11 +177,7 @@ pub async fn read_body(
     if body.size_hint().lower() > cap as u64 {
         return Err(too_large());
     }
-    let mut hold = BodyHold {
-        budget: budget.clone(),
-        tenant: tenant.clone(),
-        bytes: 0,
-    };
+    let mut hold = BodyHold::empty(budget, tenant);
     // A declared length is held in the budget at once, before a byte is read (or `100
     // Continue` invites them), and read into one buffer of that size: what is counted is what
     // is allocated, never twice the body while it is put together.
@@ -286,15 +287,13 @@ impl Parts {
         all
     }
 
-    /// The body, holding `hold`.
+    /// The body, holding `hold`, once no pieces need copying ([`Parts::needs_copy`]).
     fn finish(self, hold: BodyHold) -> Bytes {
-        if let Some(buf) = self.rest {
-            return buf.finish(hold);
+        debug_assert!(!self.needs_copy());
+        match self.rest {
+            Some(buf) => buf.finish(hold),
+            None => held::frame(self.first.unwrap_or_default(), hold),
         }
-        if self.chunks.is_empty() {
-            return held::frame(self.first.unwrap_or_default(), hold);
-        }
-        self.put_together().finish(hold)
     }
 }
 

@@ -505,7 +505,8 @@ async fn an_http2_client_that_stops_answering_pings_is_disconnected() {
 
 /// A backend that knows the model by another name is sent a copy of the body, and the copy is
 /// counted in the body budget beside the body: a body that fits alone is refused while its copy
-/// does not fit, and one whose copy could never fit is 413, saying why.
+/// does not fit, and one whose copy could never fit is 413, saying why. A model with fallbacks
+/// holds room for two copies.
 #[tokio::test]
 async fn the_copy_a_renamed_backend_is_sent_is_counted_in_the_body_budget() {
     let m = mock(&["--model", "m"]);
@@ -516,8 +517,12 @@ async fn the_copy_a_renamed_backend_is_sent_is_counted_in_the_body_budget() {
              max_buffered_body_bytes_per_tenant = 2500000\n{}\
              [[models]]\nname = \"alias\"\n[[models.backends]]\nname = \"b\"\nregion = \"r\"\n\
              url = \"{}\"\nupstream_model = \"m\"\n\
+             [[models]]\nname = \"falls\"\nfallbacks = [{{ model = \"m\" }}]\n\
+             [[models.backends]]\nname = \"b\"\nregion = \"r\"\nurl = \"{}\"\n\
+             upstream_model = \"m\"\n\
              [[tenants]]\nname = \"limited\"\nkeys = [{{ env = \"LIMITED_KEY\" }}]\n",
             model("m", &[("b", "r", m.url("/v1"))]),
+            m.url("/v1"),
             m.url("/v1")
         ),
         &[("LIMITED_KEY", "limited-key")],
@@ -552,4 +557,10 @@ async fn the_copy_a_renamed_backend_is_sent_is_counted_in_the_body_budget() {
     let e: serde_json::Value = r.json().await.unwrap();
     let message = e["error"]["message"].as_str().unwrap();
     assert!(message.contains("are sent a copy of it"), "{message}");
+    // A model with fallbacks holds room for two copies (the fallback's body and its backend's
+    // copy): 0.9 MB and two copies do not fit in 2.5 MB where one copy did.
+    let r = chat(&gw, &body_of("falls", 900_000)).await;
+    assert_eq!(r.status(), 413, "{}", r.text().await.unwrap());
+    let r = chat(&gw, &body_of("falls", 500_000)).await;
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
 }

@@ -370,3 +370,59 @@ async fn served_and_given_back(gw: &Proc, served: &AtomicU64) {
     )
     .await;
 }
+
+/// Clients that declare large bodies and stall after a few bytes: the budget counts what they
+/// declared, but the gateway holds only what they sent (a large body's pages become resident
+/// as its bytes arrive).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_stays_at_what_stalled_large_bodies_sent_not_what_they_declared() {
+    const CLIENTS: u64 = 40;
+    const DECLARED: u64 = 1_000_000;
+    let (gw, _slow) = slow_gateway(
+        "max_body_bytes = 1048576\nmax_connections = 100\nbody_read_timeout = \"1h\"",
+        "max_in_flight = 100\nmax_buffered_body_bytes = 67108864\n\
+         max_buffered_body_bytes_per_tenant = 67108864",
+        "",
+    );
+    warm_up(&gw, &body_of(1000)).await;
+    let baseline = rss_bytes(gw.pid());
+    let mut clients = Vec::new();
+    for _ in 0..CLIENTS {
+        let mut s = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+        let head = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {KEY}\r\n\
+             content-type: application/json\r\ncontent-length: {DECLARED}\r\n\r\n{{\"model\":\"m\","
+        );
+        s.write_all(head.as_bytes()).await.unwrap();
+        clients.push(s);
+    }
+    let gauge = "spillway_buffered_body_bytes ";
+    eventually(
+        Duration::from_secs(10),
+        "every declared body counted",
+        || async { sample(&metrics(&gw).await, gauge) == Some((CLIENTS * DECLARED) as f64) },
+    )
+    .await;
+    // A second piece, read as a frame of its own: the body is now being put together.
+    for s in &mut clients {
+        s.write_all(&[b' '; 1000]).await.unwrap();
+    }
+    let mut peak = 0;
+    for _ in 0..25 {
+        peak = peak.max(rss_bytes(gw.pid()).saturating_sub(baseline));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let declared = CLIENTS * DECLARED;
+    eprintln!(
+        "stalled bodies: grew {} KiB, declared {} KiB",
+        peak / KIB,
+        declared / KIB
+    );
+    assert!(
+        peak < declared / 4,
+        "grew {} KiB with {} KiB declared and about {} KiB sent",
+        peak / KIB,
+        declared / KIB,
+        CLIENTS * 1020 / KIB
+    );
+}

@@ -10,6 +10,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use spillway_testkit::eventually;
 use spillway_testkit::http::{client, get_json};
@@ -147,10 +148,11 @@ async fn stale_pooled_connections_are_resent_on_a_new_one_without_counting_again
 
 /// A backend that keeps every connection open and answers each request on it: a JSON body of
 /// known length, or (for `"stream": true`) a chunked event stream. It counts the connections it
-/// accepted.
+/// accepted, and those the gateway closed.
 struct KeepAliveBackend {
     url: String,
     connections: Arc<AtomicU64>,
+    closed: Arc<AtomicU64>,
 }
 
 impl KeepAliveBackend {
@@ -158,15 +160,24 @@ impl KeepAliveBackend {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let url = format!("http://{}/v1", listener.local_addr().unwrap());
         let connections = Arc::new(AtomicU64::new(0));
-        let count = connections.clone();
+        let closed = Arc::new(AtomicU64::new(0));
+        let (count, ends) = (connections.clone(), closed.clone());
         std::thread::spawn(move || {
             for stream in listener.incoming() {
                 let Ok(stream) = stream else { return };
                 count.fetch_add(1, Ordering::Relaxed);
-                std::thread::spawn(move || answer_every_request(stream));
+                let ends = ends.clone();
+                std::thread::spawn(move || {
+                    answer_every_request(stream);
+                    ends.fetch_add(1, Ordering::Relaxed);
+                });
             }
         });
-        KeepAliveBackend { url, connections }
+        KeepAliveBackend {
+            url,
+            connections,
+            closed,
+        }
     }
 }
 
@@ -223,6 +234,53 @@ async fn one_kept_alive_connection_carries_sequential_requests_plain_and_streame
         0.0,
         "{page}"
     );
+}
+
+#[tokio::test]
+async fn an_idle_upstream_connection_is_closed_after_the_pool_idle_timeout() {
+    let backend = KeepAliveBackend::start();
+    let cfg = format!(
+        "[health_check]\nenabled = false\n\n[upstream]\npool_idle_timeout = \"300ms\"\n\n{}engine = \"none\"\n",
+        model("m", &[("kept", "default", backend.url.clone())])
+    );
+    let gw = gateway(&cfg);
+    for stream in [false, true] {
+        let r = chat(&gw, &chat_body("m", stream)).await;
+        assert_eq!(r.status(), 200);
+        r.text().await.unwrap();
+    }
+    assert_eq!(backend.connections.load(Ordering::Relaxed), 1, "kept between the two");
+    // No request comes after: the gateway itself closes the connection once it has been idle
+    // for the timeout, rather than holding it (and the backend's socket) open.
+    eventually(Duration::from_secs(10), "the idle connection closed", || async {
+        backend.closed.load(Ordering::Relaxed) == 1
+    })
+    .await;
+    // The next request opens a new one.
+    let r = chat(&gw, &chat_body("m", false)).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(backend.connections.load(Ordering::Relaxed), 2);
+}
+
+#[tokio::test]
+async fn with_no_idle_connections_kept_each_request_has_a_connection_of_its_own() {
+    let backend = KeepAliveBackend::start();
+    let cfg = format!(
+        "[health_check]\nenabled = false\n\n[upstream]\npool_max_idle_per_host = 0\n\n{}engine = \"none\"\n",
+        model("m", &[("kept", "default", backend.url.clone())])
+    );
+    let gw = gateway(&cfg);
+    for i in 0..4 {
+        let r = chat(&gw, &chat_body("m", i % 2 == 1)).await;
+        assert_eq!(r.status(), 200);
+        r.text().await.unwrap();
+    }
+    assert_eq!(backend.connections.load(Ordering::Relaxed), 4);
+    // Each is closed once its response has been relayed.
+    eventually(Duration::from_secs(10), "every connection closed", || async {
+        backend.closed.load(Ordering::Relaxed) == 4
+    })
+    .await;
 }
 
 /// A `[[models]]` block whose backends each take `max_concurrency` requests at once.

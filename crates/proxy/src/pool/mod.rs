@@ -7,6 +7,7 @@
 
 mod build;
 mod host;
+pub(crate) mod idle;
 mod learn;
 mod pass;
 
@@ -75,6 +76,10 @@ pub struct Backend {
     /// when `engine = "none"`.
     pub engine: Option<Arc<EngineLoad>>,
     uris: [Uri; Endpoint::ALL.len()],
+    /// The same in origin form (the path and query), as a request line names them.
+    targets: [Uri; Endpoint::ALL.len()],
+    /// Its kept-alive connections while no request uses them.
+    pub(crate) idle: Arc<idle::IdleConns>,
     /// The `Host` header of its requests, the authority its URIs share, made once.
     pub host: Option<HeaderValue>,
     /// The API surfaces it serves: only requests on these are sent to it.
@@ -154,6 +159,7 @@ impl Backend {
         let uris: [Uri; Endpoint::ALL.len()] = uris.try_into().expect("one URI per endpoint");
         debug_assert!(uris.iter().all(|u| u.authority() == uris[0].authority()));
         let host = host::host_header(&uris[0]);
+        let targets = uris.clone().map(|uri| origin_form(&uri));
         let stored_chat = stored_chat_uri(&cfg.kind, base)?;
         let auth_header = match &cfg.api_key_env {
             None => None,
@@ -210,6 +216,8 @@ impl Backend {
             auth_header,
             engine: None,
             uris,
+            targets,
+            idle: Arc::default(),
             host,
             surfaces: cfg.surfaces,
             stored_chat,
@@ -223,6 +231,11 @@ impl Backend {
 
     pub fn uri(&self, endpoint: Endpoint) -> &Uri {
         &self.uris[endpoint.index()]
+    }
+
+    /// [`Backend::uri`] in origin form: what the request line of an HTTP/1 request names.
+    pub fn target(&self, endpoint: Endpoint) -> &Uri {
+        &self.targets[endpoint.index()]
     }
 
     /// What the engine last reported about its load, as the balancer reads it: a stale reading
@@ -563,5 +576,14 @@ impl ModelPool {
             full.push(choice.index);
         }
         None
+    }
+}
+
+/// `uri`'s path and query alone (origin form, RFC 9112 section 3.2.1), as an HTTP/1 request line
+/// names its target; `/` when it has none.
+pub(crate) fn origin_form(uri: &Uri) -> Uri {
+    match uri.path_and_query() {
+        Some(pq) => Uri::from(pq.clone()),
+        None => Uri::from_static("/"),
     }
 }

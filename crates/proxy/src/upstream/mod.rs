@@ -1,5 +1,5 @@
 //! The upstream side: the seam the attempt loop sends through ([`Upstream`]), its one production
-//! implementation ([`HyperUpstream`]: one pooled HTTP client for every backend), and how a client
+//! implementation ([`HyperUpstream`]: HTTP/1 connections kept alive per backend), and how a client
 //! request becomes an upstream request.
 //!
 //! The seam is small on purpose: one attempt in, a response head or the [`Outcome`] of a failure
@@ -12,11 +12,14 @@
 //! apart from a slow one: the first is skipped and the request goes elsewhere, the second is a 504.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{header, HeaderMap, HeaderName, HeaderValue, Method, Request};
+use http_body::{Body, Frame, SizeHint};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
@@ -25,15 +28,19 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use spillway_config::UpstreamConfig;
 use spillway_policy::Outcome;
+use tower::ServiceExt;
 use tracing::{debug, warn};
 
 use crate::endpoint::Endpoint;
 use crate::metrics::UpstreamFailure;
+use crate::pool::idle::{IdleConns, Keep, Sender};
 use crate::pool::Backend;
 
-mod connector;
+/// hyper-util's pooled client, for the gateway's own reads beside the request path (health
+/// checks, engine metrics pages).
+pub type HttpClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 
-pub type HttpClient = Client<connector::Plain<HttpsConnector<HttpConnector>>, Full<Bytes>>;
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// One attempt, as the attempt loop hands it to the upstream.
 pub(crate) struct Attempt<'a> {
@@ -51,8 +58,8 @@ pub(crate) struct Attempt<'a> {
 }
 
 /// Where attempts go: sends one attempt to one backend and returns the response head, or the
-/// outcome of an attempt that got none. It never retries on its own account, but for a pooled
-/// connection found closed before the request was read (see [`is_stale_connection`]).
+/// outcome of an attempt that got none. It never retries on its own account, but for a kept-alive
+/// connection found closed before the request was read (see [`is_stale`]).
 pub(crate) trait Upstream: Send + Sync {
     type Body: http_body::Body<Data = Bytes, Error: std::fmt::Display> + Send + Unpin + 'static;
 
@@ -63,19 +70,31 @@ pub(crate) trait Upstream: Send + Sync {
     ) -> impl Future<Output = Result<http::Response<Self::Body>, Outcome>> + Send;
 }
 
-/// The upstream of production: the pooled hyper client.
+/// The upstream of production: HTTP/1 connections (TLS where the backend's URL says `https`),
+/// kept alive per backend between requests ([`IdleConns`]).
 pub(crate) struct HyperUpstream {
+    /// For the background reads; requests go through `connector` and the backends' own
+    /// connections.
     client: HttpClient,
-    /// Keeps no connections: for resending a request whose pooled connection was stale.
-    fresh: HttpClient,
+    connector: HttpsConnector<HttpConnector>,
+    keep: Keep,
     /// A response head later than this is a timeout, whatever the request's deadline.
     response_timeout: Duration,
     /// How long a backend that refused a connection is left out of new picks.
     unreachable_cooldown: Duration,
 }
 
+/// Why an exchange with a backend got no response head.
+enum Failure {
+    /// No connection could be made; `after_stale` when a kept-alive one was found closed first,
+    /// so the request may have reached the backend as it went down.
+    Connect { error: BoxError, after_stale: bool },
+    /// The connection failed once the request was on it.
+    Exchange(hyper::Error),
+}
+
 impl HyperUpstream {
-    /// The pooled client requests are sent with.
+    /// The client of the background reads.
     pub(crate) fn client(&self) -> &HttpClient {
         &self.client
     }
@@ -83,21 +102,109 @@ impl HyperUpstream {
     pub(crate) fn new(upstream: &UpstreamConfig) -> Self {
         HyperUpstream {
             client: client(upstream),
-            fresh: fresh_client(upstream),
+            connector: connector(upstream),
+            keep: Keep {
+                max: upstream.pool_max_idle_per_host,
+                idle_timeout: upstream.pool_idle_timeout,
+            },
             response_timeout: upstream.response_timeout,
             unreachable_cooldown: upstream.unreachable_cooldown,
         }
     }
+
+    /// Sends the request `build` makes on a kept-alive connection of `backend`, or a new one;
+    /// once more on a new one when the kept-alive connection turns out to have been closed.
+    async fn exchange(
+        &self,
+        backend: &Backend,
+        build: impl Fn() -> Request<Full<Bytes>>,
+    ) -> Result<http::Response<UpstreamBody>, Failure> {
+        let (mut conn, kept) = self.checkout(backend).await?;
+        let error = match conn.send_request(build()).await {
+            Ok(response) => return Ok(self.relayed(response, conn, &backend.idle)),
+            Err(e) => e,
+        };
+        if !(kept && is_stale(&error)) {
+            return Err(Failure::Exchange(error));
+        }
+        // The kept connection was already closed: the backend never read the request.
+        backend
+            .metrics
+            .upstream_failed(UpstreamFailure::StaleConnection);
+        debug!(backend = %backend.name, "kept-alive connection was closed; sending again on a new one: {error}");
+        let mut conn = self.connect(backend).await.map_err(|error| Failure::Connect {
+            error,
+            after_stale: true,
+        })?;
+        let response = conn
+            .send_request(build())
+            .await
+            .map_err(Failure::Exchange)?;
+        Ok(self.relayed(response, conn, &backend.idle))
+    }
+
+    /// A connection to `backend` ready for a request, and whether it was kept from an earlier
+    /// one.
+    async fn checkout(&self, backend: &Backend) -> Result<(Sender, bool), Failure> {
+        while let Some(mut conn) = backend.idle.take(crate::clock::now(), self.keep) {
+            // Ready at once unless it is still finishing the last response; an error is a
+            // connection the backend closed meanwhile.
+            if conn.ready().await.is_ok() {
+                return Ok((conn, true));
+            }
+        }
+        let conn = self.connect(backend).await.map_err(|error| Failure::Connect {
+            error,
+            after_stale: false,
+        })?;
+        Ok((conn, false))
+    }
+
+    /// A new connection to `backend`, its reading half running as a task of its own.
+    async fn connect(&self, backend: &Backend) -> Result<Sender, BoxError> {
+        let io = self
+            .connector
+            .clone()
+            .oneshot(backend.uri(Endpoint::ChatCompletions).clone())
+            .await?;
+        let (sender, conn) = hyper::client::conn::http1::handshake(io).await?;
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                debug!("upstream connection ended: {e}");
+            }
+        });
+        Ok(sender)
+    }
+
+    /// `response` with its connection, which goes back to `idle` when the body has been read.
+    fn relayed(
+        &self,
+        response: http::Response<Incoming>,
+        conn: Sender,
+        idle: &Arc<IdleConns>,
+    ) -> http::Response<UpstreamBody> {
+        response.map(|inner| {
+            let mut body = UpstreamBody {
+                inner,
+                conn: Some((conn, idle.clone())),
+                keep: self.keep,
+            };
+            if body.inner.is_end_stream() {
+                body.give_back();
+            }
+            body
+        })
+    }
 }
 
 impl Upstream for HyperUpstream {
-    type Body = Incoming;
+    type Body = UpstreamBody;
 
     async fn send(
         &self,
         backend: &Arc<Backend>,
         attempt: Attempt<'_>,
-    ) -> Result<http::Response<Incoming>, Outcome> {
+    ) -> Result<http::Response<UpstreamBody>, Outcome> {
         let build = || {
             request(
                 backend,
@@ -110,32 +217,18 @@ impl Upstream for HyperUpstream {
         let timeout = self
             .response_timeout
             .min(attempt.until.saturating_duration_since(sent));
-        let mut result = tokio::time::timeout(timeout, self.client.request(build())).await;
-        let mut resent = false;
-        if let Ok(Err(e)) = &result {
-            if is_stale_connection(e) {
-                resent = true;
-                // The pooled connection was already closed: the backend never read the request.
-                backend
-                    .metrics
-                    .upstream_failed(UpstreamFailure::StaleConnection);
-                debug!(backend = %backend.name, "pooled connection was closed; sending again on a new one: {e}");
-                let left = timeout.saturating_sub(crate::clock::since(sent));
-                result = tokio::time::timeout(left, self.fresh.request(build())).await;
-            }
-        }
-        match result {
+        match tokio::time::timeout(timeout, self.exchange(backend, build)).await {
             Ok(Ok(response)) => {
                 backend
                     .metrics
                     .upstream_responded(crate::clock::since(sent));
                 Ok(response)
             }
-            Ok(Err(e)) if e.is_connect() => {
+            Ok(Err(Failure::Connect { error, after_stale })) => {
                 backend.metrics.upstream_failed(UpstreamFailure::Connect);
-                warn!(backend = %backend.name, "cannot connect upstream: {e}");
+                warn!(backend = %backend.name, "cannot connect upstream: {error}");
                 backend.skip_for(crate::clock::now(), self.unreachable_cooldown);
-                if resent {
+                if after_stale {
                     // The closed connection was the backend going down with the request on
                     // it, not a stale one: the request did reach it, so what follows is a
                     // retry like any other, drawn from the budget.
@@ -144,7 +237,7 @@ impl Upstream for HyperUpstream {
                     Err(Outcome::ConnectFailed)
                 }
             }
-            Ok(Err(e)) => {
+            Ok(Err(Failure::Exchange(e))) => {
                 backend.metrics.upstream_failed(UpstreamFailure::Connection);
                 warn!(backend = %backend.name, "upstream request failed: {e}");
                 Err(Outcome::ResetBeforeResponse)
@@ -160,7 +253,8 @@ impl Upstream for HyperUpstream {
 
 impl HyperUpstream {
     /// Sends a call on a stored resource (`uri`) to `backend` as it is, once: no retry, no
-    /// second connection. A head later than `upstream.response_timeout` is a 504.
+    /// second connection but for a closed kept-alive one. A head later than
+    /// `upstream.response_timeout` is a 504.
     pub(crate) async fn forward(
         &self,
         backend: &Backend,
@@ -168,7 +262,7 @@ impl HyperUpstream {
         uri: http::Uri,
         mut headers: HeaderMap,
         body: Bytes,
-    ) -> Result<http::Response<Incoming>, crate::error::ApiError> {
+    ) -> Result<http::Response<UpstreamBody>, crate::error::ApiError> {
         use crate::error::{ApiError, ErrorKind};
         if !body.is_empty() {
             headers.insert(
@@ -177,16 +271,27 @@ impl HyperUpstream {
             );
             headers.insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
         }
-        let mut req = Request::new(Full::new(body));
-        *req.method_mut() = method;
-        *req.uri_mut() = uri;
+        if let Some(host) = &backend.host {
+            headers.insert(header::HOST, host.clone());
+        }
         if let Some((name, value)) = &backend.auth_header {
             headers.insert(name.clone(), value.clone());
         }
-        *req.headers_mut() = headers;
-        match tokio::time::timeout(self.response_timeout, self.client.request(req)).await {
+        let target = crate::pool::origin_form(&uri);
+        let build = || {
+            let mut req = Request::new(Full::new(body.clone()));
+            *req.method_mut() = method.clone();
+            *req.uri_mut() = target.clone();
+            *req.headers_mut() = headers.clone();
+            req
+        };
+        match tokio::time::timeout(self.response_timeout, self.exchange(backend, build)).await {
             Ok(Ok(response)) => Ok(response),
-            Ok(Err(e)) => {
+            Ok(Err(failure)) => {
+                let e = match failure {
+                    Failure::Connect { error, .. } => error,
+                    Failure::Exchange(e) => e.into(),
+                };
                 warn!(backend = %backend.name, "upstream request failed: {e}");
                 Err(ApiError::new(
                     ErrorKind::UpstreamUnavailable,
@@ -204,6 +309,49 @@ impl HyperUpstream {
                 ),
             )),
         }
+    }
+}
+
+/// An upstream response body. Its connection goes back to its backend's idle connections once
+/// the body has been read to its end; a body dropped before that closes it.
+pub(crate) struct UpstreamBody {
+    inner: Incoming,
+    conn: Option<(Sender, Arc<IdleConns>)>,
+    keep: Keep,
+}
+
+impl UpstreamBody {
+    fn give_back(&mut self) {
+        if let Some((conn, idle)) = self.conn.take() {
+            idle.put(conn, crate::clock::now(), self.keep);
+        }
+    }
+}
+
+impl Body for UpstreamBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        match &polled {
+            Poll::Ready(None) => self.give_back(),
+            Poll::Ready(Some(Ok(_))) if self.inner.is_end_stream() => self.give_back(),
+            Poll::Ready(Some(Err(_))) => self.conn = None,
+            _ => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
     }
 }
 
@@ -228,19 +376,32 @@ pub(crate) fn resource_uri(
     })
 }
 
-/// Builds the shared upstream client from the `[upstream]` settings.
+/// The client of the gateway's background reads, from the `[upstream]` settings.
 pub fn client(cfg: &UpstreamConfig) -> HttpClient {
-    build(cfg, cfg.pool_max_idle_per_host)
+    Client::builder(TokioExecutor::new())
+        .pool_timer(TokioTimer::new())
+        .pool_idle_timeout(cfg.pool_idle_timeout)
+        .pool_max_idle_per_host(cfg.pool_max_idle_per_host)
+        .build(connector(cfg))
 }
 
-/// A client that keeps no connection for reuse: every request it sends opens its own. Used to
-/// resend a request whose pooled connection turned out to be closed (see [`is_stale_connection`]).
-pub fn fresh_client(cfg: &UpstreamConfig) -> HttpClient {
-    build(cfg, 0)
+/// Makes connections to backends: TCP with the connect timeout, TLS for `https` URLs.
+fn connector(cfg: &UpstreamConfig) -> HttpsConnector<HttpConnector> {
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    http.set_nodelay(true);
+    http.set_connect_timeout(Some(cfg.connect_timeout));
+    http.set_keepalive(Some(std::time::Duration::from_secs(60)));
+    HttpsConnectorBuilder::new()
+        .with_webpki_roots()
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(http)
 }
 
 /// Whether an upstream error is a kept-alive connection the backend had already closed: the
-/// connection ended before any byte of a response, with no error of its own.
+/// connection ended before any byte of a response, with no error of its own, or before the
+/// request could be written at all.
 ///
 /// Servers close idle keep-alive connections when they please, and some (llama.cpp's server
 /// among them) answer `Keep-Alive` yet close the connection after every streamed response. A
@@ -250,36 +411,8 @@ pub fn fresh_client(cfg: &UpstreamConfig) -> HttpClient {
 /// backend that went down with the request on it ends the connection the same way; then the new
 /// connection is refused, and the attempt counts as a failure after sending (a retry from the
 /// budget), not as a refused connection.
-pub fn is_stale_connection(error: &hyper_util::client::legacy::Error) -> bool {
-    if error.is_connect() {
-        return false;
-    }
-    let mut source = std::error::Error::source(error);
-    while let Some(e) = source {
-        if let Some(hyper) = e.downcast_ref::<hyper::Error>() {
-            return hyper.is_incomplete_message();
-        }
-        source = e.source();
-    }
-    false
-}
-
-fn build(cfg: &UpstreamConfig, max_idle_per_host: usize) -> HttpClient {
-    let mut http = HttpConnector::new();
-    http.enforce_http(false);
-    http.set_nodelay(true);
-    http.set_connect_timeout(Some(cfg.connect_timeout));
-    http.set_keepalive(Some(std::time::Duration::from_secs(60)));
-    let connector = HttpsConnectorBuilder::new()
-        .with_webpki_roots()
-        .https_or_http()
-        .enable_http1()
-        .wrap_connector(http);
-    Client::builder(TokioExecutor::new())
-        .pool_timer(TokioTimer::new())
-        .pool_idle_timeout(cfg.pool_idle_timeout)
-        .pool_max_idle_per_host(max_idle_per_host)
-        .build(connector::Plain(connector))
+fn is_stale(error: &hyper::Error) -> bool {
+    error.is_incomplete_message() || error.is_canceled()
 }
 
 /// Request headers that never travel upstream: hop-by-hop headers, the caller's own credentials
@@ -378,10 +511,10 @@ fn request(
     let length = body.len();
     let mut req = Request::new(Full::new(body));
     *req.method_mut() = Method::POST;
-    let uri = backend.uri(endpoint);
-    *req.uri_mut() = query
-        .and_then(|q| with_query(uri, q))
-        .unwrap_or_else(|| uri.clone());
+    *req.uri_mut() = match query.and_then(|q| with_query(backend.uri(endpoint), q)) {
+        Some(uri) => crate::pool::origin_form(&uri),
+        None => backend.target(endpoint).clone(),
+    };
     *req.headers_mut() = outbound.clone();
     let headers = req.headers_mut();
     headers.insert(

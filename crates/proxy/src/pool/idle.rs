@@ -1,0 +1,220 @@
+//! A backend's kept-alive upstream connections while no request uses them.
+//!
+//! A connection is taken for one request and put back when that request's response body has
+//! been read to its end (`upstream::UpstreamBody`), so the next request finds it at once: no
+//! lookup by host, no task that waits for the connection to become idle, no future built to
+//! connect in case no connection is free. The most recently used comes out first (it is the one
+//! least likely to have been closed by the backend); the oldest go first when the list is full
+//! or they have been idle for longer than `upstream.pool_idle_timeout`, which a sweep enforces
+//! while the backend has idle connections and no traffic takes them.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::Full;
+
+/// The sending half of an upstream HTTP/1 connection; its other half runs as a task.
+pub(crate) type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
+
+/// How many idle connections a backend keeps, and for how long.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Keep {
+    pub max: usize,
+    pub idle_timeout: Duration,
+}
+
+#[derive(Default)]
+pub(crate) struct IdleConns {
+    /// Oldest first; each with when it became idle.
+    list: Mutex<VecDeque<(Sender, Instant)>>,
+    /// A sweep is running (set and cleared under the list's lock).
+    sweeping: AtomicBool,
+}
+
+impl IdleConns {
+    /// The most recently idle connection that is still open, if one was idle for less than
+    /// `keep.idle_timeout`; the others, past it, are closed.
+    pub(crate) fn take(&self, now: Instant, keep: Keep) -> Option<Sender> {
+        let mut list = self.list.lock().unwrap_or_else(|e| e.into_inner());
+        while let Some((conn, since)) = list.pop_back() {
+            if now.saturating_duration_since(since) >= keep.idle_timeout {
+                // The newest is too old: so are all before it.
+                list.clear();
+                return None;
+            }
+            if !conn.is_closed() {
+                return Some(conn);
+            }
+        }
+        None
+    }
+
+    /// Keeps `conn` for the next request, unless it is closed or nothing is kept; the oldest
+    /// is closed when the list is full.
+    pub(crate) fn put(self: &Arc<Self>, conn: Sender, now: Instant, keep: Keep) {
+        if keep.max == 0 || conn.is_closed() {
+            return;
+        }
+        let mut list = self.list.lock().unwrap_or_else(|e| e.into_inner());
+        while list.len() >= keep.max {
+            list.pop_front();
+        }
+        list.push_back((conn, now));
+        if !self.sweeping.swap(true, Ordering::Relaxed) {
+            tokio::spawn(sweep(Arc::downgrade(self), keep.idle_timeout));
+        }
+    }
+
+    /// Closes the connections idle for `idle_timeout` or longer, and those the backend closed;
+    /// when the next of the others passes it, if any are left.
+    fn expire(&self, now: Instant, idle_timeout: Duration) -> Option<Instant> {
+        let mut list = self.list.lock().unwrap_or_else(|e| e.into_inner());
+        list.retain(|(conn, since)| {
+            now.saturating_duration_since(*since) < idle_timeout && !conn.is_closed()
+        });
+        match list.front() {
+            Some((_, since)) => Some(*since + idle_timeout),
+            None => {
+                self.sweeping.store(false, Ordering::Relaxed);
+                None
+            }
+        }
+    }
+
+    /// Idle connections now.
+    pub(crate) fn len(&self) -> usize {
+        self.list.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+}
+
+impl std::fmt::Debug for IdleConns {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IdleConns").field("len", &self.len()).finish()
+    }
+}
+
+/// Closes `idle`'s connections as they pass the idle timeout, until none is left (the next
+/// `put` starts another sweep) or the backend is gone.
+async fn sweep(idle: Weak<IdleConns>, idle_timeout: Duration) {
+    let mut next = crate::clock::now() + idle_timeout;
+    loop {
+        tokio::time::sleep_until(next.into()).await;
+        let Some(idle) = idle.upgrade() else { return };
+        let now = crate::clock::now();
+        match idle.expire(now, idle_timeout) {
+            Some(at) => next = at.max(now + Duration::from_millis(10)),
+            None => return,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hyper_util::rt::TokioIo;
+
+    /// A connection whose other end is `far` (dropping it closes the connection).
+    async fn conn() -> (Sender, tokio::io::DuplexStream) {
+        let (near, far) = tokio::io::duplex(1024);
+        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(near))
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        (sender, far)
+    }
+
+    /// Whether `conn`'s task sees it closed, given its turns to run.
+    async fn closes(conn: &Sender) -> bool {
+        for _ in 0..1000 {
+            if conn.is_closed() {
+                return true;
+            }
+            tokio::task::yield_now().await;
+        }
+        false
+    }
+
+    const KEEP: Keep = Keep {
+        max: 2,
+        idle_timeout: Duration::from_secs(10),
+    };
+
+    #[tokio::test(start_paused = true)]
+    async fn the_newest_comes_out_first_and_a_full_list_closes_the_oldest() {
+        use tokio::io::AsyncReadExt;
+        let idle = Arc::new(IdleConns::default());
+        let (a, mut fa) = conn().await;
+        let (b, _fb) = conn().await;
+        let (c, fc) = conn().await;
+        let t = crate::clock::now();
+        idle.put(a, t, KEEP);
+        idle.put(b, t, KEEP);
+        idle.put(c, t, KEEP);
+        assert_eq!(idle.len(), 2, "the cap");
+        // a, the oldest, was closed: its far end reads the end.
+        let end = tokio::time::timeout(Duration::from_secs(5), fa.read(&mut [0u8; 1])).await;
+        assert_eq!(end.expect("a is still open").unwrap(), 0);
+        // The newest is c: its far end going away closes it (b's would stay open).
+        let newest = idle.take(t, KEEP).unwrap();
+        let left = idle.take(t, KEEP).unwrap();
+        assert!(idle.take(t, KEEP).is_none());
+        drop(fc);
+        assert!(closes(&newest).await, "the newest is c");
+        assert!(!left.is_closed(), "b is left, open");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn connections_past_the_idle_timeout_or_closed_are_not_taken() {
+        let idle = Arc::new(IdleConns::default());
+        let (a, fa) = conn().await;
+        let (b, _fb) = conn().await;
+        let t = crate::clock::now();
+        idle.put(a, t, KEEP);
+        idle.put(b, t + Duration::from_secs(5), KEEP);
+        assert!(idle.take(t + Duration::from_secs(15), KEEP).is_none());
+        assert_eq!(idle.len(), 0, "both past the timeout are closed");
+
+        let (b, fb) = conn().await;
+        idle.put(b, t, KEEP);
+        drop(fb);
+        // Its task, given turns to run, sees the close; the list then skips the connection.
+        for _ in 0..1000 {
+            tokio::task::yield_now().await;
+        }
+        assert!(idle.take(t, KEEP).is_none());
+        drop(fa);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_quiet_backends_idle_connections_are_closed_by_the_sweep() {
+        let idle = Arc::new(IdleConns::default());
+        let (a, _fa) = conn().await;
+        let (b, _fb) = conn().await;
+        idle.put(a, crate::clock::now(), KEEP);
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        idle.put(b, crate::clock::now(), KEEP);
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        assert_eq!(idle.len(), 2);
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(idle.len(), 1, "a closed once past the idle timeout");
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert_eq!(idle.len(), 0, "then b");
+        assert!(!idle.sweeping.load(Ordering::Relaxed), "the sweep ended");
+        // A later connection starts another sweep.
+        let (c, _fc) = conn().await;
+        idle.put(c, crate::clock::now(), KEEP);
+        tokio::time::sleep(Duration::from_secs(11)).await;
+        assert_eq!(idle.len(), 0);
+    }
+
+    #[tokio::test]
+    async fn nothing_is_kept_when_the_cap_is_zero() {
+        let idle = Arc::new(IdleConns::default());
+        let (a, _fa) = conn().await;
+        idle.put(a, crate::clock::now(), Keep { max: 0, ..KEEP });
+        assert_eq!(idle.len(), 0);
+    }
+}

@@ -179,6 +179,14 @@ impl KeepAliveBackend {
             closed,
         }
     }
+
+    /// A gateway with this backend as model `m`'s only one, and `upstream` in `[upstream]`.
+    fn gateway(&self, upstream: &str) -> Proc {
+        gateway(&format!(
+            "[health_check]\nenabled = false\n\n[upstream]\n{upstream}\n\n{}engine = \"none\"\n",
+            model("m", &[("kept", "default", self.url.clone())])
+        ))
+    }
 }
 
 fn answer_every_request(stream: TcpStream) {
@@ -212,11 +220,7 @@ fn answer_every_request(stream: TcpStream) {
 #[tokio::test]
 async fn one_kept_alive_connection_carries_sequential_requests_plain_and_streamed() {
     let backend = KeepAliveBackend::start();
-    let cfg = format!(
-        "[health_check]\nenabled = false\n\n{}engine = \"none\"\n",
-        model("m", &[("kept", "default", backend.url.clone())])
-    );
-    let gw = gateway(&cfg);
+    let gw = backend.gateway("");
     for i in 0..20 {
         let r = chat(&gw, &chat_body("m", i % 2 == 1)).await;
         let status = r.status();
@@ -239,22 +243,24 @@ async fn one_kept_alive_connection_carries_sequential_requests_plain_and_streame
 #[tokio::test]
 async fn an_idle_upstream_connection_is_closed_after_the_pool_idle_timeout() {
     let backend = KeepAliveBackend::start();
-    let cfg = format!(
-        "[health_check]\nenabled = false\n\n[upstream]\npool_idle_timeout = \"300ms\"\n\n{}engine = \"none\"\n",
-        model("m", &[("kept", "default", backend.url.clone())])
-    );
-    let gw = gateway(&cfg);
+    let gw = backend.gateway("pool_idle_timeout = \"300ms\"");
     for stream in [false, true] {
         let r = chat(&gw, &chat_body("m", stream)).await;
         assert_eq!(r.status(), 200);
         r.text().await.unwrap();
     }
-    assert_eq!(backend.connections.load(Ordering::Relaxed), 1, "kept between the two");
+    assert_eq!(
+        backend.connections.load(Ordering::Relaxed),
+        1,
+        "kept between the two"
+    );
     // No request comes after: the gateway itself closes the connection once it has been idle
     // for the timeout, rather than holding it (and the backend's socket) open.
-    eventually(Duration::from_secs(10), "the idle connection closed", || async {
-        backend.closed.load(Ordering::Relaxed) == 1
-    })
+    eventually(
+        Duration::from_secs(10),
+        "the idle connection closed",
+        || async { backend.closed.load(Ordering::Relaxed) == 1 },
+    )
     .await;
     // The next request opens a new one.
     let r = chat(&gw, &chat_body("m", false)).await;
@@ -265,11 +271,7 @@ async fn an_idle_upstream_connection_is_closed_after_the_pool_idle_timeout() {
 #[tokio::test]
 async fn with_no_idle_connections_kept_each_request_has_a_connection_of_its_own() {
     let backend = KeepAliveBackend::start();
-    let cfg = format!(
-        "[health_check]\nenabled = false\n\n[upstream]\npool_max_idle_per_host = 0\n\n{}engine = \"none\"\n",
-        model("m", &[("kept", "default", backend.url.clone())])
-    );
-    let gw = gateway(&cfg);
+    let gw = backend.gateway("pool_max_idle_per_host = 0");
     for i in 0..4 {
         let r = chat(&gw, &chat_body("m", i % 2 == 1)).await;
         assert_eq!(r.status(), 200);
@@ -277,9 +279,11 @@ async fn with_no_idle_connections_kept_each_request_has_a_connection_of_its_own(
     }
     assert_eq!(backend.connections.load(Ordering::Relaxed), 4);
     // Each is closed once its response has been relayed.
-    eventually(Duration::from_secs(10), "every connection closed", || async {
-        backend.closed.load(Ordering::Relaxed) == 4
-    })
+    eventually(
+        Duration::from_secs(10),
+        "every connection closed",
+        || async { backend.closed.load(Ordering::Relaxed) == 4 },
+    )
     .await;
 }
 

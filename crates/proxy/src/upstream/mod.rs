@@ -132,10 +132,13 @@ impl HyperUpstream {
             .metrics
             .upstream_failed(UpstreamFailure::StaleConnection);
         debug!(backend = %backend.name, "kept-alive connection was closed; sending again on a new one: {error}");
-        let mut conn = self.connect(backend).await.map_err(|error| Failure::Connect {
-            error,
-            after_stale: true,
-        })?;
+        let mut conn = self
+            .connect(backend)
+            .await
+            .map_err(|error| Failure::Connect {
+                error,
+                after_stale: true,
+            })?;
         let response = conn
             .send_request(build())
             .await
@@ -153,10 +156,13 @@ impl HyperUpstream {
                 return Ok((conn, true));
             }
         }
-        let conn = self.connect(backend).await.map_err(|error| Failure::Connect {
-            error,
-            after_stale: false,
-        })?;
+        let conn = self
+            .connect(backend)
+            .await
+            .map_err(|error| Failure::Connect {
+                error,
+                after_stale: false,
+            })?;
         Ok((conn, false))
     }
 

@@ -146,6 +146,52 @@ async fn stale_pooled_connections_are_resent_on_a_new_one_without_counting_again
     );
 }
 
+/// A backend that reads each request and closes its connection without an answer, as one
+/// crashing under every request would. It counts the requests it read.
+fn unanswering_backend() -> (String, Arc<AtomicU64>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/v1", listener.local_addr().unwrap());
+    let read = Arc::new(AtomicU64::new(0));
+    let count = read.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(stream) = stream else { return };
+            if read_request(&mut BufReader::new(stream)).is_some() {
+                count.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    });
+    (url, read)
+}
+
+#[tokio::test]
+async fn a_new_connection_closed_before_its_answer_is_one_failed_attempt_not_a_resend() {
+    // Only a kept connection can be stale. A new one that the backend closes without an answer
+    // means the backend read the request: sending it again outside the budget would double the
+    // load on a backend that fails every request.
+    let (url, read) = unanswering_backend();
+    let cfg = format!(
+        "[health_check]\nenabled = false\n\n[retry]\nmax_attempts = 1\n\n{}engine = \"none\"\n",
+        model("m", &[("crashing", "default", url)])
+    );
+    let gw = gateway(&cfg);
+    for i in 0..5 {
+        let r = chat(&gw, &chat_body("m", false)).await;
+        assert_eq!(r.status(), 502, "request {i}: {}", r.text().await.unwrap());
+    }
+    assert_eq!(read.load(Ordering::Relaxed), 5, "each request read once");
+    let page = metrics(&gw).await;
+    assert_eq!(
+        sample(
+            &page,
+            "spillway_upstream_errors_total{model=\"m\",backend=\"crashing\",reason=\"stale_connection\"}"
+        )
+        .unwrap_or(0.0),
+        0.0,
+        "{page}"
+    );
+}
+
 /// A backend that keeps every connection open and answers each request on it: a JSON body of
 /// known length, or (for `"stream": true`) a chunked event stream. It counts the connections it
 /// accepted, and those the gateway closed.

@@ -132,13 +132,7 @@ impl HyperUpstream {
             .metrics
             .upstream_failed(UpstreamFailure::StaleConnection);
         debug!(backend = %backend.name, "kept-alive connection was closed; sending again on a new one: {error}");
-        let mut conn = self
-            .connect(backend)
-            .await
-            .map_err(|error| Failure::Connect {
-                error,
-                after_stale: true,
-            })?;
+        let mut conn = self.connect(backend, true).await?;
         let response = conn
             .send_request(build())
             .await
@@ -156,24 +150,22 @@ impl HyperUpstream {
                 return Ok((conn, true));
             }
         }
-        let conn = self
-            .connect(backend)
-            .await
-            .map_err(|error| Failure::Connect {
-                error,
-                after_stale: false,
-            })?;
-        Ok((conn, false))
+        Ok((self.connect(backend, false).await?, false))
     }
 
-    /// A new connection to `backend`, its reading half running as a task of its own.
-    async fn connect(&self, backend: &Backend) -> Result<Sender, BoxError> {
+    /// A new connection to `backend`, its reading half running as a task of its own;
+    /// `after_stale` when a kept one was found closed first.
+    async fn connect(&self, backend: &Backend, after_stale: bool) -> Result<Sender, Failure> {
+        let failed = |error: BoxError| Failure::Connect { error, after_stale };
         let io = self
             .connector
             .clone()
             .oneshot(backend.uri(Endpoint::ChatCompletions).clone())
-            .await?;
-        let (sender, conn) = hyper::client::conn::http1::handshake(io).await?;
+            .await
+            .map_err(failed)?;
+        let (sender, conn) = hyper::client::conn::http1::handshake(io)
+            .await
+            .map_err(|e| failed(e.into()))?;
         tokio::spawn(async move {
             if let Err(e) = conn.await {
                 debug!("upstream connection ended: {e}");

@@ -63,7 +63,9 @@ impl IdleConns {
             list.pop_front();
         }
         list.push_back((conn, now));
-        if !self.sweeping.swap(true, Ordering::Relaxed) {
+        // Read and set under the lock, as the sweep clears it: no atomic swap per request.
+        if !self.sweeping.load(Ordering::Relaxed) {
+            self.sweeping.store(true, Ordering::Relaxed);
             tokio::spawn(sweep(Arc::downgrade(self), keep.idle_timeout));
         }
     }

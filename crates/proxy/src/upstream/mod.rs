@@ -117,9 +117,10 @@ impl HyperUpstream {
     async fn exchange(
         &self,
         backend: &Backend,
+        now: Instant,
         build: impl Fn() -> Request<Full<Bytes>>,
     ) -> Result<http::Response<UpstreamBody>, Failure> {
-        let (mut conn, kept) = self.checkout(backend).await?;
+        let (mut conn, kept) = self.checkout(backend, now).await?;
         let error = match conn.send_request(build()).await {
             Ok(response) => return Ok(self.relayed(response, conn, &backend.idle)),
             Err(e) => e,
@@ -140,10 +141,10 @@ impl HyperUpstream {
         Ok(self.relayed(response, conn, &backend.idle))
     }
 
-    /// A connection to `backend` ready for a request, and whether it was kept from an earlier
-    /// one.
-    async fn checkout(&self, backend: &Backend) -> Result<(Sender, bool), Failure> {
-        while let Some(mut conn) = backend.idle.take(crate::clock::now(), self.keep) {
+    /// A connection to `backend` ready for a request made at `now`, and whether it was kept
+    /// from an earlier one.
+    async fn checkout(&self, backend: &Backend, now: Instant) -> Result<(Sender, bool), Failure> {
+        while let Some(mut conn) = backend.idle.take(now, self.keep) {
             // Ready at once unless it is still finishing the last response; an error is a
             // connection the backend closed meanwhile.
             if conn.ready().await.is_ok() {
@@ -215,7 +216,7 @@ impl Upstream for HyperUpstream {
         let timeout = self
             .response_timeout
             .min(attempt.until.saturating_duration_since(sent));
-        match tokio::time::timeout(timeout, self.exchange(backend, build)).await {
+        match tokio::time::timeout(timeout, self.exchange(backend, sent, build)).await {
             Ok(Ok(response)) => {
                 backend
                     .metrics
@@ -269,12 +270,7 @@ impl HyperUpstream {
             );
             headers.insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
         }
-        if let Some(host) = &backend.host {
-            headers.insert(header::HOST, host.clone());
-        }
-        if let Some((name, value)) = &backend.auth_header {
-            headers.insert(name.clone(), value.clone());
-        }
+        backends_own(backend, &mut headers);
         let target = crate::pool::origin_form(&uri);
         let build = || {
             let mut req = Request::new(Full::new(body.clone()));
@@ -283,7 +279,8 @@ impl HyperUpstream {
             *req.headers_mut() = headers.clone();
             req
         };
-        match tokio::time::timeout(self.response_timeout, self.exchange(backend, build)).await {
+        let exchange = self.exchange(backend, crate::clock::now(), build);
+        match tokio::time::timeout(self.response_timeout, exchange).await {
             Ok(Ok(response)) => Ok(response),
             Ok(Err(failure)) => {
                 let e = match failure {
@@ -523,15 +520,20 @@ fn request(
     let length = HeaderValue::from_str(itoa::Buffer::new().format(length))
         .expect("digits are a header value");
     headers.insert(header::CONTENT_LENGTH, length);
-    // Made once per backend; the client would format it for every request.
+    backends_own(backend, headers);
+    trace.inject(headers);
+    req
+}
+
+/// The headers `backend` is sent on every request: its `Host` (made once per backend: hyper's
+/// connection writes no `Host` of its own) and its credential.
+fn backends_own(backend: &Backend, headers: &mut HeaderMap) {
     if let Some(host) = &backend.host {
         headers.insert(header::HOST, host.clone());
     }
     if let Some((name, value)) = &backend.auth_header {
         headers.insert(name.clone(), value.clone());
     }
-    trace.inject(headers);
-    req
 }
 
 #[cfg(test)]

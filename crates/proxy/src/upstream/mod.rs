@@ -540,6 +540,74 @@ fn backends_own(backend: &Backend, headers: &mut HeaderMap) {
 mod tests {
     use super::*;
 
+    /// A connection to a server that answers one request with `answer` and then holds the
+    /// connection open, and that request's response.
+    async fn answered(answer: &'static [u8]) -> (Sender, http::Response<Incoming>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut buf = [0u8; 1024];
+            let _ = socket.read(&mut buf).await;
+            socket.write_all(answer).await.unwrap();
+            // Open until the client closes it.
+            while matches!(socket.read(&mut buf).await, Ok(n) if n > 0) {}
+        });
+        let io = hyper_util::rt::TokioIo::new(tokio::net::TcpStream::connect(addr).await.unwrap());
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(io).await.unwrap();
+        tokio::spawn(conn);
+        let req = Request::post("/v1/chat/completions")
+            .header(header::HOST, "b")
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let response = sender.send_request(req).await.unwrap();
+        (sender, response)
+    }
+
+    fn body_of(
+        response: http::Response<Incoming>,
+        sender: Sender,
+        idle: &Arc<IdleConns>,
+    ) -> UpstreamBody {
+        UpstreamBody {
+            inner: response.into_body(),
+            conn: Some((sender, idle.clone())),
+            keep: Keep {
+                max: 4,
+                idle_timeout: Duration::from_secs(60),
+            },
+        }
+    }
+
+    #[tokio::test]
+    async fn a_connection_goes_back_when_its_body_was_read_to_its_end_and_never_before() {
+        use http_body_util::BodyExt;
+        let idle = Arc::new(IdleConns::default());
+        let (sender, response) =
+            answered(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\n12345").await;
+        let mut body = body_of(response, sender, &idle);
+        let frame = body.frame().await.unwrap().unwrap();
+        assert_eq!(frame.into_data().unwrap(), "12345");
+        assert_eq!(
+            idle.len(),
+            1,
+            "given back at the last byte, before the end is polled"
+        );
+        drop(body);
+        assert_eq!(idle.len(), 1);
+
+        // Half a body, and the client goes away: its connection is not reused.
+        let idle = Arc::new(IdleConns::default());
+        let (sender, response) =
+            answered(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\n12345").await;
+        let mut body = body_of(response, sender, &idle);
+        let frame = body.frame().await.unwrap().unwrap();
+        assert_eq!(frame.into_data().unwrap(), "12345");
+        drop(body);
+        assert_eq!(idle.len(), 0);
+    }
+
     #[test]
     fn the_callers_query_follows_the_backends_own_whose_names_win() {
         let plain: http::Uri = "http://b:8000/v1/responses".parse().unwrap();

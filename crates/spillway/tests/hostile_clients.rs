@@ -208,6 +208,13 @@ async fn a_chunked_body_that_never_ends_gets_408() {
 async fn connections_over_the_cap_get_503_at_once_and_the_admin_probes_still_answer() {
     let (gw, _m) =
         quick_timeouts("max_connections = 8\nheader_read_timeout = \"1h\"\nidle_timeout = \"1h\"");
+    // Ready first: the key cache warms from the store after the listeners are up, and until it
+    // has, /readyz says 503 whatever the connections do.
+    eventually(Duration::from_secs(10), "/readyz answers 200", || async {
+        let r = client().get(gw.admin_url("/readyz")).send().await;
+        r.is_ok_and(|r| r.status() == 200)
+    })
+    .await;
     // Eight connections that never finish a head hold every place.
     let mut held = Vec::new();
     for _ in 0..8 {

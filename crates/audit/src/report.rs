@@ -89,6 +89,7 @@ pub fn json(sources: &Sources, findings: &[Finding], fail_on: Severity) -> Value
                     "bodies": b.bodies,
                     "connections": b.connections,
                     "in_flight": b.in_flight,
+                    "kept_connections": b.kept_connections,
                     "key_cache": b.key_cache,
                     "idle": b.idle,
                 },

@@ -10,7 +10,7 @@
 
 mod cache;
 mod check;
-mod memory;
+pub mod memory;
 mod mock;
 mod parse;
 mod raw;

@@ -93,10 +93,17 @@ fn json_carries_each_finding_with_its_rule_and_each_configs_budget() {
     let config = &doc["configs"][0];
     assert_eq!(config["object"], "ConfigMap/spillway data[spillway.toml]");
     let parts = &config["memory_budget"];
-    let sum: u64 = ["bodies", "connections", "in_flight", "key_cache", "idle"]
-        .iter()
-        .map(|k| parts[k].as_u64().unwrap())
-        .sum();
+    let sum: u64 = [
+        "bodies",
+        "connections",
+        "in_flight",
+        "kept_connections",
+        "key_cache",
+        "idle",
+    ]
+    .iter()
+    .map(|k| parts[k].as_u64().unwrap())
+    .sum();
     assert_eq!(config["memory_budget_bytes"].as_u64(), Some(sum));
     assert!(sum > 64 << 20, "the 64Mi limit is below it");
 }

@@ -6,7 +6,7 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufReader, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -45,31 +45,6 @@ impl ClosingBackend {
             dropped,
         }
     }
-}
-
-/// Reads one HTTP/1.1 request (head and Content-Length body) and returns its body; `None` at end
-/// of stream.
-fn read_request(reader: &mut BufReader<TcpStream>) -> Option<Vec<u8>> {
-    let mut length = 0usize;
-    let mut first = true;
-    loop {
-        let mut line = String::new();
-        if reader.read_line(&mut line).ok()? == 0 {
-            return None;
-        }
-        if line == "\r\n" && !first {
-            break;
-        }
-        first = false;
-        if let Some((name, value)) = line.split_once(':') {
-            if name.eq_ignore_ascii_case("content-length") {
-                length = value.trim().parse().ok()?;
-            }
-        }
-    }
-    let mut body = vec![0; length];
-    reader.read_exact(&mut body).ok()?;
-    Some(body)
 }
 
 fn serve_one_then_close(stream: TcpStream, answered: &AtomicU64, dropped: &AtomicU64) {

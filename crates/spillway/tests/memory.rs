@@ -11,71 +11,13 @@ mod support;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use spillway_testkit::eventually;
 use spillway_testkit::http::client;
+use support::memory::*;
 use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-const KIB: u64 = 1024;
-const MIB: u64 = 1024 * 1024;
-
-/// The bound, as docs/admission.md states it, for HTTP/1 clients: twice the body budget (the
-/// bodies, and as much again for what the allocator keeps of freed ones), plus per open
-/// connection and per request in flight what hyper and the relay may hold for it.
-fn bound(max_buffered: u64, max_connections: u64, max_in_flight: u64) -> u64 {
-    max_buffered * 2 + max_connections * 64 * KIB + max_in_flight * 64 * KIB
-}
-
-/// The bound for HTTP/2 clients: a connection also holds its receive window and, per stream it
-/// may open, a request's head and task.
-fn bound_http2(max_buffered: u64, max_connections: u64, streams: u64, max_in_flight: u64) -> u64 {
-    bound(max_buffered, max_connections, max_in_flight)
-        + max_connections * (256 * KIB + streams * 8 * KIB)
-}
-
-/// Resident memory of process `pid`, in bytes, as the replay reads it.
-fn rss_bytes(pid: u32) -> u64 {
-    spillway_replay::resident_bytes(pid).expect("the gateway's VmRSS in /proc")
-}
-
-/// Runs `flood` for `run` while sampling the gateway's RSS; returns (baseline, peak growth).
-async fn growth_under<F>(gw: &Proc, run: Duration, flood: F) -> (u64, u64)
-where
-    F: FnOnce(Arc<AtomicBool>) -> Vec<tokio::task::JoinHandle<()>>,
-{
-    let baseline = rss_bytes(gw.pid());
-    let stop = Arc::new(AtomicBool::new(false));
-    let tasks = flood(stop.clone());
-    let mut peak = baseline;
-    let end = Instant::now() + run;
-    while Instant::now() < end {
-        peak = peak.max(rss_bytes(gw.pid()));
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    stop.store(true, Ordering::Relaxed);
-    for t in tasks {
-        t.abort();
-    }
-    (baseline, peak.saturating_sub(baseline))
-}
-
-fn assert_within(what: &str, (baseline, grew): (u64, u64), bound: u64) {
-    eprintln!(
-        "{what}: grew {} KiB over {} KiB, bound {} KiB",
-        grew / KIB,
-        baseline / KIB,
-        bound / KIB
-    );
-    assert!(
-        grew <= bound,
-        "{what}: grew {} KiB over {} KiB, bound {} KiB",
-        grew / KIB,
-        baseline / KIB,
-        bound / KIB
-    );
-}
 
 /// A backend slow enough that requests pile up in it: 300 ms to its first token.
 fn slow_mock() -> Proc {

@@ -164,7 +164,9 @@ impl HyperUpstream {
             .oneshot(backend.uri(Endpoint::ChatCompletions).clone())
             .await
             .map_err(failed)?;
-        let (sender, conn) = hyper::client::conn::http1::handshake(io)
+        let (sender, conn) = hyper::client::conn::http1::Builder::new()
+            .max_buf_size(UPSTREAM_READ_BUFFER)
+            .handshake(io)
             .await
             .map_err(|e| failed(e.into()))?;
         tokio::spawn(async move {
@@ -324,6 +326,7 @@ pub fn client(cfg: &UpstreamConfig) -> HttpClient {
         .pool_timer(TokioTimer::new())
         .pool_idle_timeout(cfg.pool_idle_timeout)
         .pool_max_idle_per_host(cfg.pool_max_idle_per_host)
+        .http1_max_buf_size(UPSTREAM_READ_BUFFER)
         .build(connector(cfg))
 }
 
@@ -359,6 +362,9 @@ fn is_stale(error: &hyper::Error) -> bool {
 
 /// Request headers that never travel upstream: hop-by-hop headers, the caller's own credentials
 /// (the upstream gets the backend's key instead), and framing the client recomputes.
+/// The most a connection to a backend buffers of what it reads (the memory budget counts it).
+const UPSTREAM_READ_BUFFER: usize = spillway_config::memory::UPSTREAM_READ_BYTES as usize;
+
 const STRIPPED_REQUEST_HEADERS: [HeaderName; 14] = [
     header::AUTHORIZATION,
     HeaderName::from_static("api-key"),

@@ -5,7 +5,7 @@
 //! a deadline (`spillway_testkit::eventually`), never a fixed sleep.
 #![allow(dead_code)]
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -14,6 +14,8 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use spillway_testkit::http::{client, get_json};
+
+pub mod memory;
 
 pub const KEY: &str = "sk-test-tenant-a";
 pub const OTHER_KEY: &str = "sk-test-tenant-b";
@@ -439,4 +441,29 @@ impl Drop for TempStore {
             let _ = std::fs::remove_file(format!("{}{ext}", self.0.display()));
         }
     }
+}
+
+/// Reads one HTTP/1.1 request (head and Content-Length body) and returns its body; `None` at end
+/// of stream.
+pub fn read_request(reader: &mut BufReader<std::net::TcpStream>) -> Option<Vec<u8>> {
+    let mut length = 0usize;
+    let mut first = true;
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line).ok()? == 0 {
+            return None;
+        }
+        if line == "\r\n" && !first {
+            break;
+        }
+        first = false;
+        if let Some((name, value)) = line.split_once(':') {
+            if name.eq_ignore_ascii_case("content-length") {
+                length = value.trim().parse().ok()?;
+            }
+        }
+    }
+    let mut body = vec![0; length];
+    reader.read_exact(&mut body).ok()?;
+    Some(body)
 }

@@ -1,0 +1,241 @@
+//! The memory bound of docs/admission.md on the response side: backends answering large bodies
+//! as fast as loopback carries them, to clients that never read (every byte the gateway may
+//! hold per request is held), and to clients that read everything (upstream connections read
+//! at full speed, then kept for the next request). Each measures the gateway's resident memory
+//! (VmRSS) while the flood runs, against its size after a warm-up.
+
+// Tests time real processes and sockets on the system clock (see clippy.toml).
+#![allow(clippy::disallowed_methods)]
+
+mod support;
+
+use std::io::{BufReader, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use spillway_testkit::http::client;
+use support::memory::*;
+use support::*;
+use tokio::io::AsyncWriteExt;
+
+/// A backend that answers every request with a completion of `max_tokens` KiB, written as fast
+/// as its connection takes it, keeping each connection open for the next request.
+struct LargeAnswers {
+    url: String,
+    started: Arc<AtomicU64>,
+}
+
+impl LargeAnswers {
+    fn start() -> LargeAnswers {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}/v1", listener.local_addr().unwrap());
+        let started = Arc::new(AtomicU64::new(0));
+        let count = started.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { return };
+                let count = count.clone();
+                std::thread::spawn(move || answer_large(stream, &count));
+            }
+        });
+        LargeAnswers { url, started }
+    }
+}
+
+fn answer_large(stream: TcpStream, started: &AtomicU64) {
+    let mut writer = stream.try_clone().unwrap();
+    let mut reader = BufReader::new(stream);
+    while let Some(body) = read_request(&mut reader) {
+        let request: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+        let kib = request["max_tokens"].as_u64().unwrap_or(1) as usize;
+        let (open, close) = (
+            r#"{"id":"c","object":"chat.completion","created":0,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":""#,
+            r#""},"finish_reason":"stop"}]}"#,
+        );
+        let content = kib * 1024;
+        let head = format!(
+            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{open}",
+            open.len() + content + close.len()
+        );
+        started.fetch_add(1, Ordering::Relaxed);
+        if writer.write_all(head.as_bytes()).is_err() {
+            return;
+        }
+        let piece = vec![b'x'; 64 * 1024];
+        let mut left = content;
+        while left > 0 {
+            let n = left.min(piece.len());
+            if writer.write_all(&piece[..n]).is_err() {
+                return;
+            }
+            left -= n;
+        }
+        if writer.write_all(close.as_bytes()).is_err() {
+            return;
+        }
+    }
+}
+
+/// A gateway with `backends` as model `m`'s, and `settings` after its `[server]` lines.
+fn gateway_over(server: &str, settings: &str, backends: &[&LargeAnswers]) -> Proc {
+    let mut config = format!(
+        "{server}\n[health_check]\nenabled = false\n{settings}\n[[models]]\nname = \"m\"\n"
+    );
+    for (i, b) in backends.iter().enumerate() {
+        config += &format!(
+            "[[models.backends]]\nname = \"b{i}\"\nregion = \"r\"\nurl = \"{}\"\nmax_concurrency = 1000\nengine = \"none\"\n",
+            b.url
+        );
+    }
+    gateway(&config)
+}
+
+fn asking(kib: u64) -> serde_json::Value {
+    let mut body = chat_body("m", false);
+    body["max_tokens"] = kib.into();
+    body
+}
+
+async fn warm_up(gw: &Proc) {
+    let small = asking(1);
+    let warm = futures_util::future::join_all((0..20).map(|_| chat(gw, &small))).await;
+    assert!(warm.iter().all(|r| r.status() == 200));
+}
+
+/// Each in-flight request's response is as large as a stalled client lets the gateway hold: the
+/// client sends its request and never reads, so the gateway's write queue to it, the frame in
+/// its relay and its upstream connection's read buffer all fill.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_stays_within_the_bound_when_clients_never_read_large_answers() {
+    let backend = LargeAnswers::start();
+    let gw = gateway_over(
+        "max_body_bytes = 65536\nmax_connections = 300",
+        "[admission]\nmax_in_flight = 200\nmax_buffered_body_bytes = 1048576",
+        &[&backend],
+    );
+    warm_up(&gw).await;
+    let request = {
+        let body = serde_json::to_string(&asking(8 * 1024)).unwrap();
+        format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {KEY}\r\n\
+             content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        )
+    };
+    let addr = gw.addr;
+    let measured = growth_under(&gw, Duration::from_secs(5), move |stop| {
+        (0..200)
+            .map(|_| {
+                let (request, stop) = (request.clone(), stop.clone());
+                tokio::spawn(async move {
+                    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+                    s.write_all(request.as_bytes()).await.unwrap();
+                    // Never read: hold the connection until the flood ends.
+                    while !stop.load(Ordering::Relaxed) {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                })
+            })
+            .collect()
+    })
+    .await;
+    let answering = backend.started.load(Ordering::Relaxed) - 20;
+    assert!(
+        answering >= 150,
+        "only {answering} of 200 stalled requests reached the backend"
+    );
+    assert_within(
+        "200 clients never reading 8 MiB answers",
+        measured,
+        bound(MIB, 300, 200),
+    );
+}
+
+/// Upstream connections that carried large answers at full speed are kept for the next request:
+/// eight backends, each keeping up to 64 of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_stays_within_the_bound_when_kept_connections_carried_large_answers() {
+    let backends: Vec<LargeAnswers> = (0..8).map(|_| LargeAnswers::start()).collect();
+    let gw = gateway_over(
+        "max_body_bytes = 65536\nmax_connections = 300",
+        "[upstream]\npool_max_idle_per_host = 64\n\
+         [admission]\nmax_in_flight = 256\nmax_buffered_body_bytes = 1048576",
+        &backends.iter().collect::<Vec<_>>(),
+    );
+    warm_up(&gw).await;
+    let url = gw.url("/v1/chat/completions");
+    let served = Arc::new(AtomicU64::new(0));
+    let counted = served.clone();
+    let measured = growth_under(&gw, Duration::from_secs(5), move |stop: Arc<AtomicBool>| {
+        (0..256)
+            .map(|_| {
+                let (url, stop, served) = (url.clone(), stop.clone(), counted.clone());
+                tokio::spawn(async move {
+                    let c = client();
+                    while !stop.load(Ordering::Relaxed) {
+                        let Ok(r) = c
+                            .post(&url)
+                            .bearer_auth(KEY)
+                            .json(&asking(1024))
+                            .send()
+                            .await
+                        else {
+                            continue;
+                        };
+                        if r.status() == 200 && r.bytes().await.is_ok() {
+                            served.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                })
+            })
+            .collect()
+    })
+    .await;
+    assert!(
+        served.load(Ordering::Relaxed) >= 256,
+        "only {} answers of 1 MiB were read",
+        served.load(Ordering::Relaxed)
+    );
+    assert_within(
+        "256 clients reading 1 MiB answers from 8 backends",
+        measured,
+        bound(MIB, 300, 256) + kept_bound(8, 64),
+    );
+}
+
+/// A backend whose response head does not fit in a connection's read buffer (16 KiB) fails the
+/// attempt with the API's own error, at once: the buffer is not grown to take it.
+#[tokio::test]
+async fn a_response_head_larger_than_the_read_buffer_fails_the_attempt() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/v1", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(stream) = stream else { return };
+            std::thread::spawn(move || {
+                let mut writer = stream.try_clone().unwrap();
+                let mut reader = BufReader::new(stream);
+                while read_request(&mut reader).is_some() {
+                    let head = format!(
+                        "HTTP/1.1 200 OK\r\nx-padding: {}\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{{}}",
+                        "p".repeat(20 * 1024)
+                    );
+                    if writer.write_all(head.as_bytes()).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    let gw = gateway(&format!(
+        "[health_check]\nenabled = false\n{}engine = \"none\"\n",
+        model("m", &[("b", "r", url)])
+    ));
+    let r = chat(&gw, &chat_body("m", false)).await;
+    let status = r.status();
+    let body: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(status, 502, "{body}");
+    assert!(body["error"]["message"].is_string(), "{body}");
+}

@@ -13,11 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use http_body_util::Full;
-
-/// The sending half of an upstream HTTP/1 connection; its other half runs as a task.
-pub(crate) type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
+use crate::upstream::h1::Conn;
 
 /// How many idle connections a backend keeps, and for how long.
 #[derive(Debug, Clone, Copy)]
@@ -29,7 +25,7 @@ pub(crate) struct Keep {
 #[derive(Default)]
 pub(crate) struct IdleConns {
     /// Oldest first; each with when it became idle.
-    list: Mutex<VecDeque<(Sender, Instant)>>,
+    list: Mutex<VecDeque<(Conn, Instant)>>,
     /// A sweep is running (set and cleared under the list's lock).
     sweeping: AtomicBool,
 }
@@ -37,25 +33,29 @@ pub(crate) struct IdleConns {
 impl IdleConns {
     /// The most recently idle connection that is still open, if one was idle for less than
     /// `keep.idle_timeout`; the others, past it, are closed.
-    pub(crate) fn take(&self, now: Instant, keep: Keep) -> Option<Sender> {
-        let mut list = self.list.lock().unwrap_or_else(|e| e.into_inner());
-        while let Some((conn, since)) = list.pop_back() {
-            if now.saturating_duration_since(since) >= keep.idle_timeout {
-                // The newest is too old: so are all before it.
-                list.clear();
-                return None;
-            }
-            if !conn.is_closed() {
+    pub(crate) fn take(&self, now: Instant, keep: Keep) -> Option<Conn> {
+        loop {
+            let mut conn = {
+                let mut list = self.list.lock().unwrap_or_else(|e| e.into_inner());
+                let (conn, since) = list.pop_back()?;
+                if now.saturating_duration_since(since) >= keep.idle_timeout {
+                    // The newest is too old: so are all before it.
+                    list.clear();
+                    return None;
+                }
+                conn
+            };
+            // Asked outside the lock: a `recv` at most.
+            if conn.is_open() {
                 return Some(conn);
             }
         }
-        None
     }
 
-    /// Keeps `conn` for the next request, unless it is closed or nothing is kept; the oldest
-    /// is closed when the list is full.
-    pub(crate) fn put(self: &Arc<Self>, conn: Sender, now: Instant, keep: Keep) {
-        if keep.max == 0 || conn.is_closed() {
+    /// Keeps `conn` for the next request, unless nothing is kept; the oldest is closed when the
+    /// list is full.
+    pub(crate) fn put(self: &Arc<Self>, conn: Conn, now: Instant, keep: Keep) {
+        if keep.max == 0 {
             return;
         }
         let mut list = self.list.lock().unwrap_or_else(|e| e.into_inner());
@@ -74,8 +74,8 @@ impl IdleConns {
     /// when the next of the others passes it, if any are left.
     fn expire(&self, now: Instant, idle_timeout: Duration) -> Option<Instant> {
         let mut list = self.list.lock().unwrap_or_else(|e| e.into_inner());
-        list.retain(|(conn, since)| {
-            now.saturating_duration_since(*since) < idle_timeout && !conn.is_closed()
+        list.retain_mut(|(conn, since)| {
+            now.saturating_duration_since(*since) < idle_timeout && conn.is_open()
         });
         match list.front() {
             Some((_, since)) => Some(*since + idle_timeout),
@@ -118,27 +118,11 @@ async fn sweep(idle: Weak<IdleConns>, idle_timeout: Duration) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use hyper_util::rt::TokioIo;
 
     /// A connection whose other end is `far` (dropping it closes the connection).
-    async fn conn() -> (Sender, tokio::io::DuplexStream) {
+    fn conn() -> (Conn, tokio::io::DuplexStream) {
         let (near, far) = tokio::io::duplex(1024);
-        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(near))
-            .await
-            .unwrap();
-        tokio::spawn(conn);
-        (sender, far)
-    }
-
-    /// Whether `conn`'s task sees it closed, given its turns to run.
-    async fn closes(conn: &Sender) -> bool {
-        for _ in 0..1000 {
-            if conn.is_closed() {
-                return true;
-            }
-            tokio::task::yield_now().await;
-        }
-        false
+        (Conn::new(Box::new(near)), far)
     }
 
     const KEEP: Keep = Keep {
@@ -150,9 +134,9 @@ mod tests {
     async fn the_newest_comes_out_first_and_a_full_list_closes_the_oldest() {
         use tokio::io::AsyncReadExt;
         let idle = Arc::new(IdleConns::default());
-        let (a, mut fa) = conn().await;
-        let (b, _fb) = conn().await;
-        let (c, fc) = conn().await;
+        let (a, mut fa) = conn();
+        let (b, _fb) = conn();
+        let (c, fc) = conn();
         let t = crate::clock::now();
         idle.put(a, t, KEEP);
         idle.put(b, t, KEEP);
@@ -162,32 +146,29 @@ mod tests {
         let end = tokio::time::timeout(Duration::from_secs(5), fa.read(&mut [0u8; 1])).await;
         assert_eq!(end.expect("a is still open").unwrap(), 0);
         // The newest is c: its far end going away closes it (b's would stay open).
-        let newest = idle.take(t, KEEP).unwrap();
-        let left = idle.take(t, KEEP).unwrap();
+        let mut newest = idle.take(t, KEEP).unwrap();
+        let mut left = idle.take(t, KEEP).unwrap();
         assert!(idle.take(t, KEEP).is_none());
         drop(fc);
-        assert!(closes(&newest).await, "the newest is c");
-        assert!(!left.is_closed(), "b is left, open");
+        assert!(!newest.is_open(), "the newest is c");
+        assert!(left.is_open(), "b is left, open");
     }
 
     #[tokio::test(start_paused = true)]
     async fn connections_past_the_idle_timeout_or_closed_are_not_taken() {
         let idle = Arc::new(IdleConns::default());
-        let (a, fa) = conn().await;
-        let (b, _fb) = conn().await;
+        let (a, fa) = conn();
+        let (b, _fb) = conn();
         let t = crate::clock::now();
         idle.put(a, t, KEEP);
         idle.put(b, t + Duration::from_secs(5), KEEP);
         assert!(idle.take(t + Duration::from_secs(15), KEEP).is_none());
         assert_eq!(idle.len(), 0, "both past the timeout are closed");
 
-        let (b, fb) = conn().await;
+        let (b, fb) = conn();
         idle.put(b, t, KEEP);
         drop(fb);
-        // Its task, given turns to run, sees the close; the list then skips the connection.
-        for _ in 0..1000 {
-            tokio::task::yield_now().await;
-        }
+        // Closed by its far end: the list skips it.
         assert!(idle.take(t, KEEP).is_none());
         drop(fa);
     }
@@ -195,8 +176,8 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_quiet_backends_idle_connections_are_closed_by_the_sweep() {
         let idle = Arc::new(IdleConns::default());
-        let (a, _fa) = conn().await;
-        let (b, _fb) = conn().await;
+        let (a, _fa) = conn();
+        let (b, _fb) = conn();
         idle.put(a, crate::clock::now(), KEEP);
         tokio::time::sleep(Duration::from_secs(5)).await;
         idle.put(b, crate::clock::now(), KEEP);
@@ -208,7 +189,7 @@ mod tests {
         assert_eq!(idle.len(), 0, "then b");
         assert!(!idle.sweeping.load(Ordering::Relaxed), "the sweep ended");
         // A later connection starts another sweep.
-        let (c, _fc) = conn().await;
+        let (c, _fc) = conn();
         idle.put(c, crate::clock::now(), KEEP);
         tokio::time::sleep(Duration::from_secs(11)).await;
         assert_eq!(idle.len(), 0);
@@ -217,7 +198,7 @@ mod tests {
     #[tokio::test]
     async fn nothing_is_kept_when_the_cap_is_zero() {
         let idle = Arc::new(IdleConns::default());
-        let (a, _fa) = conn().await;
+        let (a, _fa) = conn();
         idle.put(a, crate::clock::now(), Keep { max: 0, ..KEEP });
         assert_eq!(idle.len(), 0);
     }

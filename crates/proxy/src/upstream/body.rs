@@ -1,5 +1,5 @@
-//! An upstream response body that gives its connection back to its backend's idle ones when
-//! it has been read to its end.
+//! An upstream response body, read from its connection by the task that relays it, that gives
+//! the connection back to its backend's idle ones when it has been read to its end.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -7,64 +7,124 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
-use hyper::body::Incoming;
 
-use crate::pool::idle::{IdleConns, Keep, Sender};
+use super::h1::decode::{Decoder, Framing, Step};
+use super::h1::{Conn, Error};
+use crate::pool::idle::{IdleConns, Keep};
 
 /// An upstream response body. Its connection goes back to its backend's idle connections once
-/// the body has been read to its end; a body dropped before that closes it.
+/// the body has been read to its end and nothing was read past it, if its head allowed another
+/// request; a body dropped before that, or that failed, closes it.
 pub(crate) struct UpstreamBody {
-    inner: Incoming,
-    conn: Option<(Sender, Arc<IdleConns>)>,
+    /// `None` once the body ended (the connection given back or closed) or failed.
+    conn: Option<Conn>,
+    decoder: Decoder,
+    reusable: bool,
+    idle: Arc<IdleConns>,
     keep: Keep,
+    /// A framing error found past the data already given, for the next poll.
+    broken: Option<Error>,
 }
 
 impl UpstreamBody {
-    /// `inner` with the connection it came on, which goes back to `idle` at the body's end (at
-    /// once for a body that has none).
-    pub(super) fn new(inner: Incoming, conn: Sender, idle: &Arc<IdleConns>, keep: Keep) -> Self {
+    /// The body framed by `framing` on `conn`, which goes back to `idle` at the body's end (at
+    /// once for a body that has none) when `reusable`.
+    pub(super) fn new(
+        conn: Conn,
+        (framing, reusable): (Framing, bool),
+        idle: &Arc<IdleConns>,
+        keep: Keep,
+    ) -> Self {
         let mut body = UpstreamBody {
-            inner,
-            conn: Some((conn, idle.clone())),
+            conn: Some(conn),
+            decoder: Decoder::new(framing),
+            reusable,
+            idle: idle.clone(),
             keep,
+            broken: None,
         };
-        if body.inner.is_end_stream() {
-            body.give_back();
+        if body.decoder.is_done() {
+            body.finish();
         }
         body
     }
 
-    fn give_back(&mut self) {
-        if let Some((conn, idle)) = self.conn.take() {
-            idle.put(conn, crate::clock::now(), self.keep);
+    /// The body ended: its connection goes back if it may carry another request.
+    fn finish(&mut self) {
+        if let Some(mut conn) = self.conn.take() {
+            if self.reusable && conn.buffer().is_empty() {
+                self.idle.put(conn, crate::clock::now(), self.keep);
+            }
         }
+    }
+
+    fn fail(&mut self, error: Error) -> Poll<Option<Result<Frame<Bytes>, Error>>> {
+        self.conn = None;
+        Poll::Ready(Some(Err(error)))
     }
 }
 
 impl Body for UpstreamBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = Error;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        let polled = Pin::new(&mut self.inner).poll_frame(cx);
-        match &polled {
-            Poll::Ready(None) => self.give_back(),
-            Poll::Ready(Some(Ok(_))) if self.inner.is_end_stream() => self.give_back(),
-            Poll::Ready(Some(Err(_))) => self.conn = None,
-            _ => {}
+    ) -> Poll<Option<Result<Frame<Bytes>, Error>>> {
+        let this = &mut *self;
+        if let Some(error) = this.broken.take() {
+            return this.fail(error);
         }
-        polled
+        loop {
+            let Some(conn) = this.conn.as_mut() else {
+                return Poll::Ready(None);
+            };
+            match this.decoder.step(conn.buffer()) {
+                Err(e) => return this.fail(Error::Body(e)),
+                Ok(Step::Data(data)) => {
+                    // The end, when the terminator came with the last bytes: known now, so the
+                    // connection is back before the relay polls for the end.
+                    match this.decoder.settle(conn.buffer()) {
+                        Err(e) => {
+                            this.conn = None;
+                            this.broken = Some(Error::Body(e));
+                        }
+                        Ok(()) if this.decoder.is_done() => this.finish(),
+                        Ok(()) => {}
+                    }
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
+                Ok(Step::Done) => {
+                    this.finish();
+                    return Poll::Ready(None);
+                }
+                Ok(Step::NeedMore) => match conn.poll_read_more(cx) {
+                    Poll::Pending => return Poll::Pending,
+                    Poll::Ready(Ok(0)) => {
+                        // Never reused: the backend closed it.
+                        this.conn = None;
+                        return match this.decoder.closed() {
+                            Ok(()) => Poll::Ready(None),
+                            Err(e) => Poll::Ready(Some(Err(Error::Body(e)))),
+                        };
+                    }
+                    Poll::Ready(Ok(_)) => {}
+                    Poll::Ready(Err(e)) => return this.fail(Error::Io(e)),
+                },
+            }
+        }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.decoder.is_done() && self.broken.is_none()
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        match self.decoder.remaining() {
+            Some(n) => SizeHint::with_exact(n),
+            None => SizeHint::default(),
+        }
     }
 }
 
@@ -74,11 +134,10 @@ mod tests {
     use std::time::Duration;
 
     use http::{header, Request};
-    use http_body_util::Full;
 
     /// A connection to a server that answers one request with `answer` and then holds the
-    /// connection open, and that request's response.
-    async fn answered(answer: &'static [u8]) -> (Sender, http::Response<Incoming>) {
+    /// connection open, and that request's response head.
+    async fn answered(answer: &'static [u8]) -> (Conn, super::super::h1::Head) {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -90,57 +149,103 @@ mod tests {
             // Open until the client closes it.
             while matches!(socket.read(&mut buf).await, Ok(n) if n > 0) {}
         });
-        let io = hyper_util::rt::TokioIo::new(tokio::net::TcpStream::connect(addr).await.unwrap());
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(io).await.unwrap();
-        tokio::spawn(conn);
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let mut conn = Conn::new(Box::new(tcp));
         let req = Request::post("/v1/chat/completions")
             .header(header::HOST, "b")
-            .body(Full::new(Bytes::new()))
+            .body(Bytes::new())
             .unwrap();
-        let response = sender.send_request(req).await.unwrap();
-        (sender, response)
+        let head = conn.send(&req).await.unwrap();
+        (conn, head)
     }
 
     fn body_of(
-        response: http::Response<Incoming>,
-        sender: Sender,
+        (conn, head): (Conn, super::super::h1::Head),
         idle: &Arc<IdleConns>,
     ) -> UpstreamBody {
-        UpstreamBody {
-            inner: response.into_body(),
-            conn: Some((sender, idle.clone())),
-            keep: Keep {
-                max: 4,
-                idle_timeout: Duration::from_secs(60),
-            },
-        }
+        let keep = Keep {
+            max: 4,
+            idle_timeout: Duration::from_secs(60),
+        };
+        UpstreamBody::new(conn, (head.framing, head.reusable), idle, keep)
     }
 
     #[tokio::test]
     async fn a_connection_goes_back_when_its_body_was_read_to_its_end_and_never_before() {
         use http_body_util::BodyExt;
-        let idle = Arc::new(IdleConns::default());
-        let (sender, response) =
-            answered(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\n12345").await;
-        let mut body = body_of(response, sender, &idle);
-        let frame = body.frame().await.unwrap().unwrap();
-        assert_eq!(frame.into_data().unwrap(), "12345");
-        assert_eq!(
-            idle.len(),
-            1,
-            "given back at the last byte, before the end is polled"
-        );
-        drop(body);
-        assert_eq!(idle.len(), 1);
+        for answer in [
+            &b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\n12345"[..],
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\n12345\r\n0\r\n\r\n",
+        ] {
+            let idle = Arc::new(IdleConns::default());
+            let mut body = body_of(answered(answer).await, &idle);
+            let frame = body.frame().await.unwrap().unwrap();
+            assert_eq!(frame.into_data().unwrap(), "12345");
+            assert!(body.is_end_stream());
+            assert_eq!(
+                idle.len(),
+                1,
+                "given back at the last byte, before the end is polled"
+            );
+            assert!(body.frame().await.is_none());
+            drop(body);
+            assert_eq!(idle.len(), 1);
+        }
 
         // Half a body, and the client goes away: its connection is not reused.
         let idle = Arc::new(IdleConns::default());
-        let (sender, response) =
-            answered(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\n12345").await;
-        let mut body = body_of(response, sender, &idle);
+        let mut body = body_of(
+            answered(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\n12345").await,
+            &idle,
+        );
         let frame = body.frame().await.unwrap().unwrap();
         assert_eq!(frame.into_data().unwrap(), "12345");
         drop(body);
         assert_eq!(idle.len(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_connection_whose_answer_overran_its_framing_or_said_close_is_not_kept() {
+        use http_body_util::BodyExt;
+        for answer in [
+            // Bytes after the body's end: the next answer would be read from them.
+            &b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nokHTTP/1.1 200 OK\r\n"[..],
+            b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok",
+            b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\ntransfer-encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n",
+        ] {
+            let idle = Arc::new(IdleConns::default());
+            let body = body_of(answered(answer).await, &idle);
+            let data = body.collect().await.unwrap().to_bytes();
+            assert_eq!(data, "ok");
+            assert_eq!(idle.len(), 0, "{}", String::from_utf8_lossy(answer));
+        }
+    }
+
+    #[tokio::test]
+    async fn a_body_cut_short_by_the_backend_is_an_error_not_an_end() {
+        use http_body_util::BodyExt;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let _ = socket.read(&mut [0u8; 1024]).await;
+            socket
+                .write_all(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\n12345\r\n")
+                .await
+                .unwrap();
+        });
+        let mut conn = Conn::new(Box::new(
+            tokio::net::TcpStream::connect(addr).await.unwrap(),
+        ));
+        let req = Request::post("/").body(Bytes::new()).unwrap();
+        let head = conn.send(&req).await.unwrap();
+        let idle = Arc::new(IdleConns::default());
+        let body = body_of((conn, head), &idle);
+        let error = body.collect().await.expect_err("a truncated body fails");
+        assert!(
+            error.to_string().contains("closed before the body's end"),
+            "{error}"
+        );
     }
 }

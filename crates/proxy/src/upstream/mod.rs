@@ -18,11 +18,10 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::{header, HeaderMap, HeaderName, HeaderValue, Method, Request};
 use http_body_util::Full;
-use hyper::body::Incoming;
-use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder, MaybeHttpsStream};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use spillway_config::UpstreamConfig;
 use spillway_policy::Outcome;
 use tower::ServiceExt;
@@ -30,11 +29,13 @@ use tracing::{debug, warn};
 
 use crate::endpoint::Endpoint;
 use crate::metrics::UpstreamFailure;
-use crate::pool::idle::{IdleConns, Keep, Sender};
+use crate::pool::idle::{IdleConns, Keep};
 use crate::pool::Backend;
 
 mod body;
+pub(crate) mod h1;
 pub(crate) use body::UpstreamBody;
+use h1::Conn;
 
 /// hyper-util's pooled client, for the gateway's own reads beside the request path (health
 /// checks, engine metrics pages).
@@ -59,7 +60,7 @@ pub(crate) struct Attempt<'a> {
 
 /// Where attempts go: sends one attempt to one backend and returns the response head, or the
 /// outcome of an attempt that got none. It never retries on its own account, but for a kept-alive
-/// connection found closed before the request was read (see [`is_stale`]).
+/// connection found closed before the request was read (see [`stale`]).
 pub(crate) trait Upstream: Send + Sync {
     type Body: http_body::Body<Data = Bytes, Error: std::fmt::Display> + Send + Unpin + 'static;
 
@@ -90,7 +91,7 @@ enum Failure {
     /// so the request may have reached the backend as it went down.
     Connect { error: BoxError, after_stale: bool },
     /// The connection failed once the request was on it.
-    Exchange(hyper::Error),
+    Exchange(h1::Error),
 }
 
 impl HyperUpstream {
@@ -112,20 +113,20 @@ impl HyperUpstream {
         }
     }
 
-    /// Sends the request `build` makes on a kept-alive connection of `backend`, or a new one;
-    /// once more on a new one when the kept-alive connection turns out to have been closed.
+    /// Sends `req` on a kept-alive connection of `backend`, or a new one; once more on a new one
+    /// when the kept-alive connection turns out to have been closed ([`stale`]).
     async fn exchange(
         &self,
         backend: &Backend,
         now: Instant,
-        build: impl Fn() -> Request<Full<Bytes>>,
+        req: &Request<Bytes>,
     ) -> Result<http::Response<UpstreamBody>, Failure> {
         let (mut conn, kept) = self.checkout(backend, now).await?;
-        let error = match conn.send_request(build()).await {
-            Ok(response) => return Ok(self.relayed(response, conn, &backend.idle)),
+        let error = match conn.send(req).await {
+            Ok(head) => return Ok(self.relayed(head, conn, &backend.idle)),
             Err(e) => e,
         };
-        if !(kept && is_stale(&error)) {
+        if !(kept && stale(&error)) {
             return Err(Failure::Exchange(error));
         }
         // The kept connection was already closed: the backend never read the request.
@@ -134,57 +135,43 @@ impl HyperUpstream {
             .upstream_failed(UpstreamFailure::StaleConnection);
         debug!(backend = %backend.name, "kept-alive connection was closed; sending again on a new one: {error}");
         let mut conn = self.connect(backend, true).await?;
-        let response = conn
-            .send_request(build())
-            .await
-            .map_err(Failure::Exchange)?;
-        Ok(self.relayed(response, conn, &backend.idle))
+        let head = conn.send(req).await.map_err(Failure::Exchange)?;
+        Ok(self.relayed(head, conn, &backend.idle))
     }
 
     /// A connection to `backend` ready for a request made at `now`, and whether it was kept
     /// from an earlier one.
-    async fn checkout(&self, backend: &Backend, now: Instant) -> Result<(Sender, bool), Failure> {
-        while let Some(mut conn) = backend.idle.take(now, self.keep) {
-            // Ready at once unless it is still finishing the last response; an error is a
-            // connection the backend closed meanwhile.
-            if conn.ready().await.is_ok() {
-                return Ok((conn, true));
-            }
+    async fn checkout(&self, backend: &Backend, now: Instant) -> Result<(Conn, bool), Failure> {
+        match backend.idle.take(now, self.keep) {
+            Some(conn) => Ok((conn, true)),
+            None => Ok((self.connect(backend, false).await?, false)),
         }
-        Ok((self.connect(backend, false).await?, false))
     }
 
-    /// A new connection to `backend`, its reading half running as a task of its own;
-    /// `after_stale` when a kept one was found closed first.
-    async fn connect(&self, backend: &Backend, after_stale: bool) -> Result<Sender, Failure> {
-        let failed = |error: BoxError| Failure::Connect { error, after_stale };
-        let io = self
+    /// A new connection to `backend`; `after_stale` when a kept one was found closed first.
+    async fn connect(&self, backend: &Backend, after_stale: bool) -> Result<Conn, Failure> {
+        let stream = self
             .connector
             .clone()
             .oneshot(backend.uri(Endpoint::ChatCompletions).clone())
             .await
-            .map_err(failed)?;
-        let (sender, conn) = hyper::client::conn::http1::Builder::new()
-            .max_buf_size(UPSTREAM_READ_BUFFER)
-            .handshake(io)
-            .await
-            .map_err(|e| failed(e.into()))?;
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                debug!("upstream connection ended: {e}");
-            }
-        });
-        Ok(sender)
+            .map_err(|error| Failure::Connect { error, after_stale })?;
+        Ok(Conn::new(match stream {
+            MaybeHttpsStream::Http(tcp) => Box::new(tcp.into_inner()),
+            tls => Box::new(TokioIo::new(tls)),
+        }))
     }
 
-    /// `response` with its connection, which goes back to `idle` when the body has been read.
+    /// The response of `head` with its connection, which goes back to `idle` when the body has
+    /// been read.
     fn relayed(
         &self,
-        response: http::Response<Incoming>,
-        conn: Sender,
+        head: h1::Head,
+        conn: Conn,
         idle: &Arc<IdleConns>,
     ) -> http::Response<UpstreamBody> {
-        response.map(|inner| UpstreamBody::new(inner, conn, idle, self.keep))
+        let body = UpstreamBody::new(conn, (head.framing, head.reusable), idle, self.keep);
+        head.response.map(|()| body)
     }
 }
 
@@ -196,19 +183,17 @@ impl Upstream for HyperUpstream {
         backend: &Arc<Backend>,
         attempt: Attempt<'_>,
     ) -> Result<http::Response<UpstreamBody>, Outcome> {
-        let build = || {
-            request(
-                backend,
-                (attempt.endpoint, attempt.query),
-                (attempt.headers, attempt.trace),
-                attempt.body.clone(),
-            )
-        };
+        let req = request(
+            backend,
+            (attempt.endpoint, attempt.query),
+            (attempt.headers, attempt.trace),
+            attempt.body,
+        );
         let sent = crate::clock::now();
         let timeout = self
             .response_timeout
             .min(attempt.until.saturating_duration_since(sent));
-        match tokio::time::timeout(timeout, self.exchange(backend, sent, build)).await {
+        match tokio::time::timeout(timeout, self.exchange(backend, sent, &req)).await {
             Ok(Ok(response)) => {
                 backend
                     .metrics
@@ -260,18 +245,13 @@ impl HyperUpstream {
                 header::CONTENT_TYPE,
                 HeaderValue::from_static("application/json"),
             );
-            headers.insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
         }
         backends_own(backend, &mut headers);
-        let target = crate::pool::origin_form(&uri);
-        let build = || {
-            let mut req = Request::new(Full::new(body.clone()));
-            *req.method_mut() = method.clone();
-            *req.uri_mut() = target.clone();
-            *req.headers_mut() = headers.clone();
-            req
-        };
-        let exchange = self.exchange(backend, crate::clock::now(), build);
+        let mut req = Request::new(body);
+        *req.method_mut() = method;
+        *req.uri_mut() = crate::pool::origin_form(&uri);
+        *req.headers_mut() = headers;
+        let exchange = self.exchange(backend, crate::clock::now(), &req);
         match tokio::time::timeout(self.response_timeout, exchange).await {
             Ok(Ok(response)) => Ok(response),
             Ok(Err(failure)) => {
@@ -326,7 +306,7 @@ pub fn client(cfg: &UpstreamConfig) -> HttpClient {
         .pool_timer(TokioTimer::new())
         .pool_idle_timeout(cfg.pool_idle_timeout)
         .pool_max_idle_per_host(cfg.pool_max_idle_per_host)
-        .http1_max_buf_size(UPSTREAM_READ_BUFFER)
+        .http1_max_buf_size(h1::MAX_BUFFER)
         .build(connector(cfg))
 }
 
@@ -345,8 +325,7 @@ fn connector(cfg: &UpstreamConfig) -> HttpsConnector<HttpConnector> {
 }
 
 /// Whether an upstream error is a kept-alive connection the backend had already closed: the
-/// connection ended before any byte of a response, with no error of its own, or before the
-/// request could be written at all.
+/// connection ended, closed or reset, before any byte of a response.
 ///
 /// Servers close idle keep-alive connections when they please, and some (llama.cpp's server
 /// among them) answer `Keep-Alive` yet close the connection after every streamed response. A
@@ -356,15 +335,12 @@ fn connector(cfg: &UpstreamConfig) -> HttpsConnector<HttpConnector> {
 /// backend that went down with the request on it ends the connection the same way; then the new
 /// connection is refused, and the attempt counts as a failure after sending (a retry from the
 /// budget), not as a refused connection.
-fn is_stale(error: &hyper::Error) -> bool {
-    error.is_incomplete_message() || error.is_canceled()
+fn stale(error: &h1::Error) -> bool {
+    error.before_response()
 }
 
 /// Request headers that never travel upstream: hop-by-hop headers, the caller's own credentials
 /// (the upstream gets the backend's key instead), and framing the client recomputes.
-/// The most a connection to a backend buffers of what it reads (the memory budget counts it).
-const UPSTREAM_READ_BUFFER: usize = spillway_config::memory::UPSTREAM_READ_BYTES as usize;
-
 const STRIPPED_REQUEST_HEADERS: [HeaderName; 14] = [
     header::AUTHORIZATION,
     HeaderName::from_static("api-key"),
@@ -455,9 +431,8 @@ fn request(
     (endpoint, query): (Endpoint, Option<&str>),
     (outbound, trace): (&HeaderMap, &crate::trace::Attempt),
     body: Bytes,
-) -> Request<Full<Bytes>> {
-    let length = body.len();
-    let mut req = Request::new(Full::new(body));
+) -> Request<Bytes> {
+    let mut req = Request::new(body);
     *req.method_mut() = Method::POST;
     *req.uri_mut() = match query.and_then(|q| with_query(backend.uri(endpoint), q)) {
         Some(uri) => crate::pool::origin_form(&uri),
@@ -469,10 +444,7 @@ fn request(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
     );
-    // One allocation (`From<usize>` makes two).
-    let length = HeaderValue::from_str(itoa::Buffer::new().format(length))
-        .expect("digits are a header value");
-    headers.insert(header::CONTENT_LENGTH, length);
+    // Its `Content-Length` is written with the head, from the body (`h1::Conn::send`).
     backends_own(backend, headers);
     trace.inject(headers);
     req

@@ -1,0 +1,325 @@
+//! The gateway's HTTP/1.1 client connection to a backend: one request at a time, written and
+//! read by the task of the request that uses it, with no task of its own and no channel between
+//! the two (hyper's client connection runs as a task the request hands its request to, and gets
+//! its response and every frame of the body back from, a wake-up each way).
+//!
+//! What it reads from a backend is bounded: at most [`MAX_BUFFER`] buffered, a response head
+//! must fit in it with at most [`MAX_HEADERS`] headers (`httparse` parses it), and a body is
+//! decoded by [`decode`], which decides when the connection may carry another request. The
+//! request it writes is the gateway's own: its head from a checked `http::Request` (whose header
+//! values cannot hold a line break) with the body's length set here, never taken from the
+//! headers.
+
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::{header, HeaderMap, HeaderName, HeaderValue, Method, Request, StatusCode, Version};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
+
+pub(crate) mod decode;
+
+use decode::{DecodeError, Framing};
+
+/// The most a connection buffers of what it reads (the memory budget counts it).
+pub(crate) const MAX_BUFFER: usize = spillway_config::memory::UPSTREAM_READ_BYTES as usize;
+/// The most headers a response head may have.
+const MAX_HEADERS: usize = 100;
+/// How much a read asks for.
+const READ_SIZE: usize = 8 * 1024;
+/// A body up to this size is written in one piece with its head.
+const INLINE_BODY: usize = 16 * 1024;
+
+/// What a connection runs on: TCP, or TLS over it.
+pub(crate) trait Io: AsyncRead + AsyncWrite + Send + Unpin {}
+impl<T: AsyncRead + AsyncWrite + Send + Unpin> Io for T {}
+
+/// An HTTP/1.1 connection to a backend, idle between requests.
+pub(crate) struct Conn {
+    io: Box<dyn Io>,
+    /// Read and not yet taken: part of a response head or body.
+    buf: BytesMut,
+}
+
+/// Why an exchange failed.
+#[derive(Debug)]
+pub(crate) enum Error {
+    /// The connection ended (closed or reset) before any byte of a response, writing or reading.
+    Closed(Option<io::Error>),
+    /// It failed after a response had started.
+    Io(io::Error),
+    /// The response head did not fit in [`MAX_BUFFER`].
+    HeadTooLarge,
+    /// The response head was not HTTP/1.
+    Head(&'static str),
+    /// The body was not framed as its head said.
+    Body(DecodeError),
+}
+
+impl Error {
+    /// Whether no byte of a response had come: on a kept connection, the backend closed it
+    /// before it read the request.
+    pub(crate) fn before_response(&self) -> bool {
+        matches!(self, Error::Closed(_))
+    }
+}
+
+impl std::fmt::Display for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Error::Closed(None) => f.write_str("connection closed before a response"),
+            Error::Closed(Some(e)) => write!(f, "connection closed before a response: {e}"),
+            Error::Io(e) => write!(f, "connection failed: {e}"),
+            Error::HeadTooLarge => write!(f, "response head larger than {MAX_BUFFER} bytes"),
+            Error::Head(what) => write!(f, "invalid response head: {what}"),
+            Error::Body(e) => write!(f, "invalid response body: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+/// A response head, with how its body is framed and whether the connection may carry another
+/// request after it.
+pub(crate) struct Head {
+    pub response: http::Response<()>,
+    pub framing: Framing,
+    pub reusable: bool,
+}
+
+impl Conn {
+    pub(crate) fn new(io: Box<dyn Io>) -> Conn {
+        Conn {
+            io,
+            buf: BytesMut::new(),
+        }
+    }
+
+    /// Writes `req` and reads its response head.
+    pub(crate) async fn send(&mut self, req: &Request<Bytes>) -> Result<Head, Error> {
+        let body = req.body();
+        let head = encode(req);
+        let written = async {
+            self.io.write_all(&head).await?;
+            if body.len() > INLINE_BODY {
+                self.io.write_all(body).await?;
+            }
+            self.io.flush().await
+        };
+        written.await.map_err(|e| Error::Closed(Some(e)))?;
+        self.read_head(req.method()).await
+    }
+
+    async fn read_head(&mut self, method: &Method) -> Result<Head, Error> {
+        // Bytes of a response seen: after them, a close is a failure, not a stale connection.
+        let mut seen = false;
+        loop {
+            if let Some(head) = self.parse_head(method)? {
+                if head.response.status().is_informational() {
+                    seen = true;
+                    continue;
+                }
+                return Ok(head);
+            }
+            if self.buf.len() >= MAX_BUFFER {
+                return Err(Error::HeadTooLarge);
+            }
+            seen |= !self.buf.is_empty();
+            match std::future::poll_fn(|cx| self.poll_read_more(cx)).await {
+                Ok(0) if seen => return Err(Error::Io(io::ErrorKind::UnexpectedEof.into())),
+                Ok(0) => return Err(Error::Closed(None)),
+                Ok(_) => {}
+                Err(e) if seen => return Err(Error::Io(e)),
+                Err(e) => return Err(Error::Closed(Some(e))),
+            }
+        }
+    }
+
+    /// The response head at the start of the buffer, taken from it; `None` while it is partial.
+    fn parse_head(&mut self, method: &Method) -> Result<Option<Head>, Error> {
+        if self.buf.is_empty() {
+            return Ok(None);
+        }
+        let mut storage = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        let mut parsed = httparse::Response::new(&mut storage);
+        let len = match parsed.parse(&self.buf) {
+            Ok(httparse::Status::Complete(len)) => len,
+            Ok(httparse::Status::Partial) => return Ok(None),
+            Err(httparse::Error::TooManyHeaders) => return Err(Error::Head("too many headers")),
+            Err(_) => return Err(Error::Head("not an HTTP/1 response")),
+        };
+        let status = parsed
+            .code
+            .and_then(|code| StatusCode::from_u16(code).ok())
+            .ok_or(Error::Head("invalid status"))?;
+        if status == StatusCode::SWITCHING_PROTOCOLS {
+            return Err(Error::Head("unrequested protocol switch"));
+        }
+        let version = match parsed.version {
+            Some(1) => Version::HTTP_11,
+            _ => Version::HTTP_10,
+        };
+        let mut headers = HeaderMap::with_capacity(parsed.headers.len());
+        for h in parsed.headers.iter() {
+            let name = HeaderName::from_bytes(h.name.as_bytes())
+                .map_err(|_| Error::Head("invalid header name"))?;
+            let value = HeaderValue::from_bytes(h.value)
+                .map_err(|_| Error::Head("invalid header value"))?;
+            headers.append(name, value);
+        }
+        self.buf.advance(len);
+        let (framing, reusable) = framing(method, status, version, &mut headers)?;
+        let mut response = http::Response::new(());
+        *response.status_mut() = status;
+        *response.version_mut() = version;
+        *response.headers_mut() = headers;
+        Ok(Some(Head {
+            response,
+            framing,
+            reusable,
+        }))
+    }
+
+    /// Reads what the connection has into the buffer, at most [`MAX_BUFFER`] in all; 0 at its
+    /// end.
+    pub(crate) fn poll_read_more(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        let room = READ_SIZE.min(MAX_BUFFER.saturating_sub(self.buf.len()));
+        if room == 0 {
+            return Poll::Ready(Err(io::Error::other("read buffer full")));
+        }
+        self.buf.reserve(room);
+        tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut self.buf)
+    }
+
+    /// The buffer of what was read and not taken, for the body's decoder.
+    pub(crate) fn buffer(&mut self) -> &mut BytesMut {
+        &mut self.buf
+    }
+
+    /// Whether an idle connection can carry a request: the backend has not closed it, nor sent
+    /// anything unasked. Asks the socket without waiting (at most one `recv`, answered at once).
+    pub(crate) fn is_open(&mut self) -> bool {
+        if !self.buf.is_empty() {
+            return false;
+        }
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        let mut byte = [0u8; 1];
+        let mut probe = ReadBuf::new(&mut byte);
+        Pin::new(&mut self.io)
+            .poll_read(&mut cx, &mut probe)
+            .is_pending()
+    }
+}
+
+/// The request's head, and its body too when it is small: one write.
+fn encode(req: &Request<Bytes>) -> Vec<u8> {
+    let body = req.body();
+    let inline = body.len() <= INLINE_BODY;
+    let target = req.uri().path_and_query().map_or("/", |p| p.as_str());
+    let mut out = Vec::with_capacity(512 + if inline { body.len() } else { 0 });
+    out.extend_from_slice(req.method().as_str().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(target.as_bytes());
+    out.extend_from_slice(b" HTTP/1.1\r\n");
+    for (name, value) in req.headers() {
+        // The framing is the body's own, never a header's.
+        if name == header::CONTENT_LENGTH || name == header::TRANSFER_ENCODING {
+            continue;
+        }
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    let with_body = matches!(*req.method(), Method::POST | Method::PUT | Method::PATCH);
+    if with_body || !body.is_empty() {
+        out.extend_from_slice(b"content-length: ");
+        out.extend_from_slice(itoa::Buffer::new().format(body.len()).as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+    if inline {
+        out.extend_from_slice(body);
+    }
+    out
+}
+
+/// How a response's body is framed (RFC 9112 §6.3), and whether its connection may carry
+/// another request after it. A head with both `Transfer-Encoding` and `Content-Length` loses
+/// the length and its connection.
+fn framing(
+    method: &Method,
+    status: StatusCode,
+    version: Version,
+    headers: &mut HeaderMap,
+) -> Result<(Framing, bool), Error> {
+    let mut reusable = match version {
+        Version::HTTP_11 => !has_token(headers, header::CONNECTION, "close"),
+        _ => has_token(headers, header::CONNECTION, "keep-alive"),
+    };
+    let bodiless = *method == Method::HEAD
+        || status.is_informational()
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED;
+    if bodiless {
+        return Ok((Framing::Length(0), reusable));
+    }
+    if headers.contains_key(header::TRANSFER_ENCODING) {
+        if headers.remove(header::CONTENT_LENGTH).is_some() {
+            reusable = false;
+        }
+        let last = headers
+            .get_all(header::TRANSFER_ENCODING)
+            .iter()
+            .next_back()
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.rsplit(',').next())
+            .map(str::trim);
+        return Ok(match last {
+            Some(coding) if coding.eq_ignore_ascii_case("chunked") => (Framing::Chunked, reusable),
+            _ => (Framing::UntilClose, false),
+        });
+    }
+    match content_length(headers)? {
+        Some(n) => Ok((Framing::Length(n), reusable)),
+        None => Ok((Framing::UntilClose, false)),
+    }
+}
+
+/// The `Content-Length`, if any: every value (and list item) the same decimal number.
+fn content_length(headers: &HeaderMap) -> Result<Option<u64>, Error> {
+    let mut length = None;
+    for value in headers.get_all(header::CONTENT_LENGTH) {
+        let text = value
+            .to_str()
+            .map_err(|_| Error::Head("invalid content-length"))?;
+        for item in text.split(',') {
+            let item = item.trim();
+            if item.is_empty() || !item.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(Error::Head("invalid content-length"));
+            }
+            let n: u64 = item
+                .parse()
+                .map_err(|_| Error::Head("invalid content-length"))?;
+            if length.is_some_and(|l| l != n) {
+                return Err(Error::Head("conflicting content-length"));
+            }
+            length = Some(n);
+        }
+    }
+    Ok(length)
+}
+
+/// Whether `name`'s values list `token`.
+fn has_token(headers: &HeaderMap, name: HeaderName, token: &str) -> bool {
+    headers
+        .get_all(name)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case(token))
+}
+
+#[cfg(test)]
+mod tests;

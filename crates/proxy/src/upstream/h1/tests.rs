@@ -1,0 +1,189 @@
+use super::*;
+use tokio::io::{AsyncReadExt, DuplexStream};
+
+/// A connection whose far end is the returned stream.
+fn pair() -> (Conn, DuplexStream) {
+    let (near, far) = tokio::io::duplex(64 * 1024);
+    (Conn::new(Box::new(near)), far)
+}
+
+fn post(body: &'static str) -> Request<Bytes> {
+    let mut req = Request::new(Bytes::from_static(body.as_bytes()));
+    *req.method_mut() = Method::POST;
+    *req.uri_mut() = "/v1/chat/completions?x=1".parse().unwrap();
+    let h = req.headers_mut();
+    h.insert(header::HOST, HeaderValue::from_static("b:8000"));
+    // Framing from the headers is never written: the body's own is.
+    h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("999"));
+    h.insert(
+        header::TRANSFER_ENCODING,
+        HeaderValue::from_static("chunked"),
+    );
+    req
+}
+
+/// Sends `req` on a connection whose far end answers `answer` (after reading the request):
+/// the head, and what the far end read.
+async fn exchange(req: Request<Bytes>, answer: &'static [u8]) -> (Result<Head, Error>, String) {
+    let (mut conn, mut far) = pair();
+    let sent = tokio::spawn(async move {
+        let mut read = vec![0u8; 4096];
+        let n = far.read(&mut read).await.unwrap();
+        far.write_all(answer).await.unwrap();
+        drop(far);
+        String::from_utf8(read[..n].to_vec()).unwrap()
+    });
+    let head = conn.send(&req).await;
+    (head, sent.await.unwrap())
+}
+
+#[tokio::test]
+async fn a_request_is_written_with_its_bodys_own_length() {
+    let (head, written) = exchange(
+        post("{\"a\":1}"),
+        b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}",
+    )
+    .await;
+    assert_eq!(
+        written,
+        "POST /v1/chat/completions?x=1 HTTP/1.1\r\nhost: b:8000\r\ncontent-length: 7\r\n\r\n{\"a\":1}"
+    );
+    let head = head.unwrap();
+    assert_eq!(head.response.status(), 200);
+    assert_eq!(head.framing, Framing::Length(2));
+    assert!(head.reusable);
+}
+
+/// The framing and reuse each kind of head gets.
+#[tokio::test]
+async fn each_head_gets_its_framing_and_only_exact_ones_keep_the_connection() {
+    for (answer, framing, reusable) in [
+        (
+            &b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"[..],
+            Framing::Chunked,
+            true,
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\n\r\n",
+            Framing::Chunked,
+            true,
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ncontent-length: 5\r\n\r\n",
+            Framing::Chunked,
+            false,
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip\r\n\r\n",
+            Framing::UntilClose,
+            false,
+        ),
+        (b"HTTP/1.1 200 OK\r\n\r\n", Framing::UntilClose, false),
+        (
+            b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\nconnection: close\r\n\r\n",
+            Framing::Length(5),
+            false,
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\ncontent-length: 5, 5\r\n\r\n",
+            Framing::Length(5),
+            true,
+        ),
+        (
+            b"HTTP/1.0 200 OK\r\ncontent-length: 5\r\n\r\n",
+            Framing::Length(5),
+            false,
+        ),
+        (
+            b"HTTP/1.0 200 OK\r\ncontent-length: 5\r\nconnection: keep-alive\r\n\r\n",
+            Framing::Length(5),
+            true,
+        ),
+        (
+            b"HTTP/1.1 204 No Content\r\ncontent-length: 5\r\n\r\n",
+            Framing::Length(0),
+            true,
+        ),
+        (
+            b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 429 Too Many\r\ncontent-length: 0\r\n\r\n",
+            Framing::Length(0),
+            true,
+        ),
+    ] {
+        let (head, _) = exchange(post("{}"), answer).await;
+        let head = head.unwrap_or_else(|e| panic!("{}: {e}", String::from_utf8_lossy(answer)));
+        assert_eq!(head.framing, framing, "{}", String::from_utf8_lossy(answer));
+        assert_eq!(
+            head.reusable,
+            reusable,
+            "{}",
+            String::from_utf8_lossy(answer)
+        );
+        if framing == Framing::Chunked {
+            assert!(!head.response.headers().contains_key(header::CONTENT_LENGTH));
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_head_that_is_not_one_fails_and_says_why() {
+    let many: &'static [u8] = Box::leak(
+        format!(
+            "HTTP/1.1 200 OK\r\n{}\r\n",
+            "x: 1\r\n".repeat(MAX_HEADERS + 1)
+        )
+        .into_bytes()
+        .into_boxed_slice(),
+    );
+    let large: &'static [u8] = Box::leak(
+        format!("HTTP/1.1 200 OK\r\nx: {}\r\n\r\n", "p".repeat(MAX_BUFFER))
+            .into_bytes()
+            .into_boxed_slice(),
+    );
+    for (answer, expected) in [
+        (&b"SSH-2.0-OpenSSH\r\n\r\n"[..], "not an HTTP/1 response"),
+        (
+            b"HTTP/1.1 200 OK\r\ncontent-length: -1\r\n\r\n",
+            "invalid content-length",
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\ncontent-length: 6\r\n\r\n",
+            "conflicting content-length",
+        ),
+        (
+            b"HTTP/1.1 101 Switching Protocols\r\nupgrade: x\r\n\r\n",
+            "unrequested protocol switch",
+        ),
+        (many, "too many headers"),
+    ] {
+        let (head, _) = exchange(post("{}"), answer).await;
+        let error = head.err().expect("an error").to_string();
+        assert!(error.contains(expected), "{error}");
+    }
+    let (head, _) = exchange(post("{}"), large).await;
+    assert!(matches!(head, Err(Error::HeadTooLarge)));
+}
+
+#[tokio::test]
+async fn a_close_before_any_byte_is_told_apart_from_one_mid_head() {
+    let (head, _) = exchange(post("{}"), b"").await;
+    assert!(head.err().unwrap().before_response());
+    let (head, _) = exchange(post("{}"), b"HTTP/1.1 200").await;
+    assert!(!head.err().unwrap().before_response());
+    let (head, _) = exchange(post("{}"), b"HTTP/1.1 100 Continue\r\n\r\n").await;
+    assert!(
+        !head.err().unwrap().before_response(),
+        "an interim answer is an answer"
+    );
+}
+
+#[tokio::test]
+async fn an_idle_connection_is_open_until_closed_or_sent_unasked_bytes() {
+    let (mut conn, far) = pair();
+    assert!(conn.is_open());
+    drop(far);
+    assert!(!conn.is_open());
+    let (mut conn, mut far) = pair();
+    far.write_all(b"HTTP/1.1 200 OK\r\n").await.unwrap();
+    assert!(!conn.is_open());
+}

@@ -10,9 +10,9 @@ use crate::{BackendConfig, BackendKind, Config};
 const KIB: u64 = 1024;
 const MIB: u64 = 1024 * KIB;
 
-/// The most an upstream connection's read buffer grows to (hyper's `max_buf_size` on the
-/// gateway's connections to backends): a backend's response head must fit in it, and each frame
-/// of a relayed body is at most this large.
+/// The most a connection to a backend buffers of what it reads (the request path's own HTTP/1.1
+/// client, and hyper-util's `max_buf_size` for health checks): a backend's response head must
+/// fit in it, and each frame of a relayed body is at most this large.
 pub const UPSTREAM_READ_BYTES: u64 = 16 * KIB;
 /// What hyper holds per HTTP/1 client connection at most: its head and read buffer.
 pub const HTTP1_CONNECTION_BYTES: u64 = 64 * KIB;
@@ -20,15 +20,13 @@ pub const HTTP1_CONNECTION_BYTES: u64 = 64 * KIB;
 pub const HTTP2_WINDOW_BYTES: u64 = 256 * KIB;
 /// Per stream an HTTP/2 client may open: its request head and task before admission answers.
 pub const HTTP2_STREAM_BYTES: u64 = 8 * KIB;
-/// Per request in flight, measured with clients that never read an answer larger than all of
-/// these (at most 174 KiB a request, with its client connection, in
-/// `crates/spillway/tests/memory_responses.rs`): hyper's write queue to the client (64 KiB, and the frame that passed
-/// it), a frame in the relay and one in the upstream body's channel, the upstream connection's
-/// read buffer (each [`UPSTREAM_READ_BYTES`]), the 4 KiB usage scan, the request's tasks and
-/// sockets, and what the allocator keeps around them.
+/// Per request in flight, for clients that never read an answer larger than all of these: hyper's
+/// write queue to the client (64 KiB, and the frame that passed it), a frame in the relay, the
+/// upstream connection's read buffer (each [`UPSTREAM_READ_BYTES`]), the 4 KiB usage scan, the
+/// request's tasks and sockets, and what the allocator keeps around them. Measured at most 81 KiB
+/// a request with its client connection (`crates/spillway/tests/memory_responses.rs`).
 pub const REQUEST_BYTES: u64 = 192 * KIB;
-/// Per upstream connection kept idle for the next request: its read buffer, its socket and the
-/// task reading it.
+/// Per upstream connection kept idle for the next request: its read buffer and its socket.
 pub const KEPT_CONNECTION_BYTES: u64 = UPSTREAM_READ_BYTES + 8 * KIB;
 /// Per connection to an `https` backend, on top: rustls's buffers (a 16 KiB record read, its
 /// plaintext, and what is written), an allowance not yet measured.

@@ -24,7 +24,7 @@ use crate::pool::Models;
 use crate::request::BodyBudget;
 use crate::rollout::Rollouts;
 use crate::tenants::StoreDirectory;
-use crate::upstream::HyperUpstream;
+use crate::upstream::HttpUpstream;
 
 /// Why the gateway could not start.
 #[derive(Debug, thiserror::Error)]
@@ -45,7 +45,7 @@ pub struct Gateway {
     pub(crate) admin_token: Option<[u8; 32]>,
     /// What the attempt loop sends through; its pooled client also serves health checks and
     /// engine scrapes, so they reuse the requests' connections.
-    pub(crate) upstream: HyperUpstream,
+    pub(crate) upstream: HttpUpstream,
     pub(crate) ready: AtomicBool,
     /// The API listener's client connections (`server.max_connections`).
     pub(crate) connections: Arc<Connections>,
@@ -102,7 +102,7 @@ impl Gateway {
         let fleet = MockFleet::default();
         fleet.commit(mocks, config.server.shutdown_grace);
         Ok(Gateway {
-            upstream: HyperUpstream::new(&config.upstream),
+            upstream: HttpUpstream::new(&config.upstream),
             directory: tenants.clone(),
             tenants,
             admin_token: admin_token(&config.admin.token_env),

@@ -1,5 +1,5 @@
 //! The upstream side: the seam the attempt loop sends through ([`Upstream`]), its one production
-//! implementation ([`HyperUpstream`]: HTTP/1 connections kept alive per backend), and how a client
+//! implementation ([`HttpUpstream`]: HTTP/1 connections kept alive per backend), and how a client
 //! request becomes an upstream request.
 //!
 //! The seam is small on purpose: one attempt in, a response head or the [`Outcome`] of a failure
@@ -73,7 +73,7 @@ pub(crate) trait Upstream: Send + Sync {
 
 /// The upstream of production: HTTP/1 connections (TLS where the backend's URL says `https`),
 /// kept alive per backend between requests ([`IdleConns`]).
-pub(crate) struct HyperUpstream {
+pub(crate) struct HttpUpstream {
     /// For the background reads; requests go through `connector` and the backends' own
     /// connections.
     client: HttpClient,
@@ -94,14 +94,14 @@ enum Failure {
     Exchange(h1::Error),
 }
 
-impl HyperUpstream {
+impl HttpUpstream {
     /// The client of the background reads.
     pub(crate) fn client(&self) -> &HttpClient {
         &self.client
     }
 
     pub(crate) fn new(upstream: &UpstreamConfig) -> Self {
-        HyperUpstream {
+        HttpUpstream {
             client: client(upstream),
             connector: connector(upstream),
             keep: Keep {
@@ -175,7 +175,7 @@ impl HyperUpstream {
     }
 }
 
-impl Upstream for HyperUpstream {
+impl Upstream for HttpUpstream {
     type Body = UpstreamBody;
 
     async fn send(
@@ -227,7 +227,7 @@ impl Upstream for HyperUpstream {
     }
 }
 
-impl HyperUpstream {
+impl HttpUpstream {
     /// Sends a call on a stored resource (`uri`) to `backend` as it is, once: no retry, no
     /// second connection but for a closed kept-alive one. A head later than
     /// `upstream.response_timeout` is a 504.

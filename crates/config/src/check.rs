@@ -276,7 +276,7 @@ fn check_upstream(raw: RawUpstream, p: &mut Problems) -> UpstreamConfig {
             "upstream.stream_idle_timeout",
             p,
         ),
-        pool_idle_timeout: positive(
+        pool_idle_timeout: client_timeout(
             raw.pool_idle_timeout,
             s(90),
             "upstream.pool_idle_timeout",

@@ -14,6 +14,9 @@ use bytes::{Buf, Bytes, BytesMut};
 const MAX_CHUNK_LINE: usize = 4096;
 /// The most trailer bytes skipped after a chunked body before it is an error.
 const MAX_TRAILERS: usize = 16 * 1024;
+/// The most chunk-extension bytes a body's size lines may carry in all (each line is also held
+/// to [`MAX_CHUNK_LINE`]): a backend sending a byte of data per 4 KiB of extensions is cut off.
+const MAX_EXTENSIONS: usize = 16 * 1024;
 
 /// How a body's end is known.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,6 +34,7 @@ pub(crate) enum Framing {
 pub(crate) enum DecodeError {
     ChunkSize,
     ChunkLineTooLong,
+    ExtensionsTooLong,
     ChunkDataEnd,
     TrailersTooLong,
     /// The connection closed before the framing's end.
@@ -42,6 +46,7 @@ impl std::fmt::Display for DecodeError {
         f.write_str(match self {
             DecodeError::ChunkSize => "invalid chunk size line",
             DecodeError::ChunkLineTooLong => "chunk size line too long",
+            DecodeError::ExtensionsTooLong => "chunk extensions too long",
             DecodeError::ChunkDataEnd => "chunk data not followed by CRLF",
             DecodeError::TrailersTooLong => "trailers too long",
             DecodeError::Truncated => "connection closed before the body's end",
@@ -75,6 +80,8 @@ enum State {
 #[derive(Debug)]
 pub(crate) struct Decoder {
     state: State,
+    /// Chunk-extension bytes read so far.
+    extensions: usize,
 }
 
 impl Decoder {
@@ -85,7 +92,10 @@ impl Decoder {
             Framing::Chunked => State::ChunkSize,
             Framing::UntilClose => State::UntilClose,
         };
-        Decoder { state }
+        Decoder {
+            state,
+            extensions: 0,
+        }
     }
 
     pub(crate) fn is_done(&self) -> bool {
@@ -181,7 +191,11 @@ impl Decoder {
                 else {
                     return Ok(false);
                 };
-                let size = chunk_size(&buf[..end])?;
+                let (size, extensions) = chunk_size(&buf[..end])?;
+                self.extensions += extensions;
+                if self.extensions > MAX_EXTENSIONS {
+                    return Err(DecodeError::ExtensionsTooLong);
+                }
                 buf.advance(end + 2);
                 self.state = match size {
                     0 => State::Trailers(0),
@@ -189,10 +203,13 @@ impl Decoder {
                 };
             }
             State::Trailers(seen) => {
-                let room = MAX_TRAILERS - seen;
+                let room = MAX_TRAILERS.saturating_sub(seen);
                 let Some(end) = line_end(buf, room, DecodeError::TrailersTooLong)? else {
                     return Ok(false);
                 };
+                if end > 0 && seen + end + 2 > MAX_TRAILERS {
+                    return Err(DecodeError::TrailersTooLong);
+                }
                 buf.advance(end + 2);
                 self.state = match end {
                     0 => State::Done,
@@ -216,8 +233,10 @@ fn line_end(buf: &[u8], max: usize, too_long: DecodeError) -> Result<Option<usiz
     }
 }
 
-/// The size of a chunk-size line: hex digits, then optional whitespace and extensions (ignored).
-fn chunk_size(line: &[u8]) -> Result<u64, DecodeError> {
+/// The size of a chunk-size line, and how many bytes of extensions it carries: hex digits, then
+/// optional whitespace and extensions (ignored, but no control bytes: a lone CR or LF in them is
+/// a line end to some readers).
+fn chunk_size(line: &[u8]) -> Result<(u64, usize), DecodeError> {
     let digits = line.iter().take_while(|b| b.is_ascii_hexdigit()).count();
     if digits == 0 || digits > 16 {
         return Err(DecodeError::ChunkSize);
@@ -229,8 +248,12 @@ fn chunk_size(line: &[u8]) -> Result<u64, DecodeError> {
             return Err(DecodeError::ChunkSize);
         }
     }
+    if rest.iter().any(|&b| (b < 0x20 && b != b'\t') || b == 0x7f) {
+        return Err(DecodeError::ChunkSize);
+    }
     let text = std::str::from_utf8(&line[..digits]).map_err(|_| DecodeError::ChunkSize)?;
-    u64::from_str_radix(text, 16).map_err(|_| DecodeError::ChunkSize)
+    let size = u64::from_str_radix(text, 16).map_err(|_| DecodeError::ChunkSize)?;
+    Ok((size, rest.len()))
 }
 
 #[cfg(test)]
@@ -299,6 +322,9 @@ mod tests {
             (b"-5\r\n", DecodeError::ChunkSize),
             (b"1ffffffffffffffff\r\n", DecodeError::ChunkSize),
             (b"5\r\nhelloXX", DecodeError::ChunkDataEnd),
+            (b"5;a\nb\r\nhello\r\n", DecodeError::ChunkSize),
+            (b"5;a\rb\r\nhello\r\n", DecodeError::ChunkSize),
+            (b"5;a\0\r\nhello\r\n", DecodeError::ChunkSize),
         ] {
             assert_eq!(
                 decode(Framing::Chunked, input, &[]),
@@ -315,6 +341,26 @@ mod tests {
         assert_eq!(
             decode(Framing::Chunked, &trailers, &[]),
             Err(DecodeError::TrailersTooLong)
+        );
+        // Lines that each fit, and together do not (the second one ends past the limit).
+        let lines = [
+            b"0\r\n".as_slice(),
+            &[b'x'; 10_000],
+            b"\r\n",
+            &[b'y'; 6_382],
+            b"\r\n\r\n",
+        ]
+        .concat();
+        assert_eq!(
+            decode(Framing::Chunked, &lines, &[]),
+            Err(DecodeError::TrailersTooLong)
+        );
+        // A byte of data per 4 KiB of extensions: cut off once they pass 16 KiB in all.
+        let ext = [b"1;".as_slice(), &[b'e'; 4000], b"\r\nx\r\n"].concat();
+        let many = ext.repeat(5);
+        assert_eq!(
+            decode(Framing::Chunked, &many, &[]),
+            Err(DecodeError::ExtensionsTooLong)
         );
     }
 

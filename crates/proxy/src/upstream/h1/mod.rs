@@ -14,7 +14,7 @@ use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Buf, BufMut, Bytes, BytesMut};
 use http::{header, HeaderMap, HeaderName, HeaderValue, Method, Request, StatusCode, Version};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 
@@ -96,24 +96,85 @@ impl Conn {
         }
     }
 
-    /// Writes `req` and reads its response head.
+    /// Writes `req` and reads its response head. A backend that answers before it has read the
+    /// whole request (a `413` to a large body) and stops reading is heard: its answer is read
+    /// while the request is still being written, and the connection is not used again.
     pub(crate) async fn send(&mut self, req: &Request<Bytes>) -> Result<Head, Error> {
-        let body = req.body();
+        let method = req.method();
         let head = encode(req);
-        let written = async {
-            self.io.write_all(&head).await?;
-            if body.len() > INLINE_BODY {
-                self.io.write_all(body).await?;
-            }
-            self.io.flush().await
-        };
-        written.await.map_err(|e| Error::Closed(Some(e)))?;
-        self.read_head(req.method()).await
-    }
-
-    async fn read_head(&mut self, method: &Method) -> Result<Head, Error> {
+        let body = req.body();
+        let rest: &[u8] = if body.len() > INLINE_BODY { body } else { &[] };
         // Bytes of a response seen: after them, a close is a failure, not a stale connection.
         let mut seen = false;
+        let mut written = 0;
+        let early = std::future::poll_fn(|cx| {
+            self.poll_write_request(cx, method, (&head, rest), (&mut written, &mut seen))
+        })
+        .await?;
+        if let Some(mut head) = early {
+            head.reusable = false;
+            return Ok(head);
+        }
+        if let Err(e) = self.io.flush().await {
+            return Err(Error::Io(e));
+        }
+        self.read_head(method, seen).await
+    }
+
+    /// Writes what is left of the request's `head` and `rest` of its body, counting what was
+    /// `written`; while the socket takes no more, reads what the backend sent, and returns the
+    /// final response head if one came.
+    fn poll_write_request(
+        &mut self,
+        cx: &mut Context<'_>,
+        method: &Method,
+        (head, rest): (&[u8], &[u8]),
+        (written, seen): (&mut usize, &mut bool),
+    ) -> Poll<Result<Option<Head>, Error>> {
+        // Nothing went out yet: on a kept connection, the backend never saw the request.
+        let failed = |e: io::Error, written: usize| match written {
+            0 => Error::Closed(Some(e)),
+            _ => Error::Io(e),
+        };
+        loop {
+            let piece = match *written {
+                n if n < head.len() => &head[n..],
+                n if n < head.len() + rest.len() => &rest[n - head.len()..],
+                _ => return Poll::Ready(Ok(None)),
+            };
+            match Pin::new(&mut self.io).poll_write(cx, piece) {
+                Poll::Ready(Ok(0)) => {
+                    return Poll::Ready(Err(failed(io::ErrorKind::WriteZero.into(), *written)))
+                }
+                Poll::Ready(Ok(n)) => {
+                    *written += n;
+                    continue;
+                }
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(failed(e, *written))),
+                Poll::Pending => {}
+            }
+            match self.poll_read_more(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Ok(0)) if *written == 0 && !*seen => {
+                    return Poll::Ready(Err(Error::Closed(None)))
+                }
+                Poll::Ready(Ok(0)) => {
+                    return Poll::Ready(Err(Error::Io(io::ErrorKind::UnexpectedEof.into())))
+                }
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(failed(e, *written))),
+                Poll::Ready(Ok(_)) => {
+                    *seen = true;
+                    while let Some(head) = self.parse_head(method)? {
+                        if !head.response.status().is_informational() {
+                            return Poll::Ready(Ok(Some(head)));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    async fn read_head(&mut self, method: &Method, mut seen: bool) -> Result<Head, Error> {
         loop {
             if let Some(head) = self.parse_head(method)? {
                 if head.response.status().is_informational() {
@@ -188,8 +249,19 @@ impl Conn {
         if room == 0 {
             return Poll::Ready(Err(io::Error::other("read buffer full")));
         }
-        self.buf.reserve(room);
-        tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut self.buf)
+        if self.buf.capacity() - self.buf.len() < room {
+            if self.buf.is_empty() {
+                self.buf.reserve(room);
+            } else {
+                // `reserve` could double the allocation past the cap: a new one of the size
+                // needed, and what is buffered (less than the cap) copied over.
+                let mut fresh = BytesMut::with_capacity(self.buf.len() + room);
+                fresh.extend_from_slice(&self.buf);
+                self.buf = fresh;
+            }
+        }
+        let mut limited = (&mut self.buf).limit(room);
+        tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut limited)
     }
 
     /// The buffer of what was read and not taken, for the body's decoder.
@@ -262,11 +334,18 @@ fn framing(
         || status.is_informational()
         || status == StatusCode::NO_CONTENT
         || status == StatusCode::NOT_MODIFIED;
+    let chunked_or_coded = headers.contains_key(header::TRANSFER_ENCODING);
     if bodiless {
-        return Ok((Framing::Length(0), reusable));
+        // A body a bodiless answer must not have may still follow it: not read as the next
+        // answer. (A 304's or a HEAD's Content-Length is the resource's, not a body's.)
+        let framed_body = chunked_or_coded
+            || (status == StatusCode::NO_CONTENT && content_length(headers)?.unwrap_or(0) > 0);
+        return Ok((Framing::Length(0), reusable && !framed_body));
     }
-    if headers.contains_key(header::TRANSFER_ENCODING) {
-        if headers.remove(header::CONTENT_LENGTH).is_some() {
+    if chunked_or_coded {
+        // Faulty framing for HTTP/1.0 (RFC 9112 §6.1), and a smuggling sign with a length:
+        // neither connection carries another request.
+        if headers.remove(header::CONTENT_LENGTH).is_some() || version != Version::HTTP_11 {
             reusable = false;
         }
         let last = headers

@@ -99,10 +99,28 @@ async fn each_head_gets_its_framing_and_only_exact_ones_keep_the_connection() {
             Framing::Length(5),
             true,
         ),
+        // A body a 204 must not have may follow it: not read as the next answer.
         (
             b"HTTP/1.1 204 No Content\r\ncontent-length: 5\r\n\r\n",
             Framing::Length(0),
+            false,
+        ),
+        (
+            b"HTTP/1.1 204 No Content\r\ntransfer-encoding: chunked\r\n\r\n",
+            Framing::Length(0),
+            false,
+        ),
+        (b"HTTP/1.1 204 No Content\r\n\r\n", Framing::Length(0), true),
+        (
+            b"HTTP/1.1 304 Not Modified\r\ncontent-length: 5\r\n\r\n",
+            Framing::Length(0),
             true,
+        ),
+        // Transfer-Encoding in HTTP/1.0 is faulty framing (RFC 9112 6.1).
+        (
+            b"HTTP/1.0 200 OK\r\nconnection: keep-alive\r\ntransfer-encoding: chunked\r\n\r\n",
+            Framing::Chunked,
+            false,
         ),
         (
             b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 429 Too Many\r\ncontent-length: 0\r\n\r\n",
@@ -186,4 +204,74 @@ async fn an_idle_connection_is_open_until_closed_or_sent_unasked_bytes() {
     let (mut conn, mut far) = pair();
     far.write_all(b"HTTP/1.1 200 OK\r\n").await.unwrap();
     assert!(!conn.is_open());
+}
+
+#[tokio::test]
+async fn an_answer_before_the_whole_request_was_read_is_returned_and_the_connection_not_kept() {
+    // A backend that reads a little of a large body, answers 413 and reads no more.
+    let (near, mut far) = tokio::io::duplex(1024);
+    let mut conn = Conn::new(Box::new(near));
+    let backend = tokio::spawn(async move {
+        let mut some = [0u8; 512];
+        far.read_exact(&mut some).await.unwrap();
+        far.write_all(b"HTTP/1.1 413 Payload Too Large\r\ncontent-length: 0\r\n\r\n")
+            .await
+            .unwrap();
+        far // held open, unread
+    });
+    let mut req = post("");
+    *req.body_mut() = Bytes::from(vec![b'x'; 256 * 1024]);
+    let head = tokio::time::timeout(std::time::Duration::from_secs(10), conn.send(&req))
+        .await
+        .expect("the answer is heard while the body cannot be written")
+        .unwrap();
+    assert_eq!(head.response.status(), 413);
+    assert!(!head.reusable);
+    drop(backend.await.unwrap());
+}
+
+#[tokio::test]
+async fn a_write_that_fails_after_bytes_went_out_is_not_a_stale_connection() {
+    let (near, mut far) = tokio::io::duplex(1024);
+    let mut conn = Conn::new(Box::new(near));
+    tokio::spawn(async move {
+        let mut some = [0u8; 512];
+        far.read_exact(&mut some).await.unwrap();
+        drop(far);
+    });
+    let mut req = post("");
+    *req.body_mut() = Bytes::from(vec![b'x'; 256 * 1024]);
+    let error = conn.send(&req).await.err().expect("the write fails");
+    assert!(!error.before_response(), "{error}");
+}
+
+#[tokio::test]
+async fn the_read_buffer_stays_within_its_cap_across_an_interim_answer() {
+    let interim = format!(
+        "HTTP/1.1 103 Early Hints\r\nlink: {}\r\n\r\n",
+        "l".repeat(3000)
+    );
+    let last = format!(
+        "HTTP/1.1 200 OK\r\nx: {}\r\ncontent-length: 0\r\n\r\n",
+        "p".repeat(12 * 1024)
+    );
+    let (mut conn, mut far) = pair();
+    let sent = tokio::spawn(async move {
+        let mut read = vec![0u8; 4096];
+        let _ = far.read(&mut read).await.unwrap();
+        // 100 bytes, then the interim answer's end and part of the final head, then the rest:
+        // a buffer holding data at an offset when it needs room (`reserve` would double it).
+        let all = format!("{interim}{last}").into_bytes();
+        for piece in [&all[..100], &all[100..9000], &all[9000..]] {
+            far.write_all(piece).await.unwrap();
+            for _ in 0..10 {
+                tokio::task::yield_now().await;
+            }
+        }
+        far
+    });
+    let head = conn.send(&post("{}")).await.unwrap();
+    assert_eq!(head.response.status(), 200);
+    assert!(conn.buf.capacity() <= MAX_BUFFER, "{}", conn.buf.capacity());
+    drop(sent.await.unwrap());
 }

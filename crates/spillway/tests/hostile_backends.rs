@@ -190,3 +190,52 @@ async fn a_head_with_conflicting_lengths_or_too_large_is_a_502() {
         assert!(body["error"]["message"].is_string(), "{body}");
     }
 }
+
+/// A stored object's body that stalls mid-way is cut off after `upstream.stream_idle_timeout`,
+/// not held until the client leaves.
+#[tokio::test]
+async fn a_stored_objects_body_that_stalls_is_cut_off() {
+    let backend = Scripted::start(|n| {
+        match n {
+        0 => {
+            let body = r#"{"id":"resp_stall","object":"response","created_at":0,"status":"completed","model":"m","output":[],"usage":{"input_tokens":1,"output_tokens":1,"total_tokens":2}}"#;
+            let head = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                body.len()
+            );
+            (head.into_bytes(), None)
+        }
+        // 10 bytes of 1000, then nothing, the connection held open.
+        _ => (
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n{\"id\":\"re"
+                .to_vec(),
+            None,
+        ),
+    }
+    });
+    let gw = gateway(&format!(
+        "[health_check]\nenabled = false\n[upstream]\nstream_idle_timeout = \"300ms\"\n{}engine = \"none\"\n",
+        model("m", &[("b", "r", backend.url.clone())])
+    ));
+    let c = spillway_testkit::http::client();
+    let created = c
+        .post(gw.url("/v1/responses"))
+        .bearer_auth(KEY)
+        .json(&serde_json::json!({"model": "m", "input": "hi"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(created.status(), 200);
+    created.bytes().await.unwrap();
+    let r = c
+        .get(gw.url("/v1/responses/resp_stall"))
+        .bearer_auth(KEY)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let body = tokio::time::timeout(Duration::from_secs(20), r.bytes())
+        .await
+        .expect("cut off, not held until the client leaves");
+    assert!(body.is_err(), "a truncated body, not a short valid one");
+}

@@ -160,6 +160,8 @@ pub(super) async fn send(
     let (mut head, body) = response.into_parts();
     upstream::strip_response_headers(&mut head.headers);
     upstream::keep_upstream_request_id(&mut head.headers);
+    let stall = gw.live().config.upstream.stream_idle_timeout;
+    let body = upstream::StallLimited::new(body, stall);
     Ok(Response::from_parts(head, Body::new(body)))
 }
 

@@ -1,6 +1,7 @@
 //! An upstream response body, read from its connection by the task that relays it, that gives
 //! the connection back to its backend's idle ones when it has been read to its end.
 
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -125,6 +126,65 @@ impl Body for UpstreamBody {
             Some(n) => SizeHint::with_exact(n),
             None => SizeHint::default(),
         }
+    }
+}
+
+/// A body relayed as it is (a stored object's), cut off with an error when its backend sends
+/// nothing for `timeout` (`upstream.stream_idle_timeout`): a backend that stalls mid-body does
+/// not hold the call, and its connection, until the client leaves. The timer is armed only while
+/// the body waits, and rearmed after each frame.
+pub(crate) struct StallLimited<B> {
+    inner: B,
+    timeout: std::time::Duration,
+    waiting: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl<B> StallLimited<B> {
+    pub(crate) fn new(inner: B, timeout: std::time::Duration) -> Self {
+        StallLimited {
+            inner,
+            timeout,
+            waiting: None,
+        }
+    }
+}
+
+impl<B> Body for StallLimited<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<crate::relay::BoxError>,
+{
+    type Data = Bytes;
+    type Error = crate::relay::BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let this = &mut *self;
+        if let Poll::Ready(frame) = Pin::new(&mut this.inner).poll_frame(cx) {
+            this.waiting = None;
+            return Poll::Ready(frame.map(|f| f.map_err(Into::into)));
+        }
+        let timeout = this.timeout;
+        let waiting = this
+            .waiting
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+        match waiting.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Some(Err(format!(
+                "the backend sent nothing for {timeout:?}"
+            )
+            .into()))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
     }
 }
 

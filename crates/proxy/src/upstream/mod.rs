@@ -34,7 +34,7 @@ use crate::pool::Backend;
 
 mod body;
 pub(crate) mod h1;
-pub(crate) use body::UpstreamBody;
+pub(crate) use body::{StallLimited, UpstreamBody};
 use h1::Conn;
 
 /// hyper-util's pooled client, for the gateway's own reads beside the request path (health

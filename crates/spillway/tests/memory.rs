@@ -87,12 +87,6 @@ fn body_of(bytes: usize) -> serde_json::Value {
     body
 }
 
-async fn warm_up(gw: &Proc, body: &serde_json::Value) {
-    // The allocator's and the runtime's pools exist before the baseline is read.
-    let warm = futures_util::future::join_all((0..20).map(|_| chat(gw, body))).await;
-    assert!(warm.iter().all(|r| r.status() == 200));
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_stays_within_the_bound_under_a_flood_of_clients() {
     let (gw, _slow) = slow_gateway(

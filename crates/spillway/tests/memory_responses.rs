@@ -98,12 +98,6 @@ fn asking(kib: u64) -> serde_json::Value {
     body
 }
 
-async fn warm_up(gw: &Proc) {
-    let small = asking(1);
-    let warm = futures_util::future::join_all((0..20).map(|_| chat(gw, &small))).await;
-    assert!(warm.iter().all(|r| r.status() == 200));
-}
-
 /// Each in-flight request's response is as large as a stalled client lets the gateway hold: the
 /// client sends its request and never reads, so the gateway's write queue to it, the frame in
 /// its relay and its upstream connection's read buffer all fill.
@@ -115,7 +109,7 @@ async fn memory_stays_within_the_bound_when_clients_never_read_large_answers() {
         "[admission]\nmax_in_flight = 200\nmax_buffered_body_bytes = 1048576",
         &[&backend],
     );
-    warm_up(&gw).await;
+    warm_up(&gw, &asking(1)).await;
     let request = {
         let body = serde_json::to_string(&asking(8 * 1024)).unwrap();
         format!(
@@ -164,7 +158,7 @@ async fn memory_stays_within_the_bound_when_kept_connections_carried_large_answe
          [admission]\nmax_in_flight = 256\nmax_buffered_body_bytes = 1048576",
         &backends.iter().collect::<Vec<_>>(),
     );
-    warm_up(&gw).await;
+    warm_up(&gw, &asking(1)).await;
     let url = gw.url("/v1/chat/completions");
     let served = Arc::new(AtomicU64::new(0));
     let counted = served.clone();

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::Proc;
+use super::{chat, Proc};
 
 pub const KIB: u64 = 1024;
 pub const MIB: u64 = 1024 * 1024;
@@ -40,6 +40,13 @@ pub fn bound_http2(
 /// and its task.
 pub fn kept_bound(backends: u64, kept: u64) -> u64 {
     backends * (kept + 1) * 24 * KIB
+}
+
+/// Twenty requests with `body`, all answered 200: the allocator's and the runtime's pools exist
+/// before the baseline is read.
+pub async fn warm_up(gw: &Proc, body: &serde_json::Value) {
+    let warm = futures_util::future::join_all((0..20).map(|_| chat(gw, body))).await;
+    assert!(warm.iter().all(|r| r.status() == 200));
 }
 
 /// Resident memory of process `pid`, in bytes, as the replay reads it.

@@ -118,7 +118,7 @@ impl Conn {
         if let Err(e) = self.io.flush().await {
             return Err(Error::Io(e));
         }
-        self.read_head(method, seen).await
+        std::future::poll_fn(|cx| self.poll_head(cx, method, &mut seen)).await
     }
 
     /// Writes what is left of the request's `head` and `rest` of its body, counting what was
@@ -153,46 +153,46 @@ impl Conn {
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(failed(e, *written))),
                 Poll::Pending => {}
             }
-            match self.poll_read_more(cx) {
-                Poll::Pending => return Poll::Pending,
-                Poll::Ready(Ok(0)) if *written == 0 && !*seen => {
-                    return Poll::Ready(Err(Error::Closed(None)))
-                }
-                Poll::Ready(Ok(0)) => {
-                    return Poll::Ready(Err(Error::Io(io::ErrorKind::UnexpectedEof.into())))
-                }
-                Poll::Ready(Err(e)) => return Poll::Ready(Err(failed(e, *written))),
-                Poll::Ready(Ok(_)) => {
-                    *seen = true;
-                    while let Some(head) = self.parse_head(method)? {
-                        if !head.response.status().is_informational() {
-                            return Poll::Ready(Ok(Some(head)));
-                        }
-                    }
-                }
-            }
+            // Blocked: the backend may have answered already and stopped reading.
+            return match self.poll_head(cx, method, seen) {
+                Poll::Pending => Poll::Pending,
+                Poll::Ready(Ok(head)) => Poll::Ready(Ok(Some(head))),
+                // Part of the request went out: not a connection closed before it.
+                Poll::Ready(Err(Error::Closed(e))) if *written > 0 => Poll::Ready(Err(Error::Io(
+                    e.unwrap_or_else(|| io::ErrorKind::UnexpectedEof.into()),
+                ))),
+                Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            };
         }
     }
 
-    async fn read_head(&mut self, method: &Method, mut seen: bool) -> Result<Head, Error> {
+    /// Reads until the final response head is in, skipping interim (1xx) ones; `seen` records
+    /// that bytes of a response came, after which a close is a failure, not a stale connection.
+    fn poll_head(
+        &mut self,
+        cx: &mut Context<'_>,
+        method: &Method,
+        seen: &mut bool,
+    ) -> Poll<Result<Head, Error>> {
         loop {
-            if let Some(head) = self.parse_head(method)? {
-                if head.response.status().is_informational() {
-                    seen = true;
-                    continue;
+            while let Some(head) = self.parse_head(method)? {
+                if !head.response.status().is_informational() {
+                    return Poll::Ready(Ok(head));
                 }
-                return Ok(head);
+                *seen = true;
             }
             if self.buf.len() >= MAX_BUFFER {
-                return Err(Error::HeadTooLarge);
+                return Poll::Ready(Err(Error::HeadTooLarge));
             }
-            seen |= !self.buf.is_empty();
-            match std::future::poll_fn(|cx| self.poll_read_more(cx)).await {
-                Ok(0) if seen => return Err(Error::Io(io::ErrorKind::UnexpectedEof.into())),
-                Ok(0) => return Err(Error::Closed(None)),
+            *seen |= !self.buf.is_empty();
+            match std::task::ready!(self.poll_read_more(cx)) {
+                Ok(0) if *seen => {
+                    return Poll::Ready(Err(Error::Io(io::ErrorKind::UnexpectedEof.into())))
+                }
+                Ok(0) => return Poll::Ready(Err(Error::Closed(None))),
                 Ok(_) => {}
-                Err(e) if seen => return Err(Error::Io(e)),
-                Err(e) => return Err(Error::Closed(Some(e))),
+                Err(e) if *seen => return Poll::Ready(Err(Error::Io(e))),
+                Err(e) => return Poll::Ready(Err(Error::Closed(Some(e)))),
             }
         }
     }

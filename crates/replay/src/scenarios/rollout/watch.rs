@@ -22,6 +22,9 @@ use crate::plan::Mode;
 pub(crate) const POLL: Duration = Duration::from_millis(200);
 /// A new-version request seen this close to the end of the run means the new version was
 /// still serving when the run ended: it never stopped (a naive deployment never rolls back).
+/// So does a share above zero at the last poll: a gateway that still routes to the new version
+/// has not gone back to the old one, even when every new backend is ejected for a while (their
+/// callers then get 503s, not the old version).
 const STILL_SERVING: Duration = Duration::from_secs(1);
 
 /// What was seen from the reload to the end of the run.
@@ -39,7 +42,8 @@ pub(crate) struct Watched {
         serialize_with = "opt_millis"
     )]
     pub(crate) last_new_request: Option<Duration>,
-    /// Whether the new version was still receiving requests in the run's last second.
+    /// Whether the new version was still receiving requests in the run's last second, or the
+    /// gateway still gave it a share of them at the last poll.
     pub(crate) new_version_serving_at_end: bool,
     /// The rollout's status at the last poll: `running`, `halted`, ..., or `replace`.
     pub(crate) status_at_end: Option<String>,
@@ -111,13 +115,41 @@ pub(crate) async fn follow(
     }
     watched.last_new_request = last_growth.map(|at| at.saturating_duration_since(reloaded));
     watched.new_version_serving_at_end =
-        last_growth.is_some_and(|at| end.saturating_duration_since(at) <= STILL_SERVING);
+        serving_at_end(last_growth, end, watched.share_percent_at_end);
     watched
+}
+
+/// Whether the new version, last seen receiving at `last_growth`, was still serving at `end`:
+/// it received within [`STILL_SERVING`] of it, or the gateway still gave it a share.
+fn serving_at_end(last_growth: Option<Instant>, end: Instant, share: Option<f64>) -> bool {
+    let Some(at) = last_growth else { return false };
+    share.is_some_and(|share| share > 0.0) || end.saturating_duration_since(at) <= STILL_SERVING
 }
 
 fn opt_millis<S: serde::Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
     match d {
         Some(d) => s.serialize_some(&d.as_millis()),
         None => s.serialize_none(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_version_still_routed_to_is_serving_even_when_its_backends_went_quiet() {
+        let end = Instant::now() + Duration::from_secs(20);
+        let quiet = Some(end - Duration::from_secs(3));
+        let recent = Some(end - Duration::from_millis(500));
+        // Replaced, with every new backend ejected over the last seconds: still the new one.
+        assert!(serving_at_end(quiet, end, Some(100.0)));
+        // Halted: the share went to zero and nothing reached it since.
+        assert!(!serving_at_end(quiet, end, Some(0.0)));
+        assert!(!serving_at_end(quiet, end, None));
+        // Still receiving at the end, whatever the last poll said.
+        assert!(serving_at_end(recent, end, Some(0.0)));
+        // Never received anything: never served, so never "still serving".
+        assert!(!serving_at_end(None, end, Some(100.0)));
     }
 }

@@ -12,7 +12,9 @@
 //! body: it is a byte-at-a-time state machine whose only carry-over between chunks is its state
 //! (how much of the key `"usage"` it has matched), plus the `usage` object itself while it is
 //! being read, capped at [`MAX_USAGE_BYTES`]. Each byte costs constant work, and most cost less:
-//! the text between keys is skipped with a vectorised search for the key.
+//! the text between keys is skipped with a vectorised search for the key, and a `usage` object
+//! that lies whole in one chunk (the usual case) is parsed where it lies, the parse telling where
+//! it ends; only one split across chunks is copied.
 //!
 //! What is matched, and the edge cases accepted:
 //! - The key is the literal `"usage"` followed by optional whitespace, `:`, optional whitespace
@@ -85,8 +87,9 @@ impl UsageScanner {
     ///
     /// The result is that of feeding the chunk a byte at a time (the tests hold it to that), but
     /// the runs of bytes that cannot change the state are found with `memchr`: the JSON text
-    /// before the next `"usage"` and SSE lines that are not data are skipped, and the plain
-    /// bytes of a `usage` object are copied whole.
+    /// before the next `"usage"` and SSE lines that are not data are skipped. A `usage` object
+    /// whole in the chunk is parsed in place; the bytes of one that is not are walked in one
+    /// loop and copied whole.
     pub fn feed(&mut self, chunk: &[u8]) {
         if self.sse {
             self.feed_sse(chunk);
@@ -125,25 +128,37 @@ impl UsageScanner {
                     continue;
                 }
             }
+            if let (Json::BeforeValue, b'{') = (self.json, byte) {
+                // The usual case: the whole object is in this chunk, and the parse that reads
+                // its counts also finds where it ends. An object split across chunks, or one
+                // that does not parse, is walked a byte at a time below instead (the same
+                // answer: a parse that succeeds ends where the walk would).
+                let window = &bytes[..bytes.len().min(MAX_USAGE_BYTES)];
+                if let Some((taken, reported)) = parse_prefix(window) {
+                    self.report(reported);
+                    bytes = &bytes[taken..];
+                    continue;
+                }
+            }
             if let Json::Object {
+                depth,
                 in_string,
-                escaped: false,
-                ..
+                escaped,
             } = self.json
             {
-                // Inside the object only quotes, backslashes in strings and braces outside them
-                // change the state: the bytes before the next of them are kept as they are.
-                let run = if in_string {
-                    memchr::memchr2(b'"', b'\\', bytes)
-                } else {
-                    memchr::memchr3(b'"', b'{', b'}', bytes)
-                };
-                let run = run
-                    .unwrap_or(bytes.len())
-                    .min(MAX_USAGE_BYTES.saturating_sub(self.object.len()));
-                if run > 0 {
-                    self.object.extend_from_slice(&bytes[..run]);
-                    bytes = &bytes[run..];
+                // Inside the object, the bytes up to its closing brace (or up to the cap) are
+                // walked in one tight loop and kept whole: stepping the state machine between
+                // each quote cost more than the rest of the body's scan together.
+                let room = MAX_USAGE_BYTES.saturating_sub(self.object.len());
+                let window = &bytes[..bytes.len().min(room)];
+                if !window.is_empty() {
+                    let (taken, state) = walk_object(window, depth, in_string, escaped);
+                    self.object.extend_from_slice(&window[..taken]);
+                    bytes = &bytes[taken..];
+                    match state {
+                        Some(json) => self.json = json,
+                        None => self.object_ended(),
+                    }
                     continue;
                 }
             }
@@ -264,45 +279,35 @@ impl UsageScanner {
             // Not an object after all (`null`, or not a key): look at this byte afresh.
             Json::BeforeColon | Json::BeforeValue => return self.rescan(byte),
             Json::Object {
-                mut depth,
-                mut in_string,
-                mut escaped,
+                depth,
+                in_string,
+                escaped,
             } => {
                 if self.object.len() >= MAX_USAGE_BYTES {
                     return self.rescan(byte);
                 }
                 self.object.push(byte);
-                if escaped {
-                    escaped = false;
-                } else if in_string {
-                    match byte {
-                        b'\\' => escaped = true,
-                        b'"' => in_string = false,
-                        _ => {}
-                    }
-                } else {
-                    match byte {
-                        b'"' => in_string = true,
-                        b'{' => depth += 1,
-                        b'}' => depth -= 1,
-                        _ => {}
-                    }
-                }
-                if depth > 0 {
-                    Json::Object {
-                        depth,
-                        in_string,
-                        escaped,
-                    }
-                } else {
-                    if let Some(reported) = parse(&self.object) {
-                        self.last = Some(self.last.unwrap_or_default().updated(reported));
-                    }
-                    self.object.clear();
-                    Json::SEEKING
+                match walk_object(&[byte], depth, in_string, escaped) {
+                    (_, Some(json)) => json,
+                    (_, None) => return self.object_ended(),
                 }
             }
         };
+    }
+
+    /// The `usage` object's closing brace was read: its counts, if it is one, are the latest.
+    fn object_ended(&mut self) {
+        match parse(&self.object) {
+            Some(reported) => self.report(reported),
+            None => self.json = Json::SEEKING,
+        }
+        self.object.clear();
+    }
+
+    /// A whole `usage` object was read: its counts are the latest, and the search goes on.
+    fn report(&mut self, reported: Reported) {
+        self.last = Some(self.last.unwrap_or_default().updated(reported));
+        self.json = Json::SEEKING;
     }
 
     /// Drops any partial match or object and looks at `byte` as if scanning had just begun.
@@ -367,6 +372,46 @@ impl Json {
     };
 }
 
+/// Walks `bytes`, the next of a `usage` object in the given state, up to and including its
+/// closing brace: how many bytes belong to it, and the state after them (`None` when the brace
+/// closed it).
+fn walk_object(
+    bytes: &[u8],
+    mut depth: u32,
+    mut in_string: bool,
+    mut escaped: bool,
+) -> (usize, Option<Json>) {
+    for (at, &byte) in bytes.iter().enumerate() {
+        if escaped {
+            escaped = false;
+        } else if in_string {
+            match byte {
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+        } else {
+            match byte {
+                b'"' => in_string = true,
+                b'{' => depth += 1,
+                b'}' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        return (at + 1, None);
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    let state = Json::Object {
+        depth,
+        in_string,
+        escaped,
+    };
+    (bytes.len(), Some(state))
+}
+
 fn is_json_space(byte: u8) -> bool {
     matches!(byte, b' ' | b'\t' | b'\n' | b'\r')
 }
@@ -380,34 +425,51 @@ fn is_json_space(byte: u8) -> bool {
 /// (`cache_read_input_tokens`, `cache_creation_input_tokens`); they are prompt tokens the
 /// engine took in all the same, so they count as prompt tokens here.
 fn parse(object: &[u8]) -> Option<Reported> {
-    // Other fields (`prompt_tokens_details`, `output_tokens_details`, ...) are ignored.
-    #[derive(Deserialize)]
-    struct Fields {
-        prompt_tokens: Option<u64>,
-        completion_tokens: Option<u64>,
-        total_tokens: Option<u64>,
-        input_tokens: Option<u64>,
-        output_tokens: Option<u64>,
-        cache_read_input_tokens: Option<u64>,
-        cache_creation_input_tokens: Option<u64>,
+    serde_json::from_slice::<Fields>(object)
+        .ok()
+        .map(Reported::from)
+}
+
+/// [`parse`] of the object `bytes` begin with, and how many bytes it took; `None` if they end
+/// before it does or it does not parse.
+fn parse_prefix(bytes: &[u8]) -> Option<(usize, Reported)> {
+    let mut objects = serde_json::Deserializer::from_slice(bytes).into_iter::<Fields>();
+    let fields = objects.next()?.ok()?;
+    Some((objects.byte_offset(), fields.into()))
+}
+
+/// The counts of a `usage` object; other fields (`prompt_tokens_details`,
+/// `output_tokens_details`, ...) are ignored.
+#[derive(Deserialize)]
+struct Fields {
+    prompt_tokens: Option<u64>,
+    completion_tokens: Option<u64>,
+    total_tokens: Option<u64>,
+    input_tokens: Option<u64>,
+    output_tokens: Option<u64>,
+    cache_read_input_tokens: Option<u64>,
+    cache_creation_input_tokens: Option<u64>,
+}
+
+impl From<Fields> for Reported {
+    fn from(f: Fields) -> Reported {
+        let input = [
+            f.input_tokens,
+            f.cache_read_input_tokens,
+            f.cache_creation_input_tokens,
+        ];
+        let input = input.iter().any(Option::is_some).then(|| {
+            input
+                .iter()
+                .flatten()
+                .fold(0u64, |a, n| a.saturating_add(*n))
+        });
+        Reported {
+            prompt: f.prompt_tokens.or(input),
+            completion: f.completion_tokens.or(f.output_tokens),
+            total: f.total_tokens,
+        }
     }
-    let f: Fields = serde_json::from_slice(object).ok()?;
-    let input = [
-        f.input_tokens,
-        f.cache_read_input_tokens,
-        f.cache_creation_input_tokens,
-    ];
-    let input = input.iter().any(Option::is_some).then(|| {
-        input
-            .iter()
-            .flatten()
-            .fold(0u64, |a, n| a.saturating_add(*n))
-    });
-    Some(Reported {
-        prompt: f.prompt_tokens.or(input),
-        completion: f.completion_tokens.or(f.output_tokens),
-        total: f.total_tokens,
-    })
 }
 
 /// What one `usage` object said.

@@ -281,7 +281,58 @@ fn jsonish() -> impl Strategy<Value = Vec<u8>> {
     proptest::collection::vec(piece, 0..64).prop_map(|pieces| pieces.concat())
 }
 
+/// JSON values of every kind, with strings that hold quotes, backslashes and braces.
+fn json_value() -> impl Strategy<Value = serde_json::Value> {
+    use serde_json::Value;
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<u64>().prop_map(Value::from),
+        any::<i64>().prop_map(Value::from),
+        "[{}\"\\\\a-z ]{0,12}".prop_map(Value::from),
+    ];
+    leaf.prop_recursive(4, 48, 6, |inner| {
+        prop_oneof![
+            proptest::collection::vec(inner.clone(), 0..6).prop_map(Value::from),
+            proptest::collection::btree_map("[a-z_{}\"]{1,20}", inner, 0..6)
+                .prop_map(|m| Value::Object(m.into_iter().collect())),
+        ]
+    })
+}
+
 proptest! {
+    /// Whole objects are parsed where they stand and split ones are walked: both end where the
+    /// state machine ends them, with the same counts, for objects of every shape and size
+    /// (past the cap too).
+    #[test]
+    fn usage_objects_of_any_shape_read_as_the_machine_reads_them(
+        fields in proptest::collection::vec(("[a-z_]{1,30}", json_value()), 0..12),
+        counts in proptest::collection::vec(
+            (proptest::sample::select(vec!["prompt_tokens", "completion_tokens",
+                "total_tokens", "input_tokens", "output_tokens"]), any::<u64>()), 0..4),
+        pad in 0usize..(2 * MAX_USAGE_BYTES),
+        cuts in proptest::collection::vec(any::<usize>(), 0..8),
+    ) {
+        let mut object = serde_json::Map::new();
+        for (key, value) in fields {
+            object.insert(key, value);
+        }
+        for (key, n) in counts {
+            object.insert(key.to_owned(), n.into());
+        }
+        if pad > 0 {
+            object.insert("pad".to_owned(), "x".repeat(pad).into());
+        }
+        let body = format!(
+            r#"{{"id":"a \"usage\": {{","usage":{},"more":{{"usage":null}}}}"#,
+            serde_json::Value::Object(object)
+        );
+        let mut machine = UsageScanner::new(false);
+        machine.feed_bytewise(body.as_bytes());
+        let expected = machine.finish();
+        prop_assert_eq!(scan_whole(false, body.as_bytes()), expected);
+        prop_assert_eq!(scan(false, &chunked(body.as_bytes(), cuts)), expected);
+    }
+
     #[test]
     fn any_bytes_any_chunking_same_answer_no_panic(
         body in prop_oneof![proptest::collection::vec(any::<u8>(), 0..2048), jsonish()],

@@ -362,10 +362,22 @@ const STRIPPED_REQUEST_HEADERS: [HeaderName; 14] = [
 /// without the headers that must not cross, nor `skip` (the caller's region preference, which is
 /// the gateway's business). Each attempt then copies the result and adds its backend's own.
 pub(crate) fn outbound_headers(headers: &mut HeaderMap, skip: &HeaderName) {
-    for name in &STRIPPED_REQUEST_HEADERS {
+    remove_where(headers, |name| {
+        name == skip || STRIPPED_REQUEST_HEADERS.contains(name)
+    });
+}
+
+/// Removes every header whose name `doomed` picks, looking at each name present once: a
+/// `remove` per name that might be there hashes each of them, and most are not.
+fn remove_where(headers: &mut HeaderMap, doomed: impl Fn(&HeaderName) -> bool) {
+    let names: Vec<HeaderName> = headers
+        .keys()
+        .filter(|name| doomed(name))
+        .cloned()
+        .collect();
+    for name in names {
         headers.remove(name);
     }
-    headers.remove(skip);
 }
 
 /// `uri` with the caller's `query` added: after the backend's own query (an Azure backend's
@@ -411,17 +423,16 @@ pub(crate) fn keep_upstream_request_id(headers: &mut HeaderMap) -> Option<Header
 
 /// Removes the hop-by-hop headers of an upstream response before it is relayed.
 pub(crate) fn strip_response_headers(headers: &mut HeaderMap) {
-    for name in [
+    const HOP_BY_HOP: [HeaderName; 7] = [
         header::CONNECTION,
         header::TE,
         header::TRAILER,
         header::TRANSFER_ENCODING,
         header::UPGRADE,
-    ] {
-        headers.remove(name);
-    }
-    headers.remove("keep-alive");
-    headers.remove("proxy-connection");
+        HeaderName::from_static("keep-alive"),
+        HeaderName::from_static("proxy-connection"),
+    ];
+    remove_where(headers, |name| HOP_BY_HOP.contains(name));
 }
 
 /// The upstream request for `endpoint` on `backend`, carrying `body` and `outbound`, the client's
@@ -493,5 +504,60 @@ mod tests {
         assert_eq!(h[X_UPSTREAM_REQUEST_ID], "req_upstream");
         assert!(!h.contains_key("request-id"));
         assert_eq!(keep_upstream_request_id(&mut HeaderMap::new()), None);
+    }
+
+    #[test]
+    fn headers_that_must_not_cross_are_removed_with_every_value_and_the_rest_kept() {
+        let mut h = HeaderMap::new();
+        for (name, value) in [
+            ("authorization", "Bearer sk-caller"),
+            ("x-api-key", "k"),
+            ("Cookie", "a=1"),
+            ("cookie", "b=2"),
+            ("x-region", "eu"),
+            ("connection", "keep-alive, x-custom"),
+            ("accept", "application/json"),
+            ("x-custom", "kept"),
+            ("content-length", "12"),
+            ("accept", "text/event-stream"),
+        ] {
+            h.append(
+                HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                HeaderValue::from_static(value),
+            );
+        }
+        outbound_headers(&mut h, &HeaderName::from_static("x-region"));
+        let mut left: Vec<_> = h
+            .iter()
+            .map(|(n, v)| (n.as_str(), v.to_str().unwrap()))
+            .collect();
+        left.sort_unstable();
+        assert_eq!(
+            left,
+            [
+                ("accept", "application/json"),
+                ("accept", "text/event-stream"),
+                ("x-custom", "kept")
+            ]
+        );
+
+        let mut h = HeaderMap::new();
+        for name in [
+            "transfer-encoding",
+            "keep-alive",
+            "proxy-connection",
+            "x-ratelimit-remaining-requests",
+            "upgrade",
+            "content-type",
+            "trailer",
+            "te",
+            "connection",
+        ] {
+            h.append(HeaderName::from_static(name), HeaderValue::from_static("v"));
+        }
+        strip_response_headers(&mut h);
+        let mut left: Vec<_> = h.keys().map(HeaderName::as_str).collect();
+        left.sort_unstable();
+        assert_eq!(left, ["content-type", "x-ratelimit-remaining-requests"]);
     }
 }

@@ -26,7 +26,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::{header, HeaderMap};
+use http::{header, HeaderMap, HeaderName};
 use spillway_config::{RetryConfig, UpstreamConfig};
 use spillway_policy::{
     classify, Class, Decision, FourXxDetector, Outcome, Pushback, RetryPolicy, Trigger,
@@ -453,10 +453,13 @@ impl Drop for Counted<'_> {
 }
 
 fn pushback(headers: &HeaderMap) -> Pushback {
-    let get = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    // Names made once: a `&str` is parsed into a name again at every look-up.
+    const RETRY_AFTER_MS: HeaderName = HeaderName::from_static("retry-after-ms");
+    const X_SHOULD_RETRY: HeaderName = HeaderName::from_static("x-should-retry");
+    let get = |name: &HeaderName| headers.get(name).and_then(|v| v.to_str().ok());
     Pushback::parse(
-        get(header::RETRY_AFTER.as_str()),
-        get("retry-after-ms"),
-        get("x-should-retry"),
+        get(&header::RETRY_AFTER),
+        get(&RETRY_AFTER_MS),
+        get(&X_SHOULD_RETRY),
     )
 }

@@ -341,29 +341,46 @@ fn stale(error: &h1::Error) -> bool {
 
 /// Request headers that never travel upstream: hop-by-hop headers, the caller's own credentials
 /// (the upstream gets the backend's key instead), and framing the client recomputes.
-const STRIPPED_REQUEST_HEADERS: [HeaderName; 14] = [
-    header::AUTHORIZATION,
-    HeaderName::from_static("api-key"),
-    HeaderName::from_static("x-api-key"),
-    header::HOST,
-    header::CONTENT_LENGTH,
-    header::CONNECTION,
-    HeaderName::from_static("keep-alive"),
-    header::PROXY_AUTHORIZATION,
-    HeaderName::from_static("proxy-connection"),
-    header::TE,
-    header::TRAILER,
-    header::TRANSFER_ENCODING,
-    header::UPGRADE,
-    header::COOKIE,
-];
+fn stripped_request_header(name: &str) -> bool {
+    matches!(
+        name,
+        "authorization"
+            | "api-key"
+            | "x-api-key"
+            | "host"
+            | "content-length"
+            | "connection"
+            | "keep-alive"
+            | "proxy-authorization"
+            | "proxy-connection"
+            | "te"
+            | "trailer"
+            | "transfer-encoding"
+            | "upgrade"
+            | "cookie"
+    )
+}
+
+/// Hop-by-hop headers of an upstream response.
+fn hop_by_hop_response_header(name: &str) -> bool {
+    matches!(
+        name,
+        "connection"
+            | "te"
+            | "trailer"
+            | "transfer-encoding"
+            | "upgrade"
+            | "keep-alive"
+            | "proxy-connection"
+    )
+}
 
 /// Turns a client's request headers into those every attempt sends upstream, once per request:
 /// without the headers that must not cross, nor `skip` (the caller's region preference, which is
 /// the gateway's business). Each attempt then copies the result and adds its backend's own.
 pub(crate) fn outbound_headers(headers: &mut HeaderMap, skip: &HeaderName) {
     remove_where(headers, |name| {
-        name == skip || STRIPPED_REQUEST_HEADERS.contains(name)
+        stripped_request_header(name.as_str()) || name == skip
     });
 }
 
@@ -412,10 +429,11 @@ pub(crate) const X_UPSTREAM_REQUEST_ID: HeaderName =
 /// Moves the backend's own request id to [`X_UPSTREAM_REQUEST_ID`], so the caller's
 /// `x-request-id` (and the Messages API's `request-id`) can be spillway's without losing it.
 pub(crate) fn keep_upstream_request_id(headers: &mut HeaderMap) -> Option<HeaderValue> {
+    const REQUEST_ID: HeaderName = HeaderName::from_static("request-id");
     let theirs = headers
         .remove(crate::call::X_REQUEST_ID)
         .into_iter()
-        .chain(headers.remove("request-id"))
+        .chain(headers.remove(REQUEST_ID))
         .next()?;
     headers.insert(X_UPSTREAM_REQUEST_ID, theirs.clone());
     Some(theirs)
@@ -423,16 +441,7 @@ pub(crate) fn keep_upstream_request_id(headers: &mut HeaderMap) -> Option<Header
 
 /// Removes the hop-by-hop headers of an upstream response before it is relayed.
 pub(crate) fn strip_response_headers(headers: &mut HeaderMap) {
-    const HOP_BY_HOP: [HeaderName; 7] = [
-        header::CONNECTION,
-        header::TE,
-        header::TRAILER,
-        header::TRANSFER_ENCODING,
-        header::UPGRADE,
-        HeaderName::from_static("keep-alive"),
-        HeaderName::from_static("proxy-connection"),
-    ];
-    remove_where(headers, |name| HOP_BY_HOP.contains(name));
+    remove_where(headers, |name| hop_by_hop_response_header(name.as_str()));
 }
 
 /// The upstream request for `endpoint` on `backend`, carrying `body` and `outbound`, the client's

@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Instructions spillway executes per request, counted by valgrind's callgrind: the mock backend
+# and spillway with bench/spillway.toml as bench/profile.sh starts them (127.0.0.1 only), spillway
+# under callgrind, and one keep-alive client sending the benchmark's chat request one at a time.
+# The counters are zeroed after a warm-up and read after N more requests, so the figure is the
+# request path's alone. Unlike CPU time it does not move with what else the machine is doing:
+# the same binary gives nearly the same count (within about 1 %: work driven by time, such as the
+# metrics exporter's upkeep thread, falls in it), which makes small changes comparable (`A B`
+# below). It counts instructions, not cycles: cache misses and system-call time are not in it.
+#
+# Usage: bench/instructions.sh BINARY [BINARY_B]
+# Env (defaults): REQUESTS=2000 (counted), WARMUP=300, TOP=25 (functions listed, by
+#   instructions of their own; 0 for none), KEEP= (a directory to keep the callgrind files in).
+# Output: per binary, instructions per request and the top functions.
+set -euo pipefail
+BENCH_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO_DIR="$(cd "$BENCH_DIR/.." && pwd)"
+case "${1:-}" in -h|--help|"") sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0;; esac
+REQUESTS="${REQUESTS:-2000}"; WARMUP="${WARMUP:-300}"; TOP="${TOP:-25}"
+for t in nginx valgrind callgrind_control callgrind_annotate curl python3 setsid; do
+  command -v "$t" >/dev/null 2>&1 || { echo "missing: $t (bench/setup.sh; valgrind from Debian's valgrind)" >&2; exit 1; }
+done
+for bin in "$@"; do [ -x "$bin" ] || { echo "not an executable: $bin" >&2; exit 2; }; done
+RUN="$BENCH_DIR/run"; mkdir -p "$RUN"
+exec 9>"$RUN/lock"
+flock -n 9 || { echo "a benchmark of this checkout is running (bench/run/lock)" >&2; exit 1; }
+OUT="${KEEP:-$(mktemp -d)}"; mkdir -p "$OUT"
+
+BACKEND_PID=""; SPILLWAY_PID=""
+stop_pid() {
+  local pid="$1"
+  [ -n "$pid" ] || return 0
+  kill -TERM "$pid" 2>/dev/null || true
+  for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  kill -KILL -- "-$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+}
+cleanup() { stop_pid "$SPILLWAY_PID"; stop_pid "$BACKEND_PID"; [ -n "${KEEP:-}" ] || rm -rf "$OUT"; }
+trap cleanup EXIT
+for p in 18080 18090 18091; do
+  if (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then echo "port $p is in use" >&2; exit 1; fi
+done
+ready() { [ "$(curl -s -m 5 -o /dev/null -w '%{http_code}' "$1" 2>/dev/null)" = 200 ]; }
+
+setsid nginx -p "$BENCH_DIR/" -c backend/mock-nginx.conf -e run/mock-nginx.error.log \
+  -g "daemon off; pid run/mock-nginx.pid;" >"$RUN/mock-nginx.out" 2>&1 9>&- &
+BACKEND_PID=$!
+for _ in $(seq 100); do ready http://127.0.0.1:18080/health && break; sleep 0.1; done
+
+n=0
+for bin in "$@"; do
+  n=$((n + 1)); file="$OUT/callgrind.$n.out"
+  (cd "$REPO_DIR" && SPILLWAY_LOG=warn exec setsid valgrind --tool=callgrind --callgrind-out-file="$file" \
+    --dump-instr=no "$bin" serve --config bench/spillway.toml) >"$RUN/callgrind-spillway.log" 2>&1 9>&- &
+  SPILLWAY_PID=$!
+  # Under callgrind the gateway starts some 50 times slower.
+  for _ in $(seq 600); do ready http://127.0.0.1:18090/readyz && break; sleep 0.2; done
+  ready http://127.0.0.1:18090/readyz || { echo "spillway not ready; see bench/run/callgrind-spillway.log" >&2; exit 1; }
+  python3 - "$WARMUP" "$REQUESTS" "$SPILLWAY_PID" "$BENCH_DIR/lib/request.json" <<'PY'
+import http.client, subprocess, sys
+warmup, requests, pid, body_file = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+body = open(body_file, "rb").read()
+headers = {"Content-Type": "application/json", "Accept": "application/json",
+           "Authorization": "Bearer sk-bench-0000", "User-Agent": "bench-instructions/1"}
+conn = http.client.HTTPConnection("127.0.0.1", 18090, timeout=60)
+def send(k):
+    for _ in range(k):
+        conn.request("POST", "/v1/chat/completions", body, headers)
+        r = conn.getresponse(); r.read()
+        if r.status != 200:
+            sys.exit(f"spillway answered {r.status}")
+send(warmup)
+subprocess.run(["callgrind_control", "-z", pid], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+send(requests)
+subprocess.run(["callgrind_control", "-d", pid], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+PY
+  stop_pid "$SPILLWAY_PID"; SPILLWAY_PID=""
+  # The dump after the zeroing is the second file (`.1`); the first is the one at exit.
+  total="$(callgrind_annotate "$file.1" 2>/dev/null | sed -n 's/^ *\([0-9,]*\) .*PROGRAM TOTALS.*/\1/p' | tr -d ,)"
+  [ -n "$total" ] || { echo "no callgrind totals for $bin" >&2; exit 1; }
+  echo "$bin: $((total / REQUESTS)) instructions per request ($total over $REQUESTS requests)"
+  if [ "$TOP" != 0 ]; then
+    callgrind_annotate --threshold=100 --auto=no "$file.1" 2>/dev/null \
+      | grep -E '^ *[0-9,]+ \(' | grep -v -E 'PROGRAM TOTALS|libc-start|below main|spillway::main|__rust_begin_short_backtrace|\?\?\?:main|0x0000' \
+      | awk -v n="$TOP" 'NR <= n' | sed -E 's#/root/.cargo/registry/src/[^/]*/##; s#/rustc/[0-9a-f]*/##; s# \[[^]]*\]$##'
+  fi
+done

@@ -27,25 +27,14 @@ flock -n 9 || { echo "a benchmark of this checkout is running (bench/run/lock)" 
 OUT="${KEEP:-$(mktemp -d)}"; mkdir -p "$OUT"
 
 BACKEND_PID=""; SPILLWAY_PID=""
-stop_pid() {
-  local pid="$1"
-  [ -n "$pid" ] || return 0
-  kill -TERM "$pid" 2>/dev/null || true
-  for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-  kill -KILL -- "-$pid" 2>/dev/null || true
-  wait "$pid" 2>/dev/null || true
-}
-cleanup() { stop_pid "$SPILLWAY_PID"; stop_pid "$BACKEND_PID"; [ -n "${KEEP:-}" ] || rm -rf "$OUT"; }
+# shellcheck source=lib/procs.sh
+. "$BENCH_DIR/lib/procs.sh"
+cleanup() { stop_pid "$SPILLWAY_PID" 10; stop_pid "$BACKEND_PID"; [ -n "${KEEP:-}" ] || rm -rf "$OUT"; }
 trap cleanup EXIT
 for p in 18080 18090 18091; do
   if (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then echo "port $p is in use" >&2; exit 1; fi
 done
-ready() { [ "$(curl -s -m 5 -o /dev/null -w '%{http_code}' "$1" 2>/dev/null)" = 200 ]; }
-
-setsid nginx -p "$BENCH_DIR/" -c backend/mock-nginx.conf -e run/mock-nginx.error.log \
-  -g "daemon off; pid run/mock-nginx.pid;" >"$RUN/mock-nginx.out" 2>&1 9>&- &
-BACKEND_PID=$!
-for _ in $(seq 100); do ready http://127.0.0.1:18080/health && break; sleep 0.1; done
+start_mock_backend
 
 n=0
 for bin in "$@"; do
@@ -74,7 +63,7 @@ subprocess.run(["callgrind_control", "-z", pid], check=True, stdout=subprocess.D
 send(requests)
 subprocess.run(["callgrind_control", "-d", pid], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 PY
-  stop_pid "$SPILLWAY_PID"; SPILLWAY_PID=""
+  stop_pid "$SPILLWAY_PID" 10; SPILLWAY_PID=""
   # The dump after the zeroing is the second file (`.1`); the first is the one at exit.
   total="$(callgrind_annotate "$file.1" 2>/dev/null | sed -n 's/^ *\([0-9,]*\) .*PROGRAM TOTALS.*/\1/p' | tr -d ,)"
   [ -n "$total" ] || { echo "no callgrind totals for $bin" >&2; exit 1; }

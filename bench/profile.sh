@@ -50,24 +50,13 @@ if [ -z "${BENCH_INNER:-}" ]; then
 fi
 
 BACKEND_PID=""; SPILLWAY_PID=""
-stop_pid() {
-  local pid="$1"
-  [ -n "$pid" ] || return 0
-  kill -TERM "$pid" 2>/dev/null || true
-  for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-  kill -KILL -- "-$pid" 2>/dev/null || true
-  wait "$pid" 2>/dev/null || true
-}
+# shellcheck source=lib/procs.sh
+. "$BENCH_DIR/lib/procs.sh"
 trap 'stop_pid "$SPILLWAY_PID"; stop_pid "$BACKEND_PID"' EXIT
 for p in 18080 18081 18090 18091; do
   if (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then echo "port $p is in use" >&2; exit 1; fi
 done
-ready() { [ "$(curl -s -m 2 -o /dev/null -w '%{http_code}' "$1" 2>/dev/null)" = 200 ]; }
-
-setsid nginx -p "$BENCH_DIR/" -c backend/mock-nginx.conf -e run/mock-nginx.error.log \
-  -g "daemon off; pid run/mock-nginx.pid;" >"$RUN/mock-nginx.out" 2>&1 9>&- &
-BACKEND_PID=$!
-for _ in $(seq 100); do ready http://127.0.0.1:18080/health && break; sleep 0.1; done
+start_mock_backend
 if [ "$TARGET" = nginx ]; then
   setsid nginx -p "$BENCH_DIR/" -c nginx/proxy.conf -e run/nginx-proxy.error.log \
     -g "daemon off; pid run/nginx-proxy.pid;" >"$RUN/nginx-proxy.out" 2>&1 9>&- &

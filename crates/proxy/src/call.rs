@@ -19,6 +19,8 @@ use crate::request::{BodyHold, RequestSummary};
 
 /// The header that carries a request's id, to the backend and back to the caller.
 pub(crate) const X_REQUEST_ID: http::HeaderName = http::HeaderName::from_static("x-request-id");
+/// The Messages API's name for it: a backend's is kept aside, the caller gets spillway's.
+pub(crate) const REQUEST_ID: http::HeaderName = http::HeaderName::from_static("request-id");
 
 /// The longest caller's request id kept; a longer one is replaced.
 const MAX_REQUEST_ID_LEN: usize = 128;

@@ -11,6 +11,11 @@ use http::{header, HeaderValue, StatusCode};
 
 use crate::endpoint::{Dialect, Endpoint};
 
+/// `Retry-After` in milliseconds, as the OpenAI SDKs read it.
+pub(crate) const RETRY_AFTER_MS: http::HeaderName = http::HeaderName::from_static("retry-after-ms");
+/// The OpenAI SDKs' hint: `false` tells them not to retry.
+pub(crate) const X_SHOULD_RETRY: http::HeaderName = http::HeaderName::from_static("x-should-retry");
+
 /// How long a caller refused for lack of capacity is told to wait.
 pub(crate) const NO_CAPACITY_RETRY_AFTER: Duration = Duration::from_secs(1);
 
@@ -344,15 +349,12 @@ impl ApiError {
         // and so is a gateway shutting down (another instance can serve the retry): those say
         // when to come back with `Retry-After`.
         if !self.retry_may_help() {
-            headers.insert("x-should-retry", HeaderValue::from_static("false"));
+            headers.insert(X_SHOULD_RETRY, HeaderValue::from_static("false"));
         }
         if let Some(after) = self.retry_after {
             let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);
             headers.insert(header::RETRY_AFTER, HeaderValue::from(secs.max(1)));
-            headers.insert(
-                "retry-after-ms",
-                HeaderValue::from(after.as_millis() as u64),
-            );
+            headers.insert(RETRY_AFTER_MS, HeaderValue::from(after.as_millis() as u64));
         }
         response
     }

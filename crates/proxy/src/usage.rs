@@ -136,6 +136,7 @@ impl UsageScanner {
                 let window = &bytes[..bytes.len().min(MAX_USAGE_BYTES)];
                 if let Some((taken, reported)) = parse_prefix(window) {
                     self.report(reported);
+                    self.json = Json::SEEKING;
                     bytes = &bytes[taken..];
                     continue;
                 }
@@ -297,17 +298,16 @@ impl UsageScanner {
 
     /// The `usage` object's closing brace was read: its counts, if it is one, are the latest.
     fn object_ended(&mut self) {
-        match parse(&self.object) {
-            Some(reported) => self.report(reported),
-            None => self.json = Json::SEEKING,
+        if let Some(reported) = parse(&self.object) {
+            self.report(reported);
         }
         self.object.clear();
+        self.json = Json::SEEKING;
     }
 
-    /// A whole `usage` object was read: its counts are the latest, and the search goes on.
+    /// A whole `usage` object's counts: the latest.
     fn report(&mut self, reported: Reported) {
         self.last = Some(self.last.unwrap_or_default().updated(reported));
-        self.json = Json::SEEKING;
     }
 
     /// Drops any partial match or object and looks at `byte` as if scanning had just begun.

@@ -453,9 +453,7 @@ impl Drop for Counted<'_> {
 }
 
 fn pushback(headers: &HeaderMap) -> Pushback {
-    // Names made once: a `&str` is parsed into a name again at every look-up.
-    const RETRY_AFTER_MS: HeaderName = HeaderName::from_static("retry-after-ms");
-    const X_SHOULD_RETRY: HeaderName = HeaderName::from_static("x-should-retry");
+    use crate::error::{RETRY_AFTER_MS, X_SHOULD_RETRY};
     let get = |name: &HeaderName| headers.get(name).and_then(|v| v.to_str().ok());
     Pushback::parse(
         get(&header::RETRY_AFTER),

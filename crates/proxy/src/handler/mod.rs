@@ -97,7 +97,7 @@ pub(crate) async fn handle(gw: &Gateway, endpoint: Endpoint, req: Request) -> Re
         }
     };
     if let Some(id) = anthropic_id {
-        response.headers_mut().insert("request-id", id);
+        response.headers_mut().insert(crate::call::REQUEST_ID, id);
     }
     response
 }

@@ -54,8 +54,10 @@ where
         "relaying the backend's response"
     );
     if head.status.is_server_error() && live.relay.discourage_caller_retries {
-        head.headers
-            .insert("x-should-retry", HeaderValue::from_static("false"));
+        head.headers.insert(
+            crate::error::X_SHOULD_RETRY,
+            HeaderValue::from_static("false"),
+        );
     }
     // A success is counted on its rollout's side once its body has ended (an error status was
     // counted by the attempt loop).

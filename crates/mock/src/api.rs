@@ -466,6 +466,7 @@ pub(crate) fn remembered(parts: &Parts, model: Option<String>, body: Arc<Value>)
         auth,
         anthropic_version: header_text(h, "anthropic-version"),
         anthropic_beta: header_text(h, "anthropic-beta"),
+        headers: h.clone(),
         body,
     }
 }

@@ -84,6 +84,9 @@ pub struct LastRequest {
     /// The `anthropic-beta` header (several such headers joined with commas).
     #[serde(default)]
     pub anthropic_beta: Option<String>,
+    /// The names of every header it carried, in lower case, sorted, each once.
+    #[serde(default)]
+    pub header_names: Vec<String>,
     /// The JSON body as parsed (`null` when it was not JSON, or the route reads no body).
     pub body: Value,
 }
@@ -139,6 +142,8 @@ pub(crate) struct Remembered {
     pub(crate) auth: &'static str,
     pub(crate) anthropic_version: Option<String>,
     pub(crate) anthropic_beta: Option<String>,
+    /// Its headers, kept as they came (a reference count per value) until asked for.
+    pub(crate) headers: http::HeaderMap,
     pub(crate) body: Arc<Value>,
 }
 
@@ -153,6 +158,13 @@ impl From<&Remembered> for LastRequest {
             auth: r.auth.to_owned(),
             anthropic_version: r.anthropic_version.clone(),
             anthropic_beta: r.anthropic_beta.clone(),
+            header_names: r
+                .headers
+                .keys()
+                .map(|name| name.as_str().to_owned())
+                .collect::<std::collections::BTreeSet<_>>()
+                .into_iter()
+                .collect(),
             body: Value::clone(&r.body),
         }
     }

@@ -239,3 +239,38 @@ async fn a_stored_objects_body_that_stalls_is_cut_off() {
         .expect("cut off, not held until the client leaves");
     assert!(body.is_err(), "a truncated body, not a short valid one");
 }
+
+/// A backend's answer loses the headers its `Connection` header nominates; one that nominates
+/// more names than the gateway reads (16) is not a valid head: a 502 in the API's shape.
+#[tokio::test]
+async fn an_answers_connection_header_takes_what_it_nominates_and_too_many_names_are_a_502() {
+    let backend = Scripted::start(|_| {
+        let answer = String::from_utf8(completion("ok")).unwrap().replacen(
+            "\r\n",
+            "\r\nconnection: X-Backend-Hop\r\nx-backend-hop: s\r\nx-kept: k\r\n",
+            1,
+        );
+        (answer.into_bytes(), None)
+    });
+    let gw = backend.gateway();
+    let r = chat(&gw, &chat_body("m", false)).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["x-kept"], "k");
+    assert!(!r.headers().contains_key("x-backend-hop"), "{r:?}");
+
+    let backend = Scripted::start(|_| {
+        let names = vec!["x-a"; 17].join(",");
+        let answer = String::from_utf8(completion("ok")).unwrap().replacen(
+            "\r\n",
+            &format!("\r\nconnection: {names}\r\n"),
+            1,
+        );
+        (answer.into_bytes(), None)
+    });
+    let gw = backend.gateway();
+    let r = chat(&gw, &chat_body("m", false)).await;
+    let status = r.status();
+    let body: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(status, 502, "{body}");
+    assert!(body["error"]["message"].is_string(), "{body}");
+}

@@ -571,3 +571,43 @@ async fn the_copy_a_renamed_backend_is_sent_is_counted_in_the_body_budget() {
     let r = chat(&gw, &body_of("falls", 500_000)).await;
     assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
 }
+
+/// Headers a `Connection` header nominates belong to the client's connection and stay behind
+/// (RFC 9110 §7.6.1). A head that nominates thousands of names (60 KiB of them, within what the
+/// gateway reads of a head) is refused with 400 at once and reaches no backend.
+#[tokio::test]
+async fn headers_a_connection_header_nominates_stay_behind_and_thousands_of_names_get_400() {
+    let (gw, m) = quick_timeouts("");
+    let body = serde_json::to_string(&chat_body("m", false)).unwrap();
+    let mut s = connect(&gw).await;
+    let extra = "connection: keep-alive, X-Hop-Secret\r\nx-hop-secret: s\r\nx-kept: k\r\n";
+    s.write_all(format!("{}{body}", chat_head(body.len(), extra)).as_bytes())
+        .await
+        .unwrap();
+    let (status, head, _) = response(&mut s).await;
+    assert_eq!(status, 200, "{head}");
+    let stats = spillway_testkit::http::get_json(&m.url("/stats")).await;
+    let names = &stats["last_request"]["header_names"];
+    let names: Vec<&str> = names
+        .as_array()
+        .unwrap_or_else(|| panic!("header names: {stats}"))
+        .iter()
+        .filter_map(|n| n.as_str())
+        .collect();
+    assert!(names.contains(&"x-kept"), "{names:?}");
+    assert!(!names.contains(&"x-hop-secret"), "{names:?}");
+    let received = stats["received"].as_u64().unwrap();
+
+    let many = vec!["x-a"; 15_000].join(",");
+    let mut s = connect(&gw).await;
+    let extra = format!("connection: {many}\r\n");
+    s.write_all(format!("{}{body}", chat_head(body.len(), &extra)).as_bytes())
+        .await
+        .unwrap();
+    let (status, head, body) = response(&mut s).await;
+    assert_eq!(status, 400, "{head}");
+    assert_eq!(error_code(&body), "invalid_request");
+    assert!(body.contains("Connection header names more than"), "{body}");
+    let stats = spillway_testkit::http::get_json(&m.url("/stats")).await;
+    assert_eq!(stats["received"].as_u64().unwrap(), received);
+}

@@ -109,7 +109,7 @@ async fn build(
         .and_then(|h| pool.backends.iter().position(|b| b.name == h.backend));
     let client_retry = is_client_retry(&headers, &live.client_retry_headers);
     let mut headers = headers;
-    crate::upstream::outbound_headers(&mut headers, &live.config.server.region_header);
+    crate::upstream::outbound_headers(&mut headers, &live.config.server.region_header)?;
     Ok(Call {
         id,
         endpoint,

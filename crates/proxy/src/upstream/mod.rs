@@ -34,8 +34,10 @@ use crate::pool::Backend;
 
 mod body;
 pub(crate) mod h1;
+pub(crate) mod hop;
 pub(crate) use body::{StallLimited, UpstreamBody};
 use h1::Conn;
+pub(crate) use hop::{outbound_headers, strip_response_headers};
 
 /// hyper-util's pooled client, for the gateway's own reads beside the request path (health
 /// checks, engine metrics pages).
@@ -339,58 +341,6 @@ fn stale(error: &h1::Error) -> bool {
     error.before_response()
 }
 
-/// Request headers that never travel upstream: hop-by-hop headers, the caller's own credentials
-/// (the upstream gets the backend's key instead), and framing the client recomputes.
-fn stripped_request_header(name: &str) -> bool {
-    hop_by_hop(name)
-        || matches!(
-            name,
-            "authorization"
-                | "api-key"
-                | "x-api-key"
-                | "proxy-authorization"
-                | "host"
-                | "content-length"
-                | "cookie"
-        )
-}
-
-/// Headers that belong to one connection, never relayed over the next, either way.
-fn hop_by_hop(name: &str) -> bool {
-    matches!(
-        name,
-        "connection"
-            | "te"
-            | "trailer"
-            | "transfer-encoding"
-            | "upgrade"
-            | "keep-alive"
-            | "proxy-connection"
-    )
-}
-
-/// Turns a client's request headers into those every attempt sends upstream, once per request:
-/// without the headers that must not cross, nor `skip` (the caller's region preference, which is
-/// the gateway's business). Each attempt then copies the result and adds its backend's own.
-pub(crate) fn outbound_headers(headers: &mut HeaderMap, skip: &HeaderName) {
-    remove_where(headers, |name| {
-        stripped_request_header(name.as_str()) || name == skip
-    });
-}
-
-/// Removes every header whose name `doomed` picks, looking at each name present once: a
-/// `remove` per name that might be there hashes each of them, and most are not.
-fn remove_where(headers: &mut HeaderMap, doomed: impl Fn(&HeaderName) -> bool) {
-    let names: Vec<HeaderName> = headers
-        .keys()
-        .filter(|name| doomed(name))
-        .cloned()
-        .collect();
-    for name in names {
-        headers.remove(name);
-    }
-}
-
 /// `uri` with the caller's `query` added: after the backend's own query (an Azure backend's
 /// `api-version`), whose parameters win over the caller's of the same name. `None` when the
 /// caller's query adds nothing or cannot be part of a URI.
@@ -430,11 +380,6 @@ pub(crate) fn keep_upstream_request_id(headers: &mut HeaderMap) -> Option<Header
         .next()?;
     headers.insert(X_UPSTREAM_REQUEST_ID, theirs.clone());
     Some(theirs)
-}
-
-/// Removes the hop-by-hop headers of an upstream response before it is relayed.
-pub(crate) fn strip_response_headers(headers: &mut HeaderMap) {
-    remove_where(headers, |name| hop_by_hop(name.as_str()));
 }
 
 /// The upstream request for `endpoint` on `backend`, carrying `body` and `outbound`, the client's
@@ -506,60 +451,5 @@ mod tests {
         assert_eq!(h[X_UPSTREAM_REQUEST_ID], "req_upstream");
         assert!(!h.contains_key("request-id"));
         assert_eq!(keep_upstream_request_id(&mut HeaderMap::new()), None);
-    }
-
-    #[test]
-    fn headers_that_must_not_cross_are_removed_with_every_value_and_the_rest_kept() {
-        let mut h = HeaderMap::new();
-        for (name, value) in [
-            ("authorization", "Bearer sk-caller"),
-            ("x-api-key", "k"),
-            ("Cookie", "a=1"),
-            ("cookie", "b=2"),
-            ("x-region", "eu"),
-            ("connection", "keep-alive"),
-            ("accept", "application/json"),
-            ("x-custom", "kept"),
-            ("content-length", "12"),
-            ("accept", "text/event-stream"),
-        ] {
-            h.append(
-                HeaderName::from_bytes(name.as_bytes()).unwrap(),
-                HeaderValue::from_static(value),
-            );
-        }
-        outbound_headers(&mut h, &HeaderName::from_static("x-region"));
-        let mut left: Vec<_> = h
-            .iter()
-            .map(|(n, v)| (n.as_str(), v.to_str().unwrap()))
-            .collect();
-        left.sort_unstable();
-        assert_eq!(
-            left,
-            [
-                ("accept", "application/json"),
-                ("accept", "text/event-stream"),
-                ("x-custom", "kept")
-            ]
-        );
-
-        let mut h = HeaderMap::new();
-        for name in [
-            "transfer-encoding",
-            "keep-alive",
-            "proxy-connection",
-            "x-ratelimit-remaining-requests",
-            "upgrade",
-            "content-type",
-            "trailer",
-            "te",
-            "connection",
-        ] {
-            h.append(HeaderName::from_static(name), HeaderValue::from_static("v"));
-        }
-        strip_response_headers(&mut h);
-        let mut left: Vec<_> = h.keys().map(HeaderName::as_str).collect();
-        left.sort_unstable();
-        assert_eq!(left, ["content-type", "x-ratelimit-remaining-requests"]);
     }
 }

@@ -230,6 +230,9 @@ impl Conn {
             headers.append(name, value);
         }
         self.buf.advance(len);
+        if super::hop::nominated(&headers).is_err() {
+            return Err(Error::Head("Connection names too many headers"));
+        }
         let (framing, reusable) = framing(method, status, version, &mut headers)?;
         let mut response = http::Response::new(());
         *response.status_mut() = status;

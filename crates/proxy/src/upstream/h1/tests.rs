@@ -158,6 +158,14 @@ async fn a_head_that_is_not_one_fails_and_says_why() {
             .into_bytes()
             .into_boxed_slice(),
     );
+    let nominating: &'static [u8] = Box::leak(
+        format!(
+            "HTTP/1.1 200 OK\r\nconnection: {}\r\ncontent-length: 0\r\n\r\n",
+            ["x-a"; crate::upstream::hop::MAX_NOMINATED + 1].join(",")
+        )
+        .into_bytes()
+        .into_boxed_slice(),
+    );
     for (answer, expected) in [
         (&b"SSH-2.0-OpenSSH\r\n\r\n"[..], "not an HTTP/1 response"),
         (
@@ -173,6 +181,7 @@ async fn a_head_that_is_not_one_fails_and_says_why() {
             "unrequested protocol switch",
         ),
         (many, "too many headers"),
+        (nominating, "Connection names too many headers"),
     ] {
         let (head, _) = exchange(post("{}"), answer).await;
         let error = head.err().expect("an error").to_string();

@@ -1,0 +1,273 @@
+//! Which headers cross the gateway, either way. Hop-by-hop headers belong to one connection and
+//! are never relayed over the next (RFC 9110 §7.6.1): the fixed ones (`Connection`, `TE`,
+//! `Upgrade`, ...) and every header a message's `Connection` header nominates. A request also
+//! loses the caller's credentials and the framing the gateway writes itself.
+//!
+//! What a `Connection` header may nominate is bounded ([`MAX_NOMINATED`]): a request head may be
+//! 64 KiB, and tens of thousands of nominated names, each compared with each header present,
+//! would cost milliseconds. Real clients and servers nominate one or two.
+
+use http::{header, HeaderMap, HeaderName};
+
+/// The most header names a message's `Connection` headers may nominate. A request that
+/// nominates more is refused (400); a backend's answer that does is not a valid head (502).
+pub(crate) const MAX_NOMINATED: usize = 16;
+
+/// A message's `Connection` headers nominate more than [`MAX_NOMINATED`] names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct TooManyNominated;
+
+impl std::fmt::Display for TooManyNominated {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the Connection header names more than {MAX_NOMINATED} headers"
+        )
+    }
+}
+
+impl From<TooManyNominated> for crate::error::ApiError {
+    fn from(e: TooManyNominated) -> Self {
+        crate::error::ApiError::new(crate::error::ErrorKind::MalformedRequest, e.to_string())
+    }
+}
+
+/// The names a message's `Connection` headers nominate, as sent (any case), without allocating.
+#[derive(Default)]
+pub(crate) struct Nominated<'a> {
+    names: [&'a [u8]; MAX_NOMINATED],
+    len: usize,
+}
+
+impl Nominated<'_> {
+    /// Whether `name` (lower case, as `HeaderName`s are) is one of them.
+    fn names(&self, name: &HeaderName) -> bool {
+        let name = name.as_str().as_bytes();
+        self.names[..self.len]
+            .iter()
+            .any(|n| n.eq_ignore_ascii_case(name))
+    }
+}
+
+/// The names `headers`' `Connection` headers nominate. Empty list items are skipped (RFC 9110
+/// §5.6.1) and not counted; the work is one pass over the values, stopping at the first name past
+/// the bound.
+pub(crate) fn nominated(headers: &HeaderMap) -> Result<Nominated<'_>, TooManyNominated> {
+    let mut found = Nominated::default();
+    for value in headers.get_all(header::CONNECTION) {
+        for item in value.as_bytes().split(|&b| b == b',') {
+            let name = item.trim_ascii();
+            if name.is_empty() {
+                continue;
+            }
+            let slot = found.names.get_mut(found.len).ok_or(TooManyNominated)?;
+            *slot = name;
+            found.len += 1;
+        }
+    }
+    Ok(found)
+}
+
+/// Request headers that never travel upstream besides the hop-by-hop ones: the caller's own
+/// credentials (the upstream gets the backend's key instead), and framing the client recomputes.
+fn stripped_request_header(name: &str) -> bool {
+    hop_by_hop(name)
+        || matches!(
+            name,
+            "authorization"
+                | "api-key"
+                | "x-api-key"
+                | "proxy-authorization"
+                | "host"
+                | "content-length"
+                | "cookie"
+        )
+}
+
+/// Headers that belong to one connection, never relayed over the next, whatever `Connection`
+/// says.
+fn hop_by_hop(name: &str) -> bool {
+    matches!(
+        name,
+        "connection"
+            | "te"
+            | "trailer"
+            | "transfer-encoding"
+            | "upgrade"
+            | "keep-alive"
+            | "proxy-connection"
+    )
+}
+
+/// Turns a client's request headers into those every attempt sends upstream, once per request:
+/// without the headers that must not cross (those its `Connection` header nominates among them),
+/// nor `skip` (the caller's region preference, which is the gateway's business). Each attempt
+/// then copies the result and adds its backend's own.
+pub(crate) fn outbound_headers(
+    headers: &mut HeaderMap,
+    skip: &HeaderName,
+) -> Result<(), TooManyNominated> {
+    let nominated = nominated(headers)?;
+    let doomed = doomed(headers, |name| {
+        stripped_request_header(name.as_str()) || name == skip || nominated.names(name)
+    });
+    remove(headers, doomed);
+    Ok(())
+}
+
+/// Removes the hop-by-hop headers of a backend's answer before it is relayed. A head whose
+/// `Connection` nominates more than [`MAX_NOMINATED`] names does not get here (the connection
+/// refuses it, `h1`); if one did, only its `Content-Type` would be kept.
+pub(crate) fn strip_response_headers(headers: &mut HeaderMap) {
+    let nominated = nominated(headers);
+    let doomed = doomed(headers, |name| {
+        hop_by_hop(name.as_str())
+            || match &nominated {
+                Ok(nominated) => nominated.names(name),
+                Err(TooManyNominated) => name != header::CONTENT_TYPE,
+            }
+    });
+    remove(headers, doomed);
+}
+
+/// The names present in `headers` that `doomed` picks, each looked at once: a `remove` per name
+/// that might be there hashes each of them, and most are not.
+fn doomed(headers: &HeaderMap, doomed: impl Fn(&HeaderName) -> bool) -> Vec<HeaderName> {
+    headers
+        .keys()
+        .filter(|name| doomed(name))
+        .cloned()
+        .collect()
+}
+
+/// Removes `names` with every value of each.
+fn remove(headers: &mut HeaderMap, names: Vec<HeaderName>) {
+    for name in names {
+        headers.remove(name);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    fn map(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (name, value) in pairs {
+            h.append(
+                HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                HeaderValue::from_str(value).unwrap(),
+            );
+        }
+        h
+    }
+
+    fn left(h: &HeaderMap) -> Vec<(&str, &str)> {
+        let mut left: Vec<_> = h
+            .iter()
+            .map(|(n, v)| (n.as_str(), v.to_str().unwrap()))
+            .collect();
+        left.sort_unstable();
+        left
+    }
+
+    #[test]
+    fn headers_that_must_not_cross_are_removed_with_every_value_and_the_rest_kept() {
+        let mut h = map(&[
+            ("authorization", "Bearer sk-caller"),
+            ("x-api-key", "k"),
+            ("Cookie", "a=1"),
+            ("cookie", "b=2"),
+            ("x-region", "eu"),
+            ("connection", "keep-alive"),
+            ("accept", "application/json"),
+            ("x-custom", "kept"),
+            ("content-length", "12"),
+            ("accept", "text/event-stream"),
+        ]);
+        outbound_headers(&mut h, &HeaderName::from_static("x-region")).unwrap();
+        assert_eq!(
+            left(&h),
+            [
+                ("accept", "application/json"),
+                ("accept", "text/event-stream"),
+                ("x-custom", "kept")
+            ]
+        );
+
+        let mut h = HeaderMap::new();
+        for name in [
+            "transfer-encoding",
+            "keep-alive",
+            "proxy-connection",
+            "x-ratelimit-remaining-requests",
+            "upgrade",
+            "content-type",
+            "trailer",
+            "te",
+            "connection",
+        ] {
+            h.append(HeaderName::from_static(name), HeaderValue::from_static("v"));
+        }
+        strip_response_headers(&mut h);
+        let mut left: Vec<_> = h.keys().map(HeaderName::as_str).collect();
+        left.sort_unstable();
+        assert_eq!(left, ["content-type", "x-ratelimit-remaining-requests"]);
+    }
+
+    #[test]
+    fn headers_a_connection_header_nominates_go_too_in_any_case_from_every_value() {
+        let mut h = map(&[
+            ("connection", "keep-alive, X-Hop ,, x-other"),
+            ("connection", "X-Third"),
+            ("x-hop", "1"),
+            ("x-other", "2"),
+            ("x-third", "3"),
+            ("x-kept", "4"),
+        ]);
+        outbound_headers(&mut h, &HeaderName::from_static("x-region")).unwrap();
+        assert_eq!(left(&h), [("x-kept", "4")]);
+
+        let mut h = map(&[
+            ("connection", "x-backend-hop"),
+            ("x-backend-hop", "1"),
+            ("x-ratelimit-remaining-tokens", "9"),
+        ]);
+        strip_response_headers(&mut h);
+        assert_eq!(left(&h), [("x-ratelimit-remaining-tokens", "9")]);
+    }
+
+    #[test]
+    fn more_names_than_the_bound_refuse_a_request_and_leave_an_answer_only_its_type() {
+        let names: Vec<String> = (0..=MAX_NOMINATED).map(|i| format!("x-n{i}")).collect();
+        let at_bound = names[..MAX_NOMINATED].join(",");
+        let mut h = map(&[("connection", &at_bound), ("x-n0", "1"), ("x-kept", "2")]);
+        outbound_headers(&mut h, &HeaderName::from_static("x-region")).unwrap();
+        assert_eq!(left(&h), [("x-kept", "2")]);
+
+        // Empty items are not names.
+        let padded = format!("{at_bound}{}", ", ,".repeat(1000));
+        assert!(nominated(&map(&[("connection", &padded)])).is_ok());
+
+        let past = names.join(",");
+        let mut h = map(&[("connection", &past), ("x-kept", "2")]);
+        let err = outbound_headers(&mut h, &HeaderName::from_static("x-region")).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "the Connection header names more than 16 headers"
+        );
+        // Split over several headers, the names count together.
+        let (a, b) = names.split_at(8);
+        let split = map(&[("connection", &a.join(",")), ("connection", &b.join(","))]);
+        assert!(nominated(&split).is_err());
+
+        let mut h = map(&[
+            ("connection", &past),
+            ("content-type", "application/json"),
+            ("x-anything", "1"),
+        ]);
+        strip_response_headers(&mut h);
+        assert_eq!(left(&h), [("content-type", "application/json")]);
+    }
+}

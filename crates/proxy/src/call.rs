@@ -64,7 +64,8 @@ pub(crate) struct Call {
     /// No attempt starts after this (`retry.deadline` from `started`).
     pub deadline: Instant,
     pub tenant: Arc<Tenant>,
-    /// Its headers as they travel upstream (`upstream::outbound_headers`).
+    /// Its headers as they came but for the region header, spillway's own; those that cross are
+    /// chosen as each attempt is written (`upstream::hop::write_request_headers`).
     pub headers: HeaderMap,
     pub body: Bytes,
     pub summary: RequestSummary,

@@ -152,7 +152,8 @@ pub(super) async fn send(
     mut headers: http::HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    upstream::outbound_headers(&mut headers, &gw.live().config.server.region_header)?;
+    upstream::hop::check_request(&headers)?;
+    headers.remove(&gw.live().config.server.region_header);
     let response = gw
         .upstream
         .forward(backend, method, uri, headers, body)

@@ -190,6 +190,7 @@ where
 
 #[cfg(test)]
 mod tests {
+    use super::super::h1::Outgoing;
     use super::*;
     use std::time::Duration;
 
@@ -215,7 +216,7 @@ mod tests {
             .header(header::HOST, "b")
             .body(Bytes::new())
             .unwrap();
-        let head = conn.send(&req).await.unwrap();
+        let head = conn.send(&Outgoing::of(&req)).await.unwrap();
         (conn, head)
     }
 
@@ -299,7 +300,7 @@ mod tests {
             tokio::net::TcpStream::connect(addr).await.unwrap(),
         ));
         let req = Request::post("/").body(Bytes::new()).unwrap();
-        let head = conn.send(&req).await.unwrap();
+        let head = conn.send(&Outgoing::of(&req)).await.unwrap();
         let idle = Arc::new(IdleConns::default());
         let body = body_of((conn, head), &idle);
         let error = body.collect().await.expect_err("a truncated body fails");

@@ -7,7 +7,9 @@
 //! 64 KiB, and tens of thousands of nominated names, each compared with each header present,
 //! would cost milliseconds. Real clients and servers nominate one or two.
 
-use http::{header, HeaderMap, HeaderName};
+use http::{header, HeaderMap, HeaderName, HeaderValue};
+
+use super::h1::HeadLines;
 
 /// The most header names a message's `Connection` headers may nominate. A request that
 /// nominates more is refused (400); a backend's answer that does is not a valid head (502).
@@ -99,20 +101,35 @@ fn hop_by_hop(name: &str) -> bool {
     )
 }
 
-/// Turns a client's request headers into those every attempt sends upstream, once per request:
-/// without the headers that must not cross (those its `Connection` header nominates among them),
-/// nor `skip` (the caller's region preference, which is the gateway's business). Each attempt
-/// then copies the result and adds its backend's own.
-pub(crate) fn outbound_headers(
-    headers: &mut HeaderMap,
-    skip: &HeaderName,
-) -> Result<(), TooManyNominated> {
-    let nominated = nominated(headers)?;
-    let doomed = doomed(headers, |name| {
-        stripped_request_header(name.as_str()) || name == skip || nominated.names(name)
-    });
-    remove(headers, doomed);
-    Ok(())
+/// Refuses a request whose `Connection` headers name more than [`MAX_NOMINATED`] headers, as it
+/// is read (400); the names themselves are left out as each attempt is written.
+pub(crate) fn check_request(headers: &HeaderMap) -> Result<(), TooManyNominated> {
+    nominated(headers).map(drop)
+}
+
+/// Writes the caller's request `headers` that travel upstream: neither those that must not cross
+/// (hop-by-hop ones, those its `Connection` header names among them, the caller's credentials,
+/// framing) nor any named in `own`; then `own`, the gateway's, which take the place of the
+/// caller's of those names. A request naming too many headers ([`check_request`]) would cross
+/// with none of the caller's.
+pub(crate) fn write_request_headers(
+    lines: &mut HeadLines,
+    headers: &HeaderMap,
+    own: &[(&HeaderName, &HeaderValue)],
+) {
+    if let Ok(nominated) = nominated(headers) {
+        for (name, value) in headers {
+            let stays = stripped_request_header(name.as_str())
+                || nominated.names(name)
+                || own.iter().any(|(n, _)| *n == name);
+            if !stays {
+                lines.header(name, value);
+            }
+        }
+    }
+    for (name, value) in own {
+        lines.header(name, value);
+    }
 }
 
 /// Removes the hop-by-hop headers of a backend's answer before it is relayed. A head whose
@@ -149,8 +166,8 @@ fn remove(headers: &mut HeaderMap, names: Vec<HeaderName>) {
 
 #[cfg(test)]
 mod tests {
+    use super::super::h1::Outgoing;
     use super::*;
-    use http::HeaderValue;
 
     fn map(pairs: &[(&str, &str)]) -> HeaderMap {
         let mut h = HeaderMap::new();
@@ -172,27 +189,51 @@ mod tests {
         left
     }
 
+    /// The header lines a request with the caller's `headers` is written with, the gateway's
+    /// `own` added, in the order written.
+    fn written(headers: &HeaderMap, own: &[(&HeaderName, &HeaderValue)]) -> Vec<String> {
+        let req = Outgoing::new(
+            http::Method::GET,
+            "/",
+            |lines| write_request_headers(lines, headers, own),
+            bytes::Bytes::new(),
+        );
+        let head = String::from_utf8(req.head().to_vec()).unwrap();
+        head.lines()
+            .skip(1)
+            .take_while(|l| !l.is_empty())
+            .map(str::to_owned)
+            .collect()
+    }
+
     #[test]
-    fn headers_that_must_not_cross_are_removed_with_every_value_and_the_rest_kept() {
-        let mut h = map(&[
+    fn headers_that_must_not_cross_are_left_out_with_every_value_and_the_rest_kept() {
+        let h = map(&[
             ("authorization", "Bearer sk-caller"),
             ("x-api-key", "k"),
             ("Cookie", "a=1"),
             ("cookie", "b=2"),
-            ("x-region", "eu"),
             ("connection", "keep-alive"),
             ("accept", "application/json"),
             ("x-custom", "kept"),
             ("content-length", "12"),
             ("accept", "text/event-stream"),
+            ("content-type", "text/plain"),
+            ("host", "gateway"),
         ]);
-        outbound_headers(&mut h, &HeaderName::from_static("x-region")).unwrap();
+        let (host, json) = (
+            HeaderValue::from_static("b:8000"),
+            HeaderValue::from_static("application/json"),
+        );
+        let own = [(&header::HOST, &host), (&header::CONTENT_TYPE, &json)];
         assert_eq!(
-            left(&h),
+            written(&h, &own),
             [
-                ("accept", "application/json"),
-                ("accept", "text/event-stream"),
-                ("x-custom", "kept")
+                "accept: application/json",
+                "accept: text/event-stream",
+                "x-custom: kept",
+                "host: b:8000",
+                "content-type: application/json",
             ]
         );
 
@@ -218,7 +259,7 @@ mod tests {
 
     #[test]
     fn headers_a_connection_header_nominates_go_too_in_any_case_from_every_value() {
-        let mut h = map(&[
+        let h = map(&[
             ("connection", "keep-alive, X-Hop ,, x-other"),
             ("connection", "X-Third"),
             ("x-hop", "1"),
@@ -226,8 +267,7 @@ mod tests {
             ("x-third", "3"),
             ("x-kept", "4"),
         ]);
-        outbound_headers(&mut h, &HeaderName::from_static("x-region")).unwrap();
-        assert_eq!(left(&h), [("x-kept", "4")]);
+        assert_eq!(written(&h, &[]), ["x-kept: 4"]);
 
         let mut h = map(&[
             ("connection", "x-backend-hop"),
@@ -242,25 +282,28 @@ mod tests {
     fn more_names_than_the_bound_refuse_a_request_and_leave_an_answer_only_its_type() {
         let names: Vec<String> = (0..=MAX_NOMINATED).map(|i| format!("x-n{i}")).collect();
         let at_bound = names[..MAX_NOMINATED].join(",");
-        let mut h = map(&[("connection", &at_bound), ("x-n0", "1"), ("x-kept", "2")]);
-        outbound_headers(&mut h, &HeaderName::from_static("x-region")).unwrap();
-        assert_eq!(left(&h), [("x-kept", "2")]);
+        let h = map(&[("connection", &at_bound), ("x-n0", "1"), ("x-kept", "2")]);
+        assert_eq!(check_request(&h), Ok(()));
+        assert_eq!(written(&h, &[]), ["x-kept: 2"]);
 
         // Empty items are not names.
         let padded = format!("{at_bound}{}", ", ,".repeat(1000));
-        assert!(nominated(&map(&[("connection", &padded)])).is_ok());
+        assert!(check_request(&map(&[("connection", &padded)])).is_ok());
 
         let past = names.join(",");
-        let mut h = map(&[("connection", &past), ("x-kept", "2")]);
-        let err = outbound_headers(&mut h, &HeaderName::from_static("x-region")).unwrap_err();
+        let h = map(&[("connection", &past), ("x-kept", "2")]);
+        let err = check_request(&h).unwrap_err();
         assert_eq!(
             err.to_string(),
             "the Connection header names more than 16 headers"
         );
+        // Were it written all the same, none of the caller's headers would cross.
+        let value = HeaderValue::from_static("b");
+        assert_eq!(written(&h, &[(&header::HOST, &value)]), ["host: b"]);
         // Split over several headers, the names count together.
         let (a, b) = names.split_at(8);
         let split = map(&[("connection", &a.join(",")), ("connection", &b.join(","))]);
-        assert!(nominated(&split).is_err());
+        assert!(check_request(&split).is_err());
 
         let mut h = map(&[
             ("connection", &past),

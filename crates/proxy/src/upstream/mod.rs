@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::{header, HeaderMap, HeaderName, HeaderValue, Method, Request};
+use http::{header, HeaderMap, HeaderName, HeaderValue, Method};
 use http_body_util::Full;
 use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder, MaybeHttpsStream};
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -36,8 +36,8 @@ mod body;
 pub(crate) mod h1;
 pub(crate) mod hop;
 pub(crate) use body::{StallLimited, UpstreamBody};
-use h1::Conn;
-pub(crate) use hop::{outbound_headers, strip_response_headers};
+use h1::{Conn, Outgoing};
+pub(crate) use hop::strip_response_headers;
 
 /// hyper-util's pooled client, for the gateway's own reads beside the request path (health
 /// checks, engine metrics pages).
@@ -50,7 +50,8 @@ pub(crate) struct Attempt<'a> {
     pub endpoint: Endpoint,
     /// The caller's query string, if any ([`with_query`]).
     pub query: Option<&'a str>,
-    /// The client's request headers that travel upstream ([`outbound_headers`]).
+    /// The caller's request headers as they came but for spillway's own; those that cross are
+    /// chosen as each attempt is written ([`hop::write_request_headers`]).
     pub headers: &'a HeaderMap,
     /// Its span, whose `traceparent` goes upstream.
     pub trace: &'a crate::trace::Attempt,
@@ -121,7 +122,7 @@ impl HttpUpstream {
         &self,
         backend: &Backend,
         now: Instant,
-        req: &Request<Bytes>,
+        req: &Outgoing,
     ) -> Result<http::Response<UpstreamBody>, Failure> {
         let (mut conn, kept) = self.checkout(backend, now).await?;
         let error = match conn.send(req).await {
@@ -238,21 +239,18 @@ impl HttpUpstream {
         backend: &Backend,
         method: Method,
         uri: http::Uri,
-        mut headers: HeaderMap,
+        headers: HeaderMap,
         body: Bytes,
     ) -> Result<http::Response<UpstreamBody>, crate::error::ApiError> {
         use crate::error::{ApiError, ErrorKind};
-        if !body.is_empty() {
-            headers.insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("application/json"),
-            );
-        }
-        backends_own(backend, &mut headers);
-        let mut req = Request::new(body);
-        *req.method_mut() = method;
-        *req.uri_mut() = crate::pool::origin_form(&uri);
-        *req.headers_mut() = headers;
+        let untraced = HeaderMap::new();
+        let own = own_headers(backend, !body.is_empty(), &untraced);
+        let req = Outgoing::new(
+            method,
+            uri.path_and_query().map_or("/", |p| p.as_str()),
+            |lines| hop::write_request_headers(lines, &headers, &own),
+            body,
+        );
         let exchange = self.exchange(backend, crate::clock::now(), &req);
         match tokio::time::timeout(self.response_timeout, exchange).await {
             Ok(Ok(response)) => Ok(response),
@@ -382,41 +380,52 @@ pub(crate) fn keep_upstream_request_id(headers: &mut HeaderMap) -> Option<Header
     Some(theirs)
 }
 
-/// The upstream request for `endpoint` on `backend`, carrying `body` and `outbound`, the client's
-/// headers minus those that must not cross ([`outbound_headers`]).
+/// The upstream request for `endpoint` on `backend`: `body`, the caller's `headers` that cross
+/// ([`hop::write_request_headers`]) and the gateway's own ([`own_headers`]).
 fn request(
     backend: &Backend,
     (endpoint, query): (Endpoint, Option<&str>),
-    (outbound, trace): (&HeaderMap, &crate::trace::Attempt),
+    (headers, trace): (&HeaderMap, &crate::trace::Attempt),
     body: Bytes,
-) -> Request<Bytes> {
-    let mut req = Request::new(body);
-    *req.method_mut() = Method::POST;
-    *req.uri_mut() = match query.and_then(|q| with_query(backend.uri(endpoint), q)) {
-        Some(uri) => crate::pool::origin_form(&uri),
-        None => backend.target(endpoint).clone(),
-    };
-    *req.headers_mut() = outbound.clone();
-    let headers = req.headers_mut();
-    headers.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    // Its `Content-Length` is written with the head, from the body (`h1::Conn::send`).
-    backends_own(backend, headers);
-    trace.inject(headers);
-    req
+) -> Outgoing {
+    let queried = query.and_then(|q| with_query(backend.uri(endpoint), q));
+    let target = queried.as_ref().unwrap_or(backend.target(endpoint));
+    let mut traced = HeaderMap::new();
+    trace.inject(&mut traced);
+    let own = own_headers(backend, true, &traced);
+    Outgoing::new(
+        Method::POST,
+        target.path_and_query().map_or("/", |p| p.as_str()),
+        |lines| hop::write_request_headers(lines, headers, &own),
+        body,
+    )
 }
 
-/// The headers `backend` is sent on every request: its `Host` (made once per backend: hyper's
-/// connection writes no `Host` of its own) and its credential.
-fn backends_own(backend: &Backend, headers: &mut HeaderMap) {
+static CONTENT_TYPE: HeaderName = header::CONTENT_TYPE;
+static HOST: HeaderName = header::HOST;
+static JSON: HeaderValue = HeaderValue::from_static("application/json");
+
+/// The headers the gateway writes on a request to `backend`, in place of the caller's of the
+/// same names: the JSON content type (`json`, with a body), the backend's `Host` (made once per
+/// backend), its credential, and the attempt's trace context (`traced`). Its `Content-Length`
+/// is the body's own (`h1::Outgoing`).
+fn own_headers<'a>(
+    backend: &'a Backend,
+    json: bool,
+    traced: &'a HeaderMap,
+) -> smallvec::SmallVec<[(&'a HeaderName, &'a HeaderValue); 6]> {
+    let mut own = smallvec::SmallVec::new();
+    if json {
+        own.push((&CONTENT_TYPE, &JSON));
+    }
     if let Some(host) = &backend.host {
-        headers.insert(header::HOST, host.clone());
+        own.push((&HOST, host));
     }
     if let Some((name, value)) = &backend.auth_header {
-        headers.insert(name.clone(), value.clone());
+        own.push((name, value));
     }
+    own.extend(traced);
+    own
 }
 
 #[cfg(test)]

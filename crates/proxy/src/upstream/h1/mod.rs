@@ -6,16 +6,16 @@
 //! What it reads from a backend is bounded: at most [`MAX_BUFFER`] buffered, a response head
 //! must fit in it with at most [`MAX_HEADERS`] headers (`httparse` parses it), and a body is
 //! decoded by [`decode`], which decides when the connection may carry another request. The
-//! request it writes is the gateway's own: its head from a checked `http::Request` (whose header
-//! values cannot hold a line break) with the body's length set here, never taken from the
-//! headers.
+//! request it writes is the gateway's own ([`Outgoing`]): its head written once per attempt from
+//! `http`'s checked header names and values (which cannot hold a line break), with the body's
+//! length set here, never taken from the headers.
 
 use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
-use http::{header, HeaderMap, HeaderName, HeaderValue, Method, Request, StatusCode, Version};
+use http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Version};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 
 pub(crate) mod decode;
@@ -99,16 +99,14 @@ impl Conn {
     /// Writes `req` and reads its response head. A backend that answers before it has read the
     /// whole request (a `413` to a large body) and stops reading is heard: its answer is read
     /// while the request is still being written, and the connection is not used again.
-    pub(crate) async fn send(&mut self, req: &Request<Bytes>) -> Result<Head, Error> {
-        let method = req.method();
-        let head = encode(req);
-        let body = req.body();
-        let rest: &[u8] = if body.len() > INLINE_BODY { body } else { &[] };
+    pub(crate) async fn send(&mut self, req: &Outgoing) -> Result<Head, Error> {
+        let method = &req.method;
+        let (head, rest): (&[u8], &[u8]) = (&req.head, &req.rest);
         // Bytes of a response seen: after them, a close is a failure, not a stale connection.
         let mut seen = false;
         let mut written = 0;
         let early = std::future::poll_fn(|cx| {
-            self.poll_write_request(cx, method, (&head, rest), (&mut written, &mut seen))
+            self.poll_write_request(cx, method, (head, rest), (&mut written, &mut seen))
         })
         .await?;
         if let Some(mut head) = early {
@@ -287,37 +285,84 @@ impl Conn {
     }
 }
 
-/// The request's head, and its body too when it is small: one write.
-fn encode(req: &Request<Bytes>) -> Vec<u8> {
-    let body = req.body();
-    let inline = body.len() <= INLINE_BODY;
-    let target = req.uri().path_and_query().map_or("/", |p| p.as_str());
-    let mut out = Vec::with_capacity(512 + if inline { body.len() } else { 0 });
-    out.extend_from_slice(req.method().as_str().as_bytes());
-    out.push(b' ');
-    out.extend_from_slice(target.as_bytes());
-    out.extend_from_slice(b" HTTP/1.1\r\n");
-    for (name, value) in req.headers() {
-        // The framing is the body's own, never a header's.
+/// A request as a connection writes it, made once and written again as it is when a kept
+/// connection turns out closed: its head (request line, headers, the body's own
+/// `Content-Length`) with the body after it when the body is small, else the body apart.
+pub(crate) struct Outgoing {
+    method: Method,
+    head: Vec<u8>,
+    rest: Bytes,
+}
+
+/// The header lines of an [`Outgoing`] request as they are written.
+pub(crate) struct HeadLines(Vec<u8>);
+
+impl HeadLines {
+    /// Writes `name: value`, unless it is framing: the body's own is written, never a header's.
+    pub(crate) fn header(&mut self, name: &HeaderName, value: &HeaderValue) {
         if name == header::CONTENT_LENGTH || name == header::TRANSFER_ENCODING {
-            continue;
+            return;
         }
-        out.extend_from_slice(name.as_str().as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value.as_bytes());
-        out.extend_from_slice(b"\r\n");
+        self.0.extend_from_slice(name.as_str().as_bytes());
+        self.0.extend_from_slice(b": ");
+        self.0.extend_from_slice(value.as_bytes());
+        self.0.extend_from_slice(b"\r\n");
     }
-    let with_body = matches!(*req.method(), Method::POST | Method::PUT | Method::PATCH);
-    if with_body || !body.is_empty() {
-        out.extend_from_slice(b"content-length: ");
-        out.extend_from_slice(itoa::Buffer::new().format(body.len()).as_bytes());
-        out.extend_from_slice(b"\r\n");
+}
+
+impl Outgoing {
+    /// `method` on `target` (a path and query), with the header lines `headers` writes and
+    /// `body`. Header names and values are `http`'s checked ones, which cannot hold a line break.
+    pub(crate) fn new(
+        method: Method,
+        target: &str,
+        headers: impl FnOnce(&mut HeadLines),
+        body: Bytes,
+    ) -> Outgoing {
+        let inline = body.len() <= INLINE_BODY;
+        let mut lines = HeadLines(Vec::with_capacity(
+            512 + if inline { body.len() } else { 0 },
+        ));
+        let out = &mut lines.0;
+        out.extend_from_slice(method.as_str().as_bytes());
+        out.push(b' ');
+        out.extend_from_slice(if target.is_empty() { "/" } else { target }.as_bytes());
+        out.extend_from_slice(b" HTTP/1.1\r\n");
+        headers(&mut lines);
+        let mut head = lines.0;
+        let with_body = matches!(method, Method::POST | Method::PUT | Method::PATCH);
+        if with_body || !body.is_empty() {
+            head.extend_from_slice(b"content-length: ");
+            head.extend_from_slice(itoa::Buffer::new().format(body.len()).as_bytes());
+            head.extend_from_slice(b"\r\n");
+        }
+        head.extend_from_slice(b"\r\n");
+        let rest = if inline {
+            head.extend_from_slice(&body);
+            Bytes::new()
+        } else {
+            body
+        };
+        Outgoing { method, head, rest }
     }
-    out.extend_from_slice(b"\r\n");
-    if inline {
-        out.extend_from_slice(body);
+
+    /// What is written first: the request line and headers, and a small body.
+    #[cfg(test)]
+    pub(crate) fn head(&self) -> &[u8] {
+        &self.head
     }
-    out
+
+    /// `req` as it is: its method, the path and query of its URI, its headers and body.
+    #[cfg(test)]
+    pub(crate) fn of(req: &http::Request<Bytes>) -> Outgoing {
+        let target = req.uri().path_and_query().map_or("/", |p| p.as_str());
+        let headers = |lines: &mut HeadLines| {
+            for (name, value) in req.headers() {
+                lines.header(name, value);
+            }
+        };
+        Outgoing::new(req.method().clone(), target, headers, req.body().clone())
+    }
 }
 
 /// How a response's body is framed (RFC 9112 §6.3), and whether its connection may carry

@@ -1,4 +1,5 @@
 use super::*;
+use http::Request;
 use tokio::io::{AsyncReadExt, DuplexStream};
 
 /// A connection whose far end is the returned stream.
@@ -33,7 +34,7 @@ async fn exchange(req: Request<Bytes>, answer: &'static [u8]) -> (Result<Head, E
         drop(far);
         String::from_utf8(read[..n].to_vec()).unwrap()
     });
-    let head = conn.send(&req).await;
+    let head = conn.send(&Outgoing::of(&req)).await;
     (head, sent.await.unwrap())
 }
 
@@ -230,6 +231,7 @@ async fn an_answer_before_the_whole_request_was_read_is_returned_and_the_connect
     });
     let mut req = post("");
     *req.body_mut() = Bytes::from(vec![b'x'; 256 * 1024]);
+    let req = Outgoing::of(&req);
     let head = tokio::time::timeout(std::time::Duration::from_secs(10), conn.send(&req))
         .await
         .expect("the answer is heard while the body cannot be written")
@@ -250,7 +252,11 @@ async fn a_write_that_fails_after_bytes_went_out_is_not_a_stale_connection() {
     });
     let mut req = post("");
     *req.body_mut() = Bytes::from(vec![b'x'; 256 * 1024]);
-    let error = conn.send(&req).await.err().expect("the write fails");
+    let error = conn
+        .send(&Outgoing::of(&req))
+        .await
+        .err()
+        .expect("the write fails");
     assert!(!error.before_response(), "{error}");
 }
 
@@ -279,7 +285,7 @@ async fn the_read_buffer_stays_within_its_cap_across_an_interim_answer() {
         }
         far
     });
-    let head = conn.send(&post("{}")).await.unwrap();
+    let head = conn.send(&Outgoing::of(&post("{}"))).await.unwrap();
     assert_eq!(head.response.status(), 200);
     assert!(conn.buf.capacity() <= MAX_BUFFER, "{}", conn.buf.capacity());
     drop(sent.await.unwrap());

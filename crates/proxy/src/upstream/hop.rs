@@ -34,20 +34,16 @@ impl From<TooManyNominated> for crate::error::ApiError {
     }
 }
 
-/// The names a message's `Connection` headers nominate, as sent (any case), without allocating.
+/// The names a message's `Connection` headers nominate, as sent (any case); held in place for
+/// the one or two a message names.
 #[derive(Default)]
-pub(crate) struct Nominated<'a> {
-    names: [&'a [u8]; MAX_NOMINATED],
-    len: usize,
-}
+pub(crate) struct Nominated<'a>(smallvec::SmallVec<[&'a [u8]; 2]>);
 
 impl Nominated<'_> {
     /// Whether `name` (lower case, as `HeaderName`s are) is one of them.
     fn names(&self, name: &HeaderName) -> bool {
         let name = name.as_str().as_bytes();
-        self.names[..self.len]
-            .iter()
-            .any(|n| n.eq_ignore_ascii_case(name))
+        self.0.iter().any(|n| n.eq_ignore_ascii_case(name))
     }
 }
 
@@ -62,9 +58,10 @@ pub(crate) fn nominated(headers: &HeaderMap) -> Result<Nominated<'_>, TooManyNom
             if name.is_empty() {
                 continue;
             }
-            let slot = found.names.get_mut(found.len).ok_or(TooManyNominated)?;
-            *slot = name;
-            found.len += 1;
+            if found.0.len() == MAX_NOMINATED {
+                return Err(TooManyNominated);
+            }
+            found.0.push(name);
         }
     }
     Ok(found)
@@ -136,30 +133,23 @@ pub(crate) fn write_request_headers(
 /// `Connection` nominates more than [`MAX_NOMINATED`] names does not get here (the connection
 /// refuses it, `h1`); if one did, only its `Content-Type` would be kept.
 pub(crate) fn strip_response_headers(headers: &mut HeaderMap) {
-    let nominated = nominated(headers);
-    let doomed = doomed(headers, |name| {
-        hop_by_hop(name.as_str())
-            || match &nominated {
-                Ok(nominated) => nominated.names(name),
-                Err(TooManyNominated) => name != header::CONTENT_TYPE,
-            }
-    });
-    remove(headers, doomed);
-}
-
-/// The names present in `headers` that `doomed` picks, each looked at once: a `remove` per name
-/// that might be there hashes each of them, and most are not.
-fn doomed(headers: &HeaderMap, doomed: impl Fn(&HeaderName) -> bool) -> Vec<HeaderName> {
-    headers
-        .keys()
-        .filter(|name| doomed(name))
-        .cloned()
-        .collect()
-}
-
-/// Removes `names` with every value of each.
-fn remove(headers: &mut HeaderMap, names: Vec<HeaderName>) {
-    for name in names {
+    // Each name present looked at once: a `remove` per name that might be there would hash
+    // each of them, and most are not.
+    let doomed: Vec<HeaderName> = {
+        let nominated = nominated(headers);
+        headers
+            .keys()
+            .filter(|name| {
+                hop_by_hop(name.as_str())
+                    || match &nominated {
+                        Ok(nominated) => nominated.names(name),
+                        Err(TooManyNominated) => *name != header::CONTENT_TYPE,
+                    }
+            })
+            .cloned()
+            .collect()
+    };
+    for name in doomed {
         headers.remove(name);
     }
 }

@@ -220,18 +220,17 @@ impl Conn {
             _ => Version::HTTP_10,
         };
         let mut headers = HeaderMap::with_capacity(parsed.headers.len());
+        let mut facts = Facts::default();
         for h in parsed.headers.iter() {
             let name = HeaderName::from_bytes(h.name.as_bytes())
                 .map_err(|_| Error::Head("invalid header name"))?;
             let value = HeaderValue::from_bytes(h.value)
                 .map_err(|_| Error::Head("invalid header value"))?;
+            facts.read(&name, &value)?;
             headers.append(name, value);
         }
         self.buf.advance(len);
-        if super::hop::nominated(&headers).is_err() {
-            return Err(Error::Head("Connection names too many headers"));
-        }
-        let (framing, reusable) = framing(method, status, version, &mut headers)?;
+        let (framing, reusable) = framing(method, (status, version), facts, &mut headers)?;
         let mut response = http::Response::new(());
         *response.status_mut() = status;
         *response.version_mut() = version;
@@ -365,87 +364,108 @@ impl Outgoing {
     }
 }
 
+/// What a response's framing depends on, read as its headers are (no look-up afterwards):
+/// its `Connection` options, its last transfer coding, its `Content-Length`.
+#[derive(Default)]
+struct Facts {
+    close: bool,
+    keep_alive: bool,
+    /// Names in its `Connection` headers, at most [`super::hop::MAX_NOMINATED`].
+    named: usize,
+    /// Whether it has a `Transfer-Encoding` whose last coding is `chunked`.
+    coded: Option<bool>,
+    /// The `Content-Length`: every value (and list item) the same decimal number; the error
+    /// counts only where the length does.
+    length: Option<Result<u64, &'static str>>,
+}
+
+impl Facts {
+    fn read(&mut self, name: &HeaderName, value: &HeaderValue) -> Result<(), Error> {
+        if name == header::CONNECTION {
+            for item in value.as_bytes().split(|&b| b == b',') {
+                let item = item.trim_ascii();
+                if item.is_empty() {
+                    continue;
+                }
+                self.close |= item.eq_ignore_ascii_case(b"close");
+                self.keep_alive |= item.eq_ignore_ascii_case(b"keep-alive");
+                self.named += 1;
+                if self.named > super::hop::MAX_NOMINATED {
+                    return Err(Error::Head("Connection names too many headers"));
+                }
+            }
+        } else if name == header::TRANSFER_ENCODING {
+            let last = value.as_bytes().rsplit(|&b| b == b',').next();
+            self.coded =
+                Some(last.is_some_and(|c| c.trim_ascii().eq_ignore_ascii_case(b"chunked")));
+        } else if name == header::CONTENT_LENGTH && !matches!(self.length, Some(Err(_))) {
+            for item in value.as_bytes().split(|&b| b == b',') {
+                let item = item.trim_ascii();
+                let n = match item {
+                    [] => Err("invalid content-length"),
+                    digits if digits.iter().all(u8::is_ascii_digit) => std::str::from_utf8(digits)
+                        .ok()
+                        .and_then(|d| d.parse::<u64>().ok())
+                        .ok_or("invalid content-length"),
+                    _ => Err("invalid content-length"),
+                };
+                self.length = Some(match (self.length, n) {
+                    (_, Err(e)) => Err(e),
+                    (Some(Ok(l)), Ok(n)) if l != n => Err("conflicting content-length"),
+                    (_, Ok(n)) => Ok(n),
+                });
+                if matches!(self.length, Some(Err(_))) {
+                    break;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn content_length(&self) -> Result<Option<u64>, Error> {
+        self.length.transpose().map_err(Error::Head)
+    }
+}
+
 /// How a response's body is framed (RFC 9112 §6.3), and whether its connection may carry
 /// another request after it. A head with both `Transfer-Encoding` and `Content-Length` loses
 /// the length and its connection.
 fn framing(
     method: &Method,
-    status: StatusCode,
-    version: Version,
+    (status, version): (StatusCode, Version),
+    facts: Facts,
     headers: &mut HeaderMap,
 ) -> Result<(Framing, bool), Error> {
     let mut reusable = match version {
-        Version::HTTP_11 => !has_token(headers, header::CONNECTION, "close"),
-        _ => has_token(headers, header::CONNECTION, "keep-alive"),
+        Version::HTTP_11 => !facts.close,
+        _ => facts.keep_alive,
     };
     let bodiless = *method == Method::HEAD
         || status.is_informational()
         || status == StatusCode::NO_CONTENT
         || status == StatusCode::NOT_MODIFIED;
-    let chunked_or_coded = headers.contains_key(header::TRANSFER_ENCODING);
     if bodiless {
         // A body a bodiless answer must not have may still follow it: not read as the next
         // answer. (A 304's or a HEAD's Content-Length is the resource's, not a body's.)
-        let framed_body = chunked_or_coded
-            || (status == StatusCode::NO_CONTENT && content_length(headers)?.unwrap_or(0) > 0);
+        let framed_body = facts.coded.is_some()
+            || (status == StatusCode::NO_CONTENT && facts.content_length()?.unwrap_or(0) > 0);
         return Ok((Framing::Length(0), reusable && !framed_body));
     }
-    if chunked_or_coded {
+    if let Some(chunked) = facts.coded {
         // Faulty framing for HTTP/1.0 (RFC 9112 §6.1), and a smuggling sign with a length:
         // neither connection carries another request.
         if headers.remove(header::CONTENT_LENGTH).is_some() || version != Version::HTTP_11 {
             reusable = false;
         }
-        let last = headers
-            .get_all(header::TRANSFER_ENCODING)
-            .iter()
-            .next_back()
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.rsplit(',').next())
-            .map(str::trim);
-        return Ok(match last {
-            Some(coding) if coding.eq_ignore_ascii_case("chunked") => (Framing::Chunked, reusable),
-            _ => (Framing::UntilClose, false),
+        return Ok(match chunked {
+            true => (Framing::Chunked, reusable),
+            false => (Framing::UntilClose, false),
         });
     }
-    match content_length(headers)? {
+    match facts.content_length()? {
         Some(n) => Ok((Framing::Length(n), reusable)),
         None => Ok((Framing::UntilClose, false)),
     }
-}
-
-/// The `Content-Length`, if any: every value (and list item) the same decimal number.
-fn content_length(headers: &HeaderMap) -> Result<Option<u64>, Error> {
-    let mut length = None;
-    for value in headers.get_all(header::CONTENT_LENGTH) {
-        let text = value
-            .to_str()
-            .map_err(|_| Error::Head("invalid content-length"))?;
-        for item in text.split(',') {
-            let item = item.trim();
-            if item.is_empty() || !item.bytes().all(|b| b.is_ascii_digit()) {
-                return Err(Error::Head("invalid content-length"));
-            }
-            let n: u64 = item
-                .parse()
-                .map_err(|_| Error::Head("invalid content-length"))?;
-            if length.is_some_and(|l| l != n) {
-                return Err(Error::Head("conflicting content-length"));
-            }
-            length = Some(n);
-        }
-    }
-    Ok(length)
-}
-
-/// Whether `name`'s values list `token`.
-fn has_token(headers: &HeaderMap, name: HeaderName, token: &str) -> bool {
-    headers
-        .get_all(name)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|t| t.trim().eq_ignore_ascii_case(token))
 }
 
 #[cfg(test)]

@@ -135,7 +135,7 @@ pub(crate) fn write_request_headers(
 pub(crate) fn strip_response_headers(headers: &mut HeaderMap) {
     // Each name present looked at once: a `remove` per name that might be there would hash
     // each of them, and most are not.
-    let doomed: Vec<HeaderName> = {
+    let doomed: smallvec::SmallVec<[HeaderName; 2]> = {
         let nominated = nominated(headers);
         headers
             .keys()

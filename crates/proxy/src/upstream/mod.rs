@@ -248,7 +248,7 @@ impl HttpUpstream {
         let req = Outgoing::new(
             method,
             uri.path_and_query().map_or("/", |p| p.as_str()),
-            |lines| hop::write_request_headers(lines, &headers, &own),
+            |lines| hop::write_request_headers(&headers, &own, |n, v| lines.header(n, v)),
             body,
         );
         let exchange = self.exchange(backend, crate::clock::now(), &req);
@@ -396,7 +396,7 @@ fn request(
     Outgoing::new(
         Method::POST,
         target.path_and_query().map_or("/", |p| p.as_str()),
-        |lines| hop::write_request_headers(lines, headers, &own),
+        |lines| hop::write_request_headers(headers, &own, |n, v| lines.header(n, v)),
         body,
     )
 }

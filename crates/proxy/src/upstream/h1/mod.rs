@@ -345,12 +345,6 @@ impl Outgoing {
         Outgoing { method, head, rest }
     }
 
-    /// What is written first: the request line and headers, and a small body.
-    #[cfg(test)]
-    pub(crate) fn head(&self) -> &[u8] {
-        &self.head
-    }
-
     /// `req` as it is: its method, the path and query of its URI, its headers and body.
     #[cfg(test)]
     pub(crate) fn of(req: &http::Request<Bytes>) -> Outgoing {

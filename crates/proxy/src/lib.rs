@@ -26,6 +26,7 @@ mod gateway;
 mod genai;
 mod handler;
 mod health;
+mod histograms;
 pub mod homes;
 mod live;
 pub mod metrics;

@@ -9,7 +9,9 @@ use std::sync::{Arc, LazyLock, OnceLock, RwLock};
 use std::time::Duration;
 
 use metrics::{counter, gauge, histogram, Counter, Gauge, Histogram, Label};
-use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+
+use crate::histograms::{Histograms, MetricsHandle, SplitRecorder};
 
 use spillway_policy::{AffinityOutcome, Class, Refusal};
 
@@ -46,65 +48,64 @@ const LATENCY_BUCKETS: &[f64] = &[
     120.0, 300.0,
 ];
 
-/// Installs the process-wide Prometheus recorder once and returns its handle.
-pub fn recorder() -> PrometheusHandle {
-    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+/// Installs the process-wide recorder once and returns its handle: histograms with buckets
+/// counted as they are recorded ([`crate::histograms`]), everything else the Prometheus
+/// exporter's.
+pub fn recorder() -> MetricsHandle {
+    static HANDLE: OnceLock<MetricsHandle> = OnceLock::new();
     HANDLE
         .get_or_init(|| {
-            let recorder = PrometheusBuilder::new()
-                .set_buckets_for_metric(
-                    Matcher::Full(spillway_directory::metrics::KEY_LOOKUP_SECONDS.into()),
+            use crate::histograms::Rule::{Full, Suffix};
+            // Names before suffixes, as the exporter matched them.
+            let histograms = Arc::new(Histograms::new(vec![
+                Full(
+                    spillway_directory::metrics::KEY_LOOKUP_SECONDS,
                     spillway_directory::metrics::KEY_LOOKUP_BUCKETS,
-                )
-                .expect("bucket list is not empty")
-                .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), LATENCY_BUCKETS)
-                .expect("bucket list is not empty")
-                .set_buckets_for_metric(Matcher::Full(ATTEMPTS.into()), &[1.0, 2.0, 3.0, 4.0, 5.0])
-                .expect("bucket list is not empty")
-                .set_buckets_for_metric(
-                    Matcher::Full(crate::genai::REQUEST_DURATION.into()),
+                ),
+                Full(ATTEMPTS, &[1.0, 2.0, 3.0, 4.0, 5.0]),
+                Full(
+                    crate::genai::REQUEST_DURATION,
                     crate::genai::DURATION_BUCKETS,
-                )
-                .expect("bucket list is not empty")
-                .set_buckets_for_metric(
-                    Matcher::Full(crate::genai::TIME_TO_FIRST_TOKEN.into()),
+                ),
+                Full(
+                    crate::genai::TIME_TO_FIRST_TOKEN,
                     crate::genai::FIRST_TOKEN_BUCKETS,
-                )
-                .expect("bucket list is not empty")
-                .set_buckets_for_metric(
-                    Matcher::Full(crate::genai::TIME_PER_OUTPUT_TOKEN.into()),
+                ),
+                Full(
+                    crate::genai::TIME_PER_OUTPUT_TOKEN,
                     crate::genai::PER_TOKEN_BUCKETS,
-                )
-                .expect("bucket list is not empty")
-                .set_buckets_for_metric(
-                    Matcher::Full(crate::genai::TOKEN_USAGE.into()),
-                    crate::genai::TOKEN_BUCKETS,
-                )
-                .expect("bucket list is not empty")
-                .build_recorder();
-            let handle = recorder.handle();
+                ),
+                Full(crate::genai::TOKEN_USAGE, crate::genai::TOKEN_BUCKETS),
+                Suffix("_seconds", LATENCY_BUCKETS),
+            ]));
+            let exporter = PrometheusBuilder::new().build_recorder();
+            let handle = MetricsHandle {
+                exporter: exporter.handle(),
+                histograms: Arc::clone(&histograms),
+            };
             // Fails only if another recorder is installed (embedding), in which case that one
             // receives the metrics and this handle renders an empty page.
-            let _ = metrics::set_global_recorder(recorder);
+            let _ = metrics::set_global_recorder(SplitRecorder {
+                histograms,
+                exporter,
+            });
             describe();
-            fold_samples(handle.clone());
+            fold_samples(handle.exporter.clone());
             handle
         })
         .clone()
 }
 
-/// How often the recorder's histogram samples are folded into their buckets.
+/// How often the exporter's histogram samples are folded into their buckets.
 const FOLD_EVERY: Duration = Duration::from_secs(1);
 
-/// Folds the recorder's histogram samples into buckets every [`FOLD_EVERY`], on a thread of its
-/// own, for as long as the process runs.
+/// Folds the exporter's histogram samples every [`FOLD_EVERY`], on a thread of its own, for as
+/// long as the process runs.
 ///
-/// The recorder keeps every sample until it is folded, so without this its memory grows with
-/// the request rate until the next scrape (a non-streaming chat completion records eight
-/// samples: at 40,000 requests a second, 320,000 a second). Folding is work in proportion to the samples held: on the request
-/// path's own thread (one, by default on a small machine) it would stall every request for as
-/// long as it takes, which shows in their tail latency. Folded every second, at most a second's
-/// samples are held.
+/// Every histogram the gateway records today has buckets and is counted as it is recorded
+/// ([`crate::histograms`]), so the exporter holds no samples. One added without buckets would be
+/// the exporter's, which keeps every sample until it is folded: without this its memory would
+/// grow with the request rate until the next scrape.
 fn fold_samples(handle: PrometheusHandle) {
     let spawned = std::thread::Builder::new()
         .name("spillway-fold".into())

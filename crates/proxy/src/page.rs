@@ -6,17 +6,17 @@
 //! others: each registers its own series, and only this page walks them all.
 
 use metrics::{counter, gauge};
-use metrics_exporter_prometheus::PrometheusHandle;
 use spillway_policy::outlier::Health;
 
 use crate::gateway::Gateway;
+use crate::histograms::MetricsHandle;
 use crate::metrics::{
     MEMORY_BUDGET, MEMORY_LIMIT, RESIDENT_MEMORY, STORE_POOL_CONNECTIONS, STORE_POOL_MAX,
     STORE_POOL_TIMEOUTS, STORE_POOL_WAITERS,
 };
 
 /// The process-wide recorder, with every metric of the gateway described.
-pub(crate) fn recorder() -> PrometheusHandle {
+pub(crate) fn recorder() -> MetricsHandle {
     let handle = crate::metrics::recorder();
     crate::admission::metrics::describe();
     crate::engine::metrics::describe();
@@ -29,7 +29,7 @@ pub(crate) fn recorder() -> PrometheusHandle {
 }
 
 /// Renders the page, refreshing the gauges that are read rather than pushed.
-pub(crate) fn render(handle: &PrometheusHandle, gw: &Gateway) -> String {
+pub(crate) fn render(handle: &MetricsHandle, gw: &Gateway) -> String {
     let live = gw.live();
     crate::admission::metrics::caps(live.admission.in_flight(), gw.body_budget.usage());
     let (open, max) = gw.connections.open();

@@ -19,7 +19,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use http::StatusCode;
-use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tracing::{info, warn};
@@ -37,7 +36,7 @@ const TRACE_FLUSH: Duration = Duration::from_secs(5);
 /// A gateway whose listeners are bound and whose mock backends run, ready to serve.
 pub struct BoundGateway {
     gateway: Arc<Gateway>,
-    metrics: PrometheusHandle,
+    metrics: crate::histograms::MetricsHandle,
     listener: TcpListener,
     admin_listener: TcpListener,
     warm_batch: u32,
@@ -282,7 +281,7 @@ async fn readyz(State(gw): State<Arc<Gateway>>) -> Response {
 #[derive(Clone)]
 struct AdminState {
     gateway: Arc<Gateway>,
-    metrics: PrometheusHandle,
+    metrics: crate::histograms::MetricsHandle,
 }
 
 fn admin_router(state: AdminState, admin_addr: SocketAddr) -> Router {

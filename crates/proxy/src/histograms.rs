@@ -1,0 +1,307 @@
+//! Histograms counted into their buckets as each value is recorded, and the recorder that hands
+//! them out in front of the Prometheus exporter's.
+//!
+//! The exporter keeps every histogram sample in a lock-free queue until it is folded into buckets
+//! (at a scrape, or by a thread that folds every second): a push through an epoch-based
+//! collector per sample, eight per request, and memory held in proportion to the request rate.
+//! A histogram whose buckets are known needs neither: a value is counted in its bucket at once,
+//! with three atomic additions, and the page is written from the counts. Counters, gauges and
+//! histograms without buckets stay the exporter's, and the page is its page with these
+//! histograms after it, in the exposition format the exporter writes.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use metrics::{
+    Counter, Gauge, Histogram, HistogramFn, Key, KeyName, Metadata, Recorder, SharedString, Unit,
+};
+use metrics_exporter_prometheus::formatting::{
+    key_to_parts, write_help_line, write_metric_line, write_type_line,
+};
+use metrics_exporter_prometheus::{PrometheusHandle, PrometheusRecorder};
+
+/// One histogram's counts: a bucket per bound and one past the last (`+Inf`), their total and
+/// the sum of the values.
+pub(crate) struct Fixed {
+    bounds: &'static [f64],
+    /// Values up to each bound and above the last, not cumulative.
+    counts: Box<[AtomicU64]>,
+    count: AtomicU64,
+    /// The sum, as `f64` bits.
+    sum: AtomicU64,
+}
+
+impl Fixed {
+    fn new(bounds: &'static [f64]) -> Fixed {
+        Fixed {
+            bounds,
+            counts: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(),
+            count: AtomicU64::new(0),
+            sum: AtomicU64::new(0f64.to_bits()),
+        }
+    }
+
+    /// The cumulative count at each bound (`value <= bound`), the total and the sum.
+    fn snapshot(&self) -> (Vec<(f64, u64)>, u64, f64) {
+        let mut below = 0;
+        let buckets = self
+            .bounds
+            .iter()
+            .zip(self.counts.iter())
+            .map(|(&bound, n)| {
+                below += n.load(Ordering::Relaxed);
+                (bound, below)
+            })
+            .collect();
+        let sum = f64::from_bits(self.sum.load(Ordering::Relaxed));
+        (buckets, self.count.load(Ordering::Relaxed), sum)
+    }
+}
+
+impl HistogramFn for Fixed {
+    fn record(&self, value: f64) {
+        // The first bound at or above the value; a NaN is above every bound.
+        let at = match value.is_nan() {
+            true => self.bounds.len(),
+            false => self.bounds.partition_point(|&bound| bound < value),
+        };
+        self.counts[at].fetch_add(1, Ordering::Relaxed);
+        self.count.fetch_add(1, Ordering::Relaxed);
+        let _ = self
+            .sum
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bits| {
+                Some((f64::from_bits(bits) + value).to_bits())
+            });
+    }
+}
+
+/// Which histograms get which buckets: the first rule whose name matches wins.
+pub(crate) enum Rule {
+    Full(&'static str, &'static [f64]),
+    Suffix(&'static str, &'static [f64]),
+}
+
+impl Rule {
+    fn bounds(&self, name: &str) -> Option<&'static [f64]> {
+        match *self {
+            Rule::Full(full, bounds) => (name == full).then_some(bounds),
+            Rule::Suffix(suffix, bounds) => name.ends_with(suffix).then_some(bounds),
+        }
+    }
+}
+
+#[derive(Default)]
+struct Held {
+    /// Each series by name, then by its key.
+    series: BTreeMap<String, BTreeMap<Key, Arc<Fixed>>>,
+    descriptions: BTreeMap<String, SharedString>,
+}
+
+/// The histograms with buckets, shared by the recorder and the page.
+pub(crate) struct Histograms {
+    rules: Vec<Rule>,
+    held: Mutex<Held>,
+}
+
+impl Histograms {
+    pub(crate) fn new(rules: Vec<Rule>) -> Histograms {
+        Histograms {
+            rules,
+            held: Mutex::new(Held::default()),
+        }
+    }
+
+    fn bounds(&self, name: &str) -> Option<&'static [f64]> {
+        self.rules.iter().find_map(|rule| rule.bounds(name))
+    }
+
+    fn held(&self) -> std::sync::MutexGuard<'_, Held> {
+        self.held.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The series of `key`, made on first use; `None` when its name has no buckets.
+    fn series(&self, key: &Key) -> Option<Arc<Fixed>> {
+        let bounds = self.bounds(key.name())?;
+        let mut held = self.held();
+        let by_key = held.series.entry(key.name().to_owned()).or_default();
+        Some(Arc::clone(
+            by_key
+                .entry(key.clone())
+                .or_insert_with(|| Arc::new(Fixed::new(bounds))),
+        ))
+    }
+
+    /// The histograms in Prometheus's text format, each after its `# HELP` and `# TYPE` lines.
+    pub(crate) fn render(&self, out: &mut String) {
+        let held = self.held();
+        for (name, by_key) in &held.series {
+            let (name, _) = key_to_parts(&Key::from_name(name.clone()), None);
+            if let Some(description) = held.descriptions.get(&name) {
+                write_help_line(out, &name, description);
+            }
+            write_type_line(out, &name, "histogram");
+            for (key, fixed) in by_key {
+                let (_, labels) = key_to_parts(key, None);
+                let (buckets, count, sum) = fixed.snapshot();
+                for (le, below) in buckets {
+                    write_metric_line(
+                        out,
+                        &name,
+                        Some("bucket"),
+                        &labels,
+                        Some(("le", le)),
+                        below,
+                        None,
+                    );
+                }
+                write_metric_line(
+                    out,
+                    &name,
+                    Some("bucket"),
+                    &labels,
+                    Some(("le", "+Inf")),
+                    count,
+                    None,
+                );
+                write_metric_line::<&str, f64>(out, &name, Some("sum"), &labels, None, sum, None);
+                write_metric_line::<&str, u64>(
+                    out,
+                    &name,
+                    Some("count"),
+                    &labels,
+                    None,
+                    count,
+                    None,
+                );
+            }
+            out.push('\n');
+        }
+    }
+}
+
+/// The process's recorder: these histograms, and the exporter's recorder for everything else.
+pub(crate) struct SplitRecorder {
+    pub(crate) histograms: Arc<Histograms>,
+    pub(crate) exporter: PrometheusRecorder,
+}
+
+impl Recorder for SplitRecorder {
+    fn describe_counter(&self, key: KeyName, unit: Option<Unit>, description: SharedString) {
+        self.exporter.describe_counter(key, unit, description);
+    }
+
+    fn describe_gauge(&self, key: KeyName, unit: Option<Unit>, description: SharedString) {
+        self.exporter.describe_gauge(key, unit, description);
+    }
+
+    fn describe_histogram(&self, key: KeyName, unit: Option<Unit>, description: SharedString) {
+        if self.histograms.bounds(key.as_str()).is_some() {
+            let mut held = self.histograms.held();
+            held.descriptions
+                .entry(key.as_str().to_owned())
+                .or_insert(description);
+        } else {
+            self.exporter.describe_histogram(key, unit, description);
+        }
+    }
+
+    fn register_counter(&self, key: &Key, metadata: &Metadata<'_>) -> Counter {
+        self.exporter.register_counter(key, metadata)
+    }
+
+    fn register_gauge(&self, key: &Key, metadata: &Metadata<'_>) -> Gauge {
+        self.exporter.register_gauge(key, metadata)
+    }
+
+    fn register_histogram(&self, key: &Key, metadata: &Metadata<'_>) -> Histogram {
+        match self.histograms.series(key) {
+            Some(fixed) => Histogram::from_arc(fixed),
+            None => self.exporter.register_histogram(key, metadata),
+        }
+    }
+}
+
+/// What `/metrics` is rendered from.
+#[derive(Clone)]
+pub struct MetricsHandle {
+    pub(crate) exporter: PrometheusHandle,
+    pub(crate) histograms: Arc<Histograms>,
+}
+
+impl MetricsHandle {
+    /// The whole page: the exporter's metrics, then these histograms.
+    pub fn render(&self) -> String {
+        let mut page = self.exporter.render();
+        self.histograms.render(&mut page);
+        page
+    }
+
+    /// Folds the exporter's own histogram samples (those without buckets) into its page.
+    pub fn run_upkeep(&self) {
+        self.exporter.run_upkeep();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BOUNDS: &[f64] = &[0.1, 1.0, 10.0];
+
+    #[test]
+    fn each_value_counts_at_every_bound_at_or_above_it_as_the_exporter_counts() {
+        let fixed = Fixed::new(BOUNDS);
+        for value in [0.05, 0.1, 0.5, 1.0, 3.0, 10.0, 11.0, f64::NAN] {
+            fixed.record(value);
+        }
+        let (buckets, count, sum) = fixed.snapshot();
+        assert_eq!(buckets, [(0.1, 2), (1.0, 4), (10.0, 6)]);
+        assert_eq!(count, 8);
+        assert!(sum.is_nan());
+        let fixed = Fixed::new(BOUNDS);
+        fixed.record(0.25);
+        fixed.record(0.5);
+        assert_eq!(fixed.snapshot().2, 0.75);
+    }
+
+    #[test]
+    fn the_page_holds_each_series_with_its_help_type_buckets_sum_and_count() {
+        let histograms = Arc::new(Histograms::new(vec![
+            Rule::Full("h_attempts", BOUNDS),
+            Rule::Suffix("_seconds", &[0.5]),
+        ]));
+        let recorder = SplitRecorder {
+            histograms: Arc::clone(&histograms),
+            exporter: metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder(),
+        };
+        let metadata = Metadata::new("t", metrics::Level::INFO, None);
+        recorder.describe_histogram("h_seconds".into(), Some(Unit::Seconds), "How long.".into());
+        let key = Key::from_parts("h_seconds", vec![metrics::Label::new("model", "m\"1")]);
+        recorder.register_histogram(&key, &metadata).record(0.25);
+        recorder.register_histogram(&key, &metadata).record(2.0);
+        recorder
+            .register_histogram(&Key::from_name("h_attempts"), &metadata)
+            .record(1.0);
+        let mut page = String::new();
+        histograms.render(&mut page);
+        assert_eq!(
+            page,
+            "# TYPE h_attempts histogram\n\
+             h_attempts_bucket{le=\"0.1\"} 0\n\
+             h_attempts_bucket{le=\"1\"} 1\n\
+             h_attempts_bucket{le=\"10\"} 1\n\
+             h_attempts_bucket{le=\"+Inf\"} 1\n\
+             h_attempts_sum 1\n\
+             h_attempts_count 1\n\
+             \n\
+             # HELP h_seconds How long.\n\
+             # TYPE h_seconds histogram\n\
+             h_seconds_bucket{model=\"m\\\"1\",le=\"0.5\"} 1\n\
+             h_seconds_bucket{model=\"m\\\"1\",le=\"+Inf\"} 2\n\
+             h_seconds_sum{model=\"m\\\"1\"} 2.25\n\
+             h_seconds_count{model=\"m\\\"1\"} 2\n\
+             \n"
+        );
+    }
+}

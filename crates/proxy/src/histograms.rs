@@ -120,24 +120,46 @@ impl Histograms {
         self.held.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The series of `key`, made on first use; `None` when its name has no buckets.
+    /// The series of `key`, made on first use; `None` when its name has no buckets. Handles on
+    /// the request path are made once and kept; a series looked up per call (a failure's, by
+    /// its error type) is found without a copy of its key.
     fn series(&self, key: &Key) -> Option<Arc<Fixed>> {
         let bounds = self.bounds(key.name())?;
         let mut held = self.held();
-        let by_key = held.series.entry(key.name().to_owned()).or_default();
-        Some(Arc::clone(
-            by_key
-                .entry(key.clone())
-                .or_insert_with(|| Arc::new(Fixed::new(bounds))),
-        ))
+        if let Some(found) = held
+            .series
+            .get(key.name())
+            .and_then(|by_key| by_key.get(key))
+        {
+            return Some(Arc::clone(found));
+        }
+        let fixed = Arc::new(Fixed::new(bounds));
+        held.series
+            .entry(key.name().to_owned())
+            .or_default()
+            .insert(key.clone(), Arc::clone(&fixed));
+        Some(fixed)
     }
 
     /// The histograms in Prometheus's text format, each after its `# HELP` and `# TYPE` lines.
+    /// The lock is held only to copy the list of series, not while they are written.
     pub(crate) fn render(&self, out: &mut String) {
-        let held = self.held();
-        for (name, by_key) in &held.series {
+        type Series = Vec<(String, Vec<(Key, Arc<Fixed>)>)>;
+        let (series, descriptions): (Series, BTreeMap<String, SharedString>) = {
+            let held = self.held();
+            let series = held
+                .series
+                .iter()
+                .map(|(name, by_key)| {
+                    let by_key = by_key.iter().map(|(k, f)| (k.clone(), Arc::clone(f)));
+                    (name.clone(), by_key.collect())
+                })
+                .collect();
+            (series, held.descriptions.clone())
+        };
+        for (name, by_key) in &series {
             let (name, _) = key_to_parts(&Key::from_name(name.clone()), None);
-            if let Some(description) = held.descriptions.get(&name) {
+            if let Some(description) = descriptions.get(&name) {
                 write_help_line(out, &name, description);
             }
             write_type_line(out, &name, "histogram");
@@ -279,6 +301,7 @@ mod tests {
         recorder.describe_histogram("h_seconds".into(), Some(Unit::Seconds), "How long.".into());
         let key = Key::from_parts("h_seconds", vec![metrics::Label::new("model", "m\"1")]);
         recorder.register_histogram(&key, &metadata).record(0.25);
+        // The same key, registered again, is the same series.
         recorder.register_histogram(&key, &metadata).record(2.0);
         recorder
             .register_histogram(&Key::from_name("h_attempts"), &metadata)

@@ -49,7 +49,7 @@ const LATENCY_BUCKETS: &[f64] = &[
 ];
 
 /// Installs the process-wide recorder once and returns its handle: histograms with buckets
-/// counted as they are recorded ([`crate::histograms`]), everything else the Prometheus
+/// counted as they are recorded (`crate::histograms`), everything else the Prometheus
 /// exporter's.
 pub fn recorder() -> MetricsHandle {
     static HANDLE: OnceLock<MetricsHandle> = OnceLock::new();

@@ -5,7 +5,8 @@
 //! (at a scrape, or by a thread that folds every second): a push through an epoch-based
 //! collector per sample, eight per request, and memory held in proportion to the request rate.
 //! A histogram whose buckets are known needs neither: a value is counted in its bucket at once,
-//! with three atomic additions, and the page is written from the counts. Counters, gauges and
+//! with one atomic addition and a compare-and-swap of the sum, and the page is written from the
+//! counts (the total is the buckets' sum). Counters, gauges and
 //! histograms without buckets stay the exporter's, and the page is its page with these
 //! histograms after it, in the exposition format the exporter writes.
 
@@ -19,15 +20,15 @@ use metrics::{
 use metrics_exporter_prometheus::formatting::{
     key_to_parts, write_help_line, write_metric_line, write_type_line,
 };
-use metrics_exporter_prometheus::{PrometheusHandle, PrometheusRecorder};
+use metrics_exporter_prometheus::{Matcher, PrometheusHandle, PrometheusRecorder};
 
-/// One histogram's counts: a bucket per bound and one past the last (`+Inf`), their total and
-/// the sum of the values.
+/// One histogram's counts: a bucket per bound and one past the last (`+Inf`), and the sum of
+/// the values. The total is the buckets' sum, read with them: a page never shows a `+Inf` count
+/// below a bucket's, as a total counted apart could while a value is being recorded.
 pub(crate) struct Fixed {
     bounds: &'static [f64],
     /// Values up to each bound and above the last, not cumulative.
     counts: Box<[AtomicU64]>,
-    count: AtomicU64,
     /// The sum, as `f64` bits.
     sum: AtomicU64,
 }
@@ -37,7 +38,6 @@ impl Fixed {
         Fixed {
             bounds,
             counts: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(),
-            count: AtomicU64::new(0),
             sum: AtomicU64::new(0f64.to_bits()),
         }
     }
@@ -45,17 +45,20 @@ impl Fixed {
     /// The cumulative count at each bound (`value <= bound`), the total and the sum.
     fn snapshot(&self) -> (Vec<(f64, u64)>, u64, f64) {
         let mut below = 0;
-        let buckets = self
-            .bounds
+        let mut buckets: Vec<(f64, u64)> = self
+            .counts
             .iter()
-            .zip(self.counts.iter())
-            .map(|(&bound, n)| {
+            .map(|n| {
                 below += n.load(Ordering::Relaxed);
-                (bound, below)
+                (0.0, below)
             })
             .collect();
+        let (_, count) = buckets.pop().unwrap_or_default();
+        for (bucket, &bound) in buckets.iter_mut().zip(self.bounds) {
+            bucket.0 = bound;
+        }
         let sum = f64::from_bits(self.sum.load(Ordering::Relaxed));
-        (buckets, self.count.load(Ordering::Relaxed), sum)
+        (buckets, count, sum)
     }
 }
 
@@ -67,27 +70,11 @@ impl HistogramFn for Fixed {
             false => self.bounds.partition_point(|&bound| bound < value),
         };
         self.counts[at].fetch_add(1, Ordering::Relaxed);
-        self.count.fetch_add(1, Ordering::Relaxed);
         let _ = self
             .sum
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bits| {
                 Some((f64::from_bits(bits) + value).to_bits())
             });
-    }
-}
-
-/// Which histograms get which buckets: the first rule whose name matches wins.
-pub(crate) enum Rule {
-    Full(&'static str, &'static [f64]),
-    Suffix(&'static str, &'static [f64]),
-}
-
-impl Rule {
-    fn bounds(&self, name: &str) -> Option<&'static [f64]> {
-        match *self {
-            Rule::Full(full, bounds) => (name == full).then_some(bounds),
-            Rule::Suffix(suffix, bounds) => name.ends_with(suffix).then_some(bounds),
-        }
     }
 }
 
@@ -100,20 +87,22 @@ struct Held {
 
 /// The histograms with buckets, shared by the recorder and the page.
 pub(crate) struct Histograms {
-    rules: Vec<Rule>,
+    /// Which histograms get which buckets: the first whose matcher takes the name.
+    buckets: Vec<(Matcher, &'static [f64])>,
     held: Mutex<Held>,
 }
 
 impl Histograms {
-    pub(crate) fn new(rules: Vec<Rule>) -> Histograms {
+    pub(crate) fn new(buckets: Vec<(Matcher, &'static [f64])>) -> Histograms {
         Histograms {
-            rules,
+            buckets,
             held: Mutex::new(Held::default()),
         }
     }
 
     fn bounds(&self, name: &str) -> Option<&'static [f64]> {
-        self.rules.iter().find_map(|rule| rule.bounds(name))
+        let mut rules = self.buckets.iter();
+        rules.find_map(|(matcher, bounds)| matcher.matches(name).then_some(*bounds))
     }
 
     fn held(&self) -> std::sync::MutexGuard<'_, Held> {
@@ -206,6 +195,8 @@ impl Histograms {
 pub(crate) struct SplitRecorder {
     pub(crate) histograms: Arc<Histograms>,
     pub(crate) exporter: PrometheusRecorder,
+    /// Set once a histogram without buckets is the exporter's ([`fold_samples`]).
+    pub(crate) folding: std::sync::Once,
 }
 
 impl Recorder for SplitRecorder {
@@ -239,8 +230,33 @@ impl Recorder for SplitRecorder {
     fn register_histogram(&self, key: &Key, metadata: &Metadata<'_>) -> Histogram {
         match self.histograms.series(key) {
             Some(fixed) => Histogram::from_arc(fixed),
-            None => self.exporter.register_histogram(key, metadata),
+            None => {
+                let handle = self.exporter.handle();
+                self.folding.call_once(|| fold_samples(handle));
+                self.exporter.register_histogram(key, metadata)
+            }
         }
+    }
+}
+
+/// How often the exporter's histogram samples are folded into their buckets.
+const FOLD_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Folds the exporter's histogram samples every [`FOLD_EVERY`], on a thread of its own, for as
+/// long as the process runs: started by the first histogram without buckets, which the exporter
+/// keeps as samples until they are folded (without this its memory would grow with the request
+/// rate until the next scrape). Every histogram the gateway records has buckets, so it never
+/// starts today.
+fn fold_samples(handle: PrometheusHandle) {
+    let spawned = std::thread::Builder::new()
+        .name("spillway-fold".into())
+        .spawn(move || loop {
+            std::thread::sleep(FOLD_EVERY);
+            handle.run_upkeep();
+        });
+    if let Err(e) = spawned {
+        // Every scrape still folds what was recorded since the one before.
+        tracing::warn!("histogram samples are folded at each scrape only: no thread for it: {e}");
     }
 }
 
@@ -290,12 +306,13 @@ mod tests {
     #[test]
     fn the_page_holds_each_series_with_its_help_type_buckets_sum_and_count() {
         let histograms = Arc::new(Histograms::new(vec![
-            Rule::Full("h_attempts", BOUNDS),
-            Rule::Suffix("_seconds", &[0.5]),
+            (Matcher::Full("h_attempts".into()), BOUNDS),
+            (Matcher::Suffix("_seconds".into()), &[0.5]),
         ]));
         let recorder = SplitRecorder {
             histograms: Arc::clone(&histograms),
             exporter: metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder(),
+            folding: std::sync::Once::new(),
         };
         let metadata = Metadata::new("t", metrics::Level::INFO, None);
         recorder.describe_histogram("h_seconds".into(), Some(Unit::Seconds), "How long.".into());
@@ -306,6 +323,12 @@ mod tests {
         recorder
             .register_histogram(&Key::from_name("h_attempts"), &metadata)
             .record(1.0);
+        // Only a histogram without buckets is the exporter's, and only it starts the folding.
+        assert!(!recorder.folding.is_completed());
+        recorder
+            .register_histogram(&Key::from_name("h_plain"), &metadata)
+            .record(1.0);
+        assert!(recorder.folding.is_completed());
         let mut page = String::new();
         histograms.render(&mut page);
         assert_eq!(

@@ -9,7 +9,7 @@ use std::sync::{Arc, LazyLock, OnceLock, RwLock};
 use std::time::Duration;
 
 use metrics::{counter, gauge, histogram, Counter, Gauge, Histogram, Label};
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 
 use crate::histograms::{Histograms, MetricsHandle, SplitRecorder};
 
@@ -55,28 +55,28 @@ pub fn recorder() -> MetricsHandle {
     static HANDLE: OnceLock<MetricsHandle> = OnceLock::new();
     HANDLE
         .get_or_init(|| {
-            use crate::histograms::Rule::{Full, Suffix};
+            let full = |name: &str| Matcher::Full(name.to_owned());
             // Names before suffixes, as the exporter matched them.
             let histograms = Arc::new(Histograms::new(vec![
-                Full(
-                    spillway_directory::metrics::KEY_LOOKUP_SECONDS,
+                (
+                    full(spillway_directory::metrics::KEY_LOOKUP_SECONDS),
                     spillway_directory::metrics::KEY_LOOKUP_BUCKETS,
                 ),
-                Full(ATTEMPTS, &[1.0, 2.0, 3.0, 4.0, 5.0]),
-                Full(
-                    crate::genai::REQUEST_DURATION,
+                (full(ATTEMPTS), &[1.0, 2.0, 3.0, 4.0, 5.0]),
+                (
+                    full(crate::genai::REQUEST_DURATION),
                     crate::genai::DURATION_BUCKETS,
                 ),
-                Full(
-                    crate::genai::TIME_TO_FIRST_TOKEN,
+                (
+                    full(crate::genai::TIME_TO_FIRST_TOKEN),
                     crate::genai::FIRST_TOKEN_BUCKETS,
                 ),
-                Full(
-                    crate::genai::TIME_PER_OUTPUT_TOKEN,
+                (
+                    full(crate::genai::TIME_PER_OUTPUT_TOKEN),
                     crate::genai::PER_TOKEN_BUCKETS,
                 ),
-                Full(crate::genai::TOKEN_USAGE, crate::genai::TOKEN_BUCKETS),
-                Suffix("_seconds", LATENCY_BUCKETS),
+                (full(crate::genai::TOKEN_USAGE), crate::genai::TOKEN_BUCKETS),
+                (Matcher::Suffix("_seconds".into()), LATENCY_BUCKETS),
             ]));
             let exporter = PrometheusBuilder::new().build_recorder();
             let handle = MetricsHandle {
@@ -88,35 +88,12 @@ pub fn recorder() -> MetricsHandle {
             let _ = metrics::set_global_recorder(SplitRecorder {
                 histograms,
                 exporter,
+                folding: std::sync::Once::new(),
             });
             describe();
-            fold_samples(handle.exporter.clone());
             handle
         })
         .clone()
-}
-
-/// How often the exporter's histogram samples are folded into their buckets.
-const FOLD_EVERY: Duration = Duration::from_secs(1);
-
-/// Folds the exporter's histogram samples every [`FOLD_EVERY`], on a thread of its own, for as
-/// long as the process runs.
-///
-/// Every histogram the gateway records today has buckets and is counted as it is recorded
-/// ([`crate::histograms`]), so the exporter holds no samples. One added without buckets would be
-/// the exporter's, which keeps every sample until it is folded: without this its memory would
-/// grow with the request rate until the next scrape.
-fn fold_samples(handle: PrometheusHandle) {
-    let spawned = std::thread::Builder::new()
-        .name("spillway-fold".into())
-        .spawn(move || loop {
-            std::thread::sleep(FOLD_EVERY);
-            handle.run_upkeep();
-        });
-    if let Err(e) = spawned {
-        // Every scrape still folds what was recorded since the one before.
-        tracing::warn!("histogram samples are folded at each scrape only: no thread for it: {e}");
-    }
 }
 
 fn describe() {
@@ -544,9 +521,12 @@ mod tests {
             .collect()
     }
 
+    /// Histograms with buckets keep no samples; one without buckets is the exporter's, whose
+    /// samples are then folded on a thread of its own, off the request path's.
     #[test]
-    fn the_recorder_folds_its_samples_on_a_thread_of_its_own() {
+    fn a_histogram_without_buckets_has_its_samples_folded_on_a_thread_of_its_own() {
         let _ = super::recorder();
+        metrics::histogram!("spillway_test_unbucketed").record(1.0);
         // A thread takes its name once it runs, a moment after it is spawned.
         spillway_testkit::eventually_blocking(
             std::time::Duration::from_secs(10),

@@ -152,8 +152,7 @@ pub(super) async fn send(
     mut headers: http::HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    upstream::hop::check_request(&headers)?;
-    headers.remove(&gw.live().config.server.region_header);
+    upstream::hop::take_request_headers(&mut headers, &gw.live().config.server.region_header)?;
     let response = gw
         .upstream
         .forward(backend, method, uri, headers, body)

@@ -108,9 +108,8 @@ async fn build(
         .filter(|h| h.model == pool.name)
         .and_then(|h| pool.backends.iter().position(|b| b.name == h.backend));
     let client_retry = is_client_retry(&headers, &live.client_retry_headers);
-    crate::upstream::hop::check_request(&headers)?;
     let mut headers = headers;
-    headers.remove(&live.config.server.region_header);
+    crate::upstream::hop::take_request_headers(&mut headers, &live.config.server.region_header)?;
     Ok(Call {
         id,
         endpoint,

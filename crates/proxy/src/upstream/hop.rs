@@ -45,17 +45,20 @@ impl Nominated<'_> {
     }
 }
 
-/// The names `headers`' `Connection` headers nominate. Empty list items are skipped (RFC 9110
-/// §5.6.1) and not counted; the work is one pass over the values, stopping at the first name past
-/// the bound.
+/// The items of a header's comma-separated list, trimmed; empty ones skipped (RFC 9110 §5.6.1).
+pub(crate) fn list_items(value: &[u8]) -> impl Iterator<Item = &[u8]> {
+    value
+        .split(|&b| b == b',')
+        .map(<[u8]>::trim_ascii)
+        .filter(|item| !item.is_empty())
+}
+
+/// The names `headers`' `Connection` headers nominate. Empty list items are not counted; the
+/// work is one pass over the values, stopping at the first name past the bound.
 pub(crate) fn nominated(headers: &HeaderMap) -> Result<Nominated<'_>, TooManyNominated> {
     let mut found = Nominated::default();
     for value in headers.get_all(header::CONNECTION) {
-        for item in value.as_bytes().split(|&b| b == b',') {
-            let name = item.trim_ascii();
-            if name.is_empty() {
-                continue;
-            }
+        for name in list_items(value.as_bytes()) {
             if found.0.len() == MAX_NOMINATED {
                 return Err(TooManyNominated);
             }
@@ -96,9 +99,20 @@ fn hop_by_hop(name: &str) -> bool {
     )
 }
 
-/// Refuses a request whose `Connection` headers name more than [`MAX_NOMINATED`] headers, as it
-/// is read (400); the names themselves are left out as each attempt is written.
-pub(crate) fn check_request(headers: &HeaderMap) -> Result<(), TooManyNominated> {
+/// A caller's request headers as the request path keeps them: refused (400) when its
+/// `Connection` headers name more than [`MAX_NOMINATED`] headers, and without `ours`, the
+/// header the caller tells spillway its region in. Those that must not cross are left out as
+/// each attempt is written ([`write_request_headers`]).
+pub(crate) fn take_request_headers(
+    headers: &mut HeaderMap,
+    ours: &HeaderName,
+) -> Result<(), TooManyNominated> {
+    check_request(headers)?;
+    headers.remove(ours);
+    Ok(())
+}
+
+fn check_request(headers: &HeaderMap) -> Result<(), TooManyNominated> {
     nominated(headers).map(drop)
 }
 
@@ -262,8 +276,14 @@ mod tests {
     fn more_names_than_the_bound_refuse_a_request_and_leave_an_answer_only_its_type() {
         let names: Vec<String> = (0..=MAX_NOMINATED).map(|i| format!("x-n{i}")).collect();
         let at_bound = names[..MAX_NOMINATED].join(",");
-        let h = map(&[("connection", &at_bound), ("x-n0", "1"), ("x-kept", "2")]);
-        assert_eq!(check_request(&h), Ok(()));
+        let mut h = map(&[
+            ("connection", &at_bound),
+            ("x-n0", "1"),
+            ("x-kept", "2"),
+            ("x-region", "eu"),
+        ]);
+        let region = HeaderName::from_static("x-region");
+        assert_eq!(take_request_headers(&mut h, &region), Ok(()));
         assert_eq!(written(&h, &[]), ["x-kept: 2"]);
 
         // Empty items are not names.
@@ -271,8 +291,8 @@ mod tests {
         assert!(check_request(&map(&[("connection", &padded)])).is_ok());
 
         let past = names.join(",");
-        let h = map(&[("connection", &past), ("x-kept", "2")]);
-        let err = check_request(&h).unwrap_err();
+        let mut h = map(&[("connection", &past), ("x-kept", "2")]);
+        let err = take_request_headers(&mut h, &region).unwrap_err();
         assert_eq!(
             err.to_string(),
             "the Connection header names more than 16 headers"

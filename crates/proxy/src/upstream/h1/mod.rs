@@ -376,11 +376,7 @@ struct Facts {
 impl Facts {
     fn read(&mut self, name: &HeaderName, value: &HeaderValue) -> Result<(), Error> {
         if name == header::CONNECTION {
-            for item in value.as_bytes().split(|&b| b == b',') {
-                let item = item.trim_ascii();
-                if item.is_empty() {
-                    continue;
-                }
+            for item in super::hop::list_items(value.as_bytes()) {
                 self.close |= item.eq_ignore_ascii_case(b"close");
                 self.keep_alive |= item.eq_ignore_ascii_case(b"keep-alive");
                 self.named += 1;
@@ -395,14 +391,15 @@ impl Facts {
         } else if name == header::CONTENT_LENGTH && !matches!(self.length, Some(Err(_))) {
             for item in value.as_bytes().split(|&b| b == b',') {
                 let item = item.trim_ascii();
-                let n = match item {
-                    [] => Err("invalid content-length"),
-                    digits if digits.iter().all(u8::is_ascii_digit) => std::str::from_utf8(digits)
-                        .ok()
-                        .and_then(|d| d.parse::<u64>().ok())
-                        .ok_or("invalid content-length"),
-                    _ => Err("invalid content-length"),
-                };
+                let n = (!item.is_empty())
+                    .then(|| {
+                        item.iter().try_fold(0u64, |n, &d| {
+                            let d = d.is_ascii_digit().then(|| u64::from(d - b'0'))?;
+                            n.checked_mul(10)?.checked_add(d)
+                        })
+                    })
+                    .flatten()
+                    .ok_or("invalid content-length");
                 self.length = Some(match (self.length, n) {
                     (_, Err(e)) => Err(e),
                     (Some(Ok(l)), Ok(n)) if l != n => Err("conflicting content-length"),

@@ -174,6 +174,10 @@ async fn a_head_that_is_not_one_fails_and_says_why() {
             "invalid content-length",
         ),
         (
+            b"HTTP/1.1 200 OK\r\ncontent-length: 99999999999999999999\r\n\r\n",
+            "invalid content-length",
+        ),
+        (
             b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\ncontent-length: 6\r\n\r\n",
             "conflicting content-length",
         ),

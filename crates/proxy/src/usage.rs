@@ -425,6 +425,11 @@ fn is_json_space(byte: u8) -> bool {
 /// (`cache_read_input_tokens`, `cache_creation_input_tokens`); they are prompt tokens the
 /// engine took in all the same, so they count as prompt tokens here.
 fn parse(object: &[u8]) -> Option<Reported> {
+    if let Some((taken, fields)) = plain::read_prefix(object) {
+        if taken == object.len() {
+            return Some(fields.into());
+        }
+    }
     serde_json::from_slice::<Fields>(object)
         .ok()
         .map(Reported::from)
@@ -433,14 +438,19 @@ fn parse(object: &[u8]) -> Option<Reported> {
 /// [`parse`] of the object `bytes` begin with, and how many bytes it took; `None` if they end
 /// before it does or it does not parse.
 fn parse_prefix(bytes: &[u8]) -> Option<(usize, Reported)> {
+    if let Some((taken, fields)) = plain::read_prefix(bytes) {
+        return Some((taken, fields.into()));
+    }
     let mut objects = serde_json::Deserializer::from_slice(bytes).into_iter::<Fields>();
     let fields = objects.next()?.ok()?;
     Some((objects.byte_offset(), fields.into()))
 }
 
 /// The counts of a `usage` object; other fields (`prompt_tokens_details`,
-/// `output_tokens_details`, ...) are ignored.
-#[derive(Deserialize)]
+/// `output_tokens_details`, ...) are ignored. Plain objects are read by `plain.rs` instead,
+/// with the same result.
+#[derive(Deserialize, Default)]
+#[cfg_attr(test, derive(Debug, PartialEq))]
 struct Fields {
     prompt_tokens: Option<u64>,
     completion_tokens: Option<u64>,
@@ -504,5 +514,6 @@ impl Usage {
     }
 }
 
+mod plain;
 #[cfg(test)]
 mod tests;

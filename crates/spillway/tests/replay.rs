@@ -208,11 +208,11 @@ fn retry_storm_refuses_bad_flags_on_one_line_without_starting_anything() {
     assert!(out.stdout.is_empty());
 }
 
-/// A whole cache-flush replay takes two runs of 90 s of phases, plus start-ups.
-const FLUSH_RUN_DEADLINE: Duration = Duration::from_secs(420);
+/// A whole cache-flush replay takes two runs of 66 s of phases, plus start-ups.
+const FLUSH_RUN_DEADLINE: Duration = Duration::from_secs(360);
 
 /// IL-0136 end to end, in PostgreSQL mode: 10,000 keys in the store, requests spread across
-/// them, then a flush and a restart at peak and the store gone for 30 s. With its protections
+/// them, then a flush and a restart at peak and the store gone for 15 s. With its protections
 /// the gateway's store load after a flush or a restart stays within twice the steady rate,
 /// requests for known keys keep succeeding while the store is gone, `/livez` never fails and
 /// the supervisor never restarts it; the naive gateway's store probe fails and it is restarted.
@@ -230,8 +230,14 @@ fn cache_flush_at_peak_and_a_store_outage_leave_the_protected_gateway_serving() 
         "500",
         "--steady",
         "20s",
+        "--flush",
+        "8s",
+        "--restart",
+        "8s",
+        "--outage",
+        "15s",
         "--recovery",
-        "10s",
+        "5s",
     ];
     let (report, table) = replay_json(&args, "flush", FLUSH_RUN_DEADLINE);
     let (protected, naive) = (run_of(&report, "protected"), run_of(&report, "naive"));

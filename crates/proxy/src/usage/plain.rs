@@ -180,7 +180,9 @@ impl<'a> Reader<'a> {
                     found => break len + found.trailing_zeros() as usize / 8,
                 },
                 None => {
-                    let tail = rest[len..].iter().position(|&b| unusual(u64::from(b)) & 0x80 != 0)?;
+                    let tail = rest[len..]
+                        .iter()
+                        .position(|&b| unusual(u64::from(b)) & 0x80 != 0)?;
                     break len + tail;
                 }
             }
@@ -249,8 +251,12 @@ mod tests {
             ),
             (Some(42), Some(36), Some(78))
         );
-        let (_, fields) = read(r#"{ "input_tokens" : 7 , "cache_read_input_tokens": null }"#).unwrap();
-        assert_eq!((fields.input_tokens, fields.cache_read_input_tokens), (Some(7), None));
+        let (_, fields) =
+            read(r#"{ "input_tokens" : 7 , "cache_read_input_tokens": null }"#).unwrap();
+        assert_eq!(
+            (fields.input_tokens, fields.cache_read_input_tokens),
+            (Some(7), None)
+        );
         assert_eq!(read("{}").unwrap().0, 2);
     }
 
@@ -297,8 +303,10 @@ mod tests {
         let leaf = prop_oneof![12 => plain, 1 => odd];
         leaf.prop_recursive(10, 64, 5, |inner| {
             proptest::collection::vec(("[a-z_]{1,8}", inner), 0..5).prop_map(|members| {
-                let members: Vec<String> =
-                    members.into_iter().map(|(k, v)| format!("\"{k}\":{v}")).collect();
+                let members: Vec<String> = members
+                    .into_iter()
+                    .map(|(k, v)| format!("\"{k}\":{v}"))
+                    .collect();
                 format!("{{{}}}", members.join(","))
             })
         })

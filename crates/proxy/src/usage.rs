@@ -14,7 +14,8 @@
 //! being read, capped at [`MAX_USAGE_BYTES`]. Each byte costs constant work, and most cost less:
 //! the text between keys is skipped with a vectorised search for the key, and a `usage` object
 //! that lies whole in one chunk (the usual case) is parsed where it lies, the parse telling where
-//! it ends; only one split across chunks is copied.
+//! it ends (a plain one by `plain.rs` in one pass, any other by serde); only one split across
+//! chunks is copied.
 //!
 //! What is matched, and the edge cases accepted:
 //! - The key is the literal `"usage"` followed by optional whitespace, `:`, optional whitespace

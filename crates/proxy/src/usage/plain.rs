@@ -347,6 +347,24 @@ mod tests {
             }
         }
 
+        /// Bytes of any kind after the brace, most of them those JSON is made of: never a
+        /// panic, and never an answer serde would not give.
+        #[test]
+        fn any_bytes_give_serdes_answer_or_none(
+            pieces in proptest::collection::vec(prop_oneof![
+                4 => proptest::sample::select(
+                    b"{}[]\":,0123456789 \n\\-.etrufalsn_abc".to_vec()).prop_map(|b| vec![b]),
+                1 => any::<u8>().prop_map(|b| vec![b]),
+                1 => Just(b"\"prompt_tokens\":".to_vec()),
+                1 => Just(b"\"total_tokens\":12".to_vec()),
+            ], 0..64),
+        ) {
+            let text = [&b"{"[..], &pieces.concat()].concat();
+            if let Some(fast) = read_prefix(&text) {
+                prop_assert_eq!(Some(fast), by_serde(&text), "{:?}", String::from_utf8_lossy(&text));
+            }
+        }
+
         #[test]
         fn plain_objects_are_all_read(
             counts in proptest::collection::vec(0u64..10_000_000_000_000_000_000, 3),

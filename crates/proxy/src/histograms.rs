@@ -45,18 +45,17 @@ impl Fixed {
     /// The cumulative count at each bound (`value <= bound`), the total and the sum.
     fn snapshot(&self) -> (Vec<(f64, u64)>, u64, f64) {
         let mut below = 0;
-        let mut buckets: Vec<(f64, u64)> = self
-            .counts
+        let buckets = self
+            .bounds
             .iter()
-            .map(|n| {
+            .zip(self.counts.iter())
+            .map(|(&bound, n)| {
                 below += n.load(Ordering::Relaxed);
-                (0.0, below)
+                (bound, below)
             })
             .collect();
-        let (_, count) = buckets.pop().unwrap_or_default();
-        for (bucket, &bound) in buckets.iter_mut().zip(self.bounds) {
-            bucket.0 = bound;
-        }
+        // The last count is the values above every bound (`+Inf`).
+        let count = below + self.counts[self.bounds.len()].load(Ordering::Relaxed);
         let sum = f64::from_bits(self.sum.load(Ordering::Relaxed));
         (buckets, count, sum)
     }
@@ -231,8 +230,8 @@ impl Recorder for SplitRecorder {
         match self.histograms.series(key) {
             Some(fixed) => Histogram::from_arc(fixed),
             None => {
-                let handle = self.exporter.handle();
-                self.folding.call_once(|| fold_samples(handle));
+                self.folding
+                    .call_once(|| fold_samples(self.exporter.handle()));
                 self.exporter.register_histogram(key, metadata)
             }
         }

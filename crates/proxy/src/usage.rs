@@ -426,14 +426,10 @@ fn is_json_space(byte: u8) -> bool {
 /// (`cache_read_input_tokens`, `cache_creation_input_tokens`); they are prompt tokens the
 /// engine took in all the same, so they count as prompt tokens here.
 fn parse(object: &[u8]) -> Option<Reported> {
-    if let Some((taken, fields)) = plain::read_prefix(object) {
-        if taken == object.len() {
-            return Some(fields.into());
-        }
-    }
-    serde_json::from_slice::<Fields>(object)
-        .ok()
-        .map(Reported::from)
+    // The buffer ends at the object's closing brace: the object is all of it or it is not one.
+    parse_prefix(object)
+        .filter(|&(taken, _)| taken == object.len())
+        .map(|(_, reported)| reported)
 }
 
 /// [`parse`] of the object `bytes` begin with, and how many bytes it took; `None` if they end

@@ -18,6 +18,7 @@ ready() { [ "$(curl -s -m 5 -o /dev/null -w '%{http_code}' "$1" 2>/dev/null)" = 
 # start_mock_backend: the mock OpenAI backend on 127.0.0.1:18080 (nginx), its PID in
 # BACKEND_PID, waited for up to 10 s.
 start_mock_backend() {
+  mkdir -p "$BENCH_DIR/run/tmp"
   setsid nginx -p "$BENCH_DIR/" -c backend/mock-nginx.conf -e run/mock-nginx.error.log \
     -g "daemon off; pid run/mock-nginx.pid;" >"$BENCH_DIR/run/mock-nginx.out" 2>&1 9>&- &
   BACKEND_PID=$!

@@ -11,12 +11,10 @@ use std::time::Duration;
 
 use spillway_testkit::eventually;
 use spillway_testkit::http::client;
+use support::raw::*;
 use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-
-/// Longest any test waits for the gateway to act on a timeout of about a second.
-const PATIENCE: Duration = Duration::from_secs(20);
 
 /// A gateway whose client timeouts are a second, with `settings` (`key = value` lines of
 /// `[server]`) in place of the defaults they name, and the mock backend behind it.
@@ -38,78 +36,6 @@ fn quick_timeouts(settings: &str) -> (Proc, Proc) {
         model("m", &[("b", "r", m.url("/v1"))])
     ));
     (gw, m)
-}
-
-async fn connect(gw: &Proc) -> TcpStream {
-    TcpStream::connect(gw.addr).await.unwrap()
-}
-
-/// Reads until the peer closes the connection (or `PATIENCE` passes: `None`).
-async fn until_closed(s: &mut TcpStream) -> Option<Vec<u8>> {
-    let mut got = Vec::new();
-    let read = tokio::time::timeout(PATIENCE, async {
-        let mut buf = [0u8; 8192];
-        loop {
-            match s.read(&mut buf).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => got.extend_from_slice(&buf[..n]),
-            }
-        }
-    })
-    .await;
-    read.ok().map(|_| got)
-}
-
-/// One whole response read from `s`: status, head, body (by its Content-Length).
-async fn response(s: &mut TcpStream) -> (u16, String, String) {
-    let mut got = Vec::new();
-    let mut buf = [0u8; 8192];
-    let (head, body_start) = loop {
-        if let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") {
-            break (String::from_utf8_lossy(&got[..end]).to_lowercase(), end + 4);
-        }
-        let n = tokio::time::timeout(PATIENCE, s.read(&mut buf))
-            .await
-            .expect("a response in time")
-            .unwrap();
-        assert!(
-            n > 0,
-            "closed before a response: {:?}",
-            String::from_utf8_lossy(&got)
-        );
-        got.extend_from_slice(&buf[..n]);
-    };
-    let length: usize = head
-        .lines()
-        .find_map(|l| l.strip_prefix("content-length: "))
-        .map_or(0, |v| v.trim().parse().unwrap());
-    while got.len() < body_start + length {
-        let n = tokio::time::timeout(PATIENCE, s.read(&mut buf))
-            .await
-            .expect("the body in time")
-            .unwrap();
-        assert!(n > 0, "closed in the body");
-        got.extend_from_slice(&buf[..n]);
-    }
-    let status = head[9..12].parse().unwrap();
-    let body = String::from_utf8_lossy(&got[body_start..body_start + length]).into_owned();
-    (status, head, body)
-}
-
-fn error_code(body: &str) -> String {
-    let json: serde_json::Value =
-        serde_json::from_str(body).unwrap_or_else(|_| panic!("a JSON error body: {body:?}"));
-    json["error"]["code"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned()
-}
-
-fn chat_head(content_length: usize, extra: &str) -> String {
-    format!(
-        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {KEY}\r\n\
-         content-type: application/json\r\ncontent-length: {content_length}\r\n{extra}\r\n"
-    )
 }
 
 #[tokio::test]
@@ -264,7 +190,7 @@ async fn connections_over_the_cap_get_503_at_once_and_the_admin_probes_still_ans
 }
 
 #[tokio::test]
-async fn hyper_refusals_of_a_bad_head_carry_the_json_error_shape() {
+async fn refusals_of_a_bad_head_carry_the_json_error_shape() {
     let (gw, _m) = quick_timeouts("");
     let cases: [(Vec<u8>, u16, &str); 2] = [
         (b"NOT HTTP AT ALL\r\n\r\n".to_vec(), 400, "invalid_request"),

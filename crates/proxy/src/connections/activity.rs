@@ -37,13 +37,6 @@ pub(crate) struct Activity {
     /// Idle with no head begun: the only state in which bytes read change anything, kept apart
     /// so that a read on a busy connection costs one load and no lock.
     awaiting_head: AtomicBool,
-    /// Part of a head read with no request in service (`State::head_since` is set), kept apart
-    /// so that hyper's every write, which asks whether it may be an answer to an unreadable
-    /// head, costs one load and no lock.
-    head_begun: AtomicBool,
-    /// Whether the request being served has had its body read to the end (HTTP/1: one at a
-    /// time).
-    body_read: AtomicBool,
     deadlines: Deadlines,
 }
 
@@ -75,8 +68,6 @@ impl Activity {
             }),
             http2: AtomicBool::new(false),
             awaiting_head: AtomicBool::new(true),
-            head_begun: AtomicBool::new(false),
-            body_read: AtomicBool::new(false),
             deadlines,
         })
     }
@@ -107,25 +98,13 @@ impl Activity {
         let mut s = self.state();
         if s.busy == 0 && s.head_since.is_none() {
             s.head_since = Some(now);
-            self.head_begun.store(true, Ordering::Release);
             self.awaiting_head.store(false, Ordering::Release);
         }
     }
 
-    /// The request's body has been read to its end.
-    pub(crate) fn set_body_read(&self) {
-        self.body_read.store(true, Ordering::Release);
-    }
-
-    pub(crate) fn body_read(&self) -> bool {
-        self.body_read.load(Ordering::Acquire)
-    }
-
-    /// Whether the connection is between requests with part of a head read: what hyper
-    /// writes then is its own answer to a head it could not parse.
-    pub(crate) fn reading_head(&self) -> bool {
-        // A head is begun only while nothing is served, and `begin` clears it.
-        self.head_begun.load(Ordering::Acquire)
+    /// Whether a request is being served.
+    pub(crate) fn is_busy(&self) -> bool {
+        self.state().busy > 0
     }
 
     /// A request's head was read; it is served until the returned guard drops.
@@ -133,9 +112,7 @@ impl Activity {
         let mut s = self.state();
         s.busy += 1;
         s.head_since = None;
-        self.head_begun.store(false, Ordering::Release);
         self.awaiting_head.store(false, Ordering::Release);
-        self.body_read.store(false, Ordering::Release);
         Busy(self.clone())
     }
 
@@ -209,7 +186,7 @@ mod tests {
         let first = t0 + Duration::from_secs(50);
         a.bytes_read(first);
         a.bytes_read(first + Duration::from_secs(10));
-        assert!(a.reading_head());
+        assert!(a.state().head_since.is_some());
         assert_eq!(a.verdict(first), Verdict::Until(first + D.header_read));
         assert_eq!(a.verdict(first + D.header_read), Verdict::SlowHead);
     }
@@ -221,7 +198,7 @@ mod tests {
         a.bytes_read(t0);
         let one = a.begin();
         let two = a.begin();
-        assert!(!a.reading_head());
+        assert!(a.state().head_since.is_none());
         let hour = t0 + Duration::from_secs(3600);
         assert_eq!(a.verdict(hour), Verdict::Until(hour + D.idle));
         drop(one);
@@ -245,7 +222,7 @@ mod tests {
         let a = Activity::new(t0, D);
         a.set_http2();
         a.bytes_read(t0);
-        assert!(!a.reading_head());
+        assert!(a.state().head_since.is_none());
         let later = t0 + D.header_read;
         assert_eq!(a.verdict(later), Verdict::Until(later + D.header_read / 2));
     }

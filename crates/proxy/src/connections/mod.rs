@@ -17,6 +17,7 @@
 //!   does not send its next request on a connection hyper is about to close.
 
 mod activity;
+mod h1;
 mod io;
 mod refuse;
 
@@ -30,11 +31,11 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::Router;
 use bytes::Bytes;
-use http::{HeaderValue, Request, Response, Version};
-use http_body::{Body as _, Frame, SizeHint};
+use http::{Request, Response};
+use http_body::{Frame, SizeHint};
 use hyper::body::Incoming;
+use hyper::server::conn::http2;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
 use spillway_config::ServerConfig;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -43,7 +44,7 @@ use tower::ServiceExt;
 use tracing::debug;
 
 use activity::{Activity, Busy, Deadlines, Verdict};
-use io::GuardedIo;
+use io::Prefixed;
 
 /// Pause after an accept error (out of file descriptors, say), as axum's own listener does.
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
@@ -69,7 +70,7 @@ pub(crate) struct Connections {
     permits: Arc<Semaphore>,
     max: usize,
     deadlines: Deadlines,
-    builder: auto::Builder<TokioExecutor>,
+    http2: http2::Builder<TokioExecutor>,
     refusing: Arc<Semaphore>,
     /// `api` or `admin`, for the metrics.
     listener: &'static str,
@@ -81,14 +82,8 @@ pub(crate) struct Connections {
 impl Connections {
     /// The connections of a listener with at most `max` open, each under `server`'s limits.
     pub(crate) fn new(server: &ServerConfig, max: usize, listener: &'static str) -> Connections {
-        let mut builder = auto::Builder::new(TokioExecutor::new());
-        builder
-            .http1()
-            .header_read_timeout(None)
-            .max_buf_size(HTTP1_MAX_BUF)
-            .keep_alive(true);
-        builder
-            .http2()
+        let mut http2 = http2::Builder::new(TokioExecutor::new());
+        http2
             .timer(TokioTimer::new())
             .keep_alive_interval(server.http2_keepalive_interval)
             .keep_alive_timeout(server.http2_keepalive_timeout)
@@ -104,7 +99,7 @@ impl Connections {
                 idle: server.idle_timeout,
                 header_read: server.header_read_timeout,
             },
-            builder,
+            http2,
             refusing: Arc::new(Semaphore::new(MAX_REFUSING)),
             listener,
             request_ids: false,
@@ -150,13 +145,13 @@ impl Connections {
             match self.permits.clone().try_acquire_owned() {
                 Ok(permit) => {
                     let activity = Activity::new(crate::clock::now(), self.deadlines);
-                    let io = GuardedIo::new(tcp, activity.clone(), permit);
                     let this = self.clone();
                     let router = router.clone();
                     let shutdown = shutdown_rx.clone();
-                    tokio::spawn(
-                        async move { this.connection(io, activity, router, shutdown).await },
-                    );
+                    tokio::spawn(async move {
+                        let _permit = permit;
+                        this.connection(tcp, activity, router, shutdown).await
+                    });
                 }
                 Err(_) => self.refuse(tcp),
             }
@@ -170,7 +165,62 @@ impl Connections {
 
     async fn connection<S: Serve>(
         &self,
-        io: GuardedIo,
+        tcp: TcpStream,
+        activity: Arc<Activity>,
+        router: S,
+        mut shutdown: watch::Receiver<bool>,
+    ) {
+        let (read, write) = tcp.into_split();
+        let conn = h1::Conn {
+            socket: h1::body::Socket::new(read, write),
+            activity: activity.clone(),
+            router: router.clone(),
+            request_ids: self.request_ids,
+            shutdown: shutdown.clone(),
+        };
+        let ended = {
+            let mut served = pin!(conn.run());
+            let mut watchdog = pin!(outstayed(&activity));
+            let mut draining = false;
+            loop {
+                tokio::select! {
+                    ended = served.as_mut() => break ended,
+                    _ = shutdown.wait_for(|s| *s), if !draining => {
+                        // A request being served finishes (bounded by shutdown_grace), and its
+                        // response says the connection closes; an idle connection closes now.
+                        draining = true;
+                        if !activity.is_busy() {
+                            return;
+                        }
+                    }
+                    verdict = &mut watchdog => {
+                        debug!(?verdict, "closing a client connection");
+                        closed(self.listener, match verdict {
+                            Verdict::SlowHead => "header_read_timeout",
+                            _ => "idle_timeout",
+                        });
+                        return;
+                    }
+                }
+            }
+        };
+        match ended {
+            h1::Ended::Closed => {}
+            h1::Ended::Refused(tcp, answer) => {
+                closed(self.listener, "malformed_head");
+                answer_and_close(tcp, &answer).await;
+            }
+            h1::Ended::Http2(tcp, read) => {
+                let io = Prefixed::new(tcp, read.freeze());
+                self.http2(io, activity, router, shutdown).await;
+            }
+        }
+    }
+
+    /// Serves an HTTP/2 connection with hyper, its requests under the same limits.
+    async fn http2<S: Serve>(
+        &self,
+        io: Prefixed,
         activity: Arc<Activity>,
         router: S,
         mut shutdown: watch::Receiver<bool>,
@@ -179,12 +229,10 @@ impl Connections {
         let request_ids = self.request_ids;
         let service = hyper::service::service_fn(move |req: Request<Incoming>| {
             let busy = served.begin();
-            let (router, activity) = (router.clone(), served.clone());
-            async move { Ok::<_, Infallible>(respond(router, req, busy, activity, request_ids).await) }
+            let router = router.clone();
+            async move { Ok::<_, Infallible>(respond(router, req, busy, request_ids).await) }
         });
-        let mut conn = pin!(self
-            .builder
-            .serve_connection_with_upgrades(TokioIo::new(io), service));
+        let mut conn = pin!(self.http2.serve_connection(TokioIo::new(io), service));
         let mut watchdog = pin!(outstayed(&activity));
         let mut draining = false;
         let mut linger: Option<Pin<Box<tokio::time::Sleep>>> = None;
@@ -203,10 +251,6 @@ impl Connections {
                 }
                 verdict = &mut watchdog, if linger.is_none() => {
                     debug!(?verdict, "closing a client connection");
-                    if verdict == Verdict::SlowHead {
-                        closed(self.listener, "header_read_timeout");
-                        return;
-                    }
                     closed(self.listener, "idle_timeout");
                     conn.as_mut().graceful_shutdown();
                     linger = Some(Box::pin(tokio::time::sleep(CLOSE_LINGER)));
@@ -216,9 +260,7 @@ impl Connections {
         }
     }
 
-    /// Answers a connection over the cap with 503 and closes it. The answer is one small write
-    /// to a fresh socket, which does not block; the read that follows lets the client's request
-    /// arrive before the close, which would otherwise reset the connection and lose the answer.
+    /// Answers a connection over the cap with 503 and closes it.
     fn refuse(&self, tcp: TcpStream) {
         closed(self.listener, "over_capacity");
         let Ok(turn) = self.refusing.clone().try_acquire_owned() else {
@@ -227,18 +269,25 @@ impl Connections {
         let answer = refuse::over_capacity(self.max);
         tokio::spawn(async move {
             let _turn = turn;
-            let mut tcp = tcp;
-            if tcp.try_write(&answer).is_err() {
-                return;
-            }
-            let _ = tcp.shutdown().await;
-            let mut sink = [0u8; 4096];
-            let _ = tokio::time::timeout(REFUSED_LINGER, async {
-                while matches!(tcp.read(&mut sink).await, Ok(n) if n > 0) {}
-            })
-            .await;
+            answer_and_close(tcp, &answer).await;
         });
     }
+}
+
+/// Writes `answer` to a connection and closes it. The answer is small and the socket's send
+/// buffer empty, so the write does not block (one that would is given up); reading what the
+/// client still sends for a moment before the close lets its request arrive, where closing
+/// with bytes unread would reset the connection and lose the answer.
+async fn answer_and_close(mut tcp: TcpStream, answer: &[u8]) {
+    if tcp.try_write(answer).is_err() {
+        return;
+    }
+    let _ = tcp.shutdown().await;
+    let mut sink = [0u8; 4096];
+    let _ = tokio::time::timeout(REFUSED_LINGER, async {
+        while matches!(tcp.read(&mut sink).await, Ok(n) if n > 0) {}
+    })
+    .await;
 }
 
 fn closed(listener: &'static str, reason: &'static str) {
@@ -270,67 +319,20 @@ impl Serve for Router {
     }
 }
 
-/// Serves one request, its connection busy until the response's body is done with.
+/// Serves one HTTP/2 request, its connection busy until the response's body is done with.
 async fn respond<S: Serve>(
     router: S,
     mut req: Request<Incoming>,
     busy: Busy,
-    activity: Arc<Activity>,
     request_ids: bool,
 ) -> Response<Tracked> {
     let id = request_ids.then(|| crate::call::request_id(req.headers_mut()));
-    // Only HTTP/1 closes a connection for a body left unread, and only a request with a body
-    // needs watching.
-    let watch = req.version() <= Version::HTTP_11 && !req.body().is_end_stream();
-    let req = if watch {
-        let activity = activity.clone();
-        req.map(|inner| Body::new(Watched { inner, activity }))
-    } else {
-        req.map(Body::new)
-    };
-    let mut response = router.serve(req).await;
-    if watch && !activity.body_read() {
-        // hyper closes a connection whose request body was not read to its end: say so, or the
-        // client sends its next request on it and sees that fail.
-        response
-            .headers_mut()
-            .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
-    }
+    let mut response = router.serve(req.map(Body::new)).await;
     if let Some(id) = id {
         response.headers_mut().insert(crate::call::X_REQUEST_ID, id);
     }
     // Handed to hyper as it is: no second box around the router's body.
     response.map(|inner| Tracked { inner, _busy: busy })
-}
-
-/// A request body that records on its connection when it was read to its end.
-struct Watched {
-    inner: Incoming,
-    activity: Arc<Activity>,
-}
-
-impl http_body::Body for Watched {
-    type Data = Bytes;
-    type Error = hyper::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        let polled = Pin::new(&mut self.inner).poll_frame(cx);
-        if matches!(polled, Poll::Ready(None)) || self.inner.is_end_stream() {
-            self.activity.set_body_read();
-        }
-        polled
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
 }
 
 /// A response body that keeps its connection busy until it is done with.

@@ -1,9 +1,10 @@
-//! Answers written straight to a connection, below hyper: to a connection over the cap, and in
-//! place of hyper's empty answers to heads it could not read. Each is a whole HTTP/1.1 response
-//! with the API's JSON error body and `Connection: close`.
+//! Answers written straight to a connection before any request is served: to a connection over
+//! the cap, and to a head that could not be read. Each is a whole HTTP/1.1 response with the
+//! API's JSON error body and `Connection: close`.
 
 use bytes::Bytes;
 
+use super::h1::Refusal;
 use crate::error::{ApiError, ErrorKind};
 
 /// The answer to a connection accepted while the listener has its maximum open: the client is
@@ -16,30 +17,23 @@ pub(crate) fn over_capacity(max: usize) -> Bytes {
     raw_response(&e, Some(1))
 }
 
-/// hyper's own answer to a head it could not read, if `written` begins with one (a 4xx or 5xx
-/// status line of HTTP/1), replaced by the same status with a JSON error body.
-pub(crate) fn replace_hyper_error(written: &[u8]) -> Option<Bytes> {
-    let rest = written
-        .strip_prefix(b"HTTP/1.1 ")
-        .or_else(|| written.strip_prefix(b"HTTP/1.0 "))?;
-    let code = std::str::from_utf8(rest.get(..3)?).ok()?;
-    let (kind, message) = match code {
-        "400" => (
+/// The answer to a head that could not be read: its status with a JSON error body.
+pub(crate) fn bad_head(refusal: Refusal) -> Bytes {
+    let (kind, message) = match refusal {
+        Refusal::Malformed(why) => (
             ErrorKind::MalformedRequest,
-            "the request could not be read as HTTP/1.1",
+            format!("the request could not be read as HTTP/1.1: {why}"),
         ),
-        "414" => (ErrorKind::UriTooLong, "the request's URI is too long"),
-        "431" => (
+        Refusal::TargetTooLong => (
+            ErrorKind::UriTooLong,
+            "the request's URI is too long".to_string(),
+        ),
+        Refusal::TooLarge => (
             ErrorKind::HeadTooLarge,
-            "the request's line and headers are larger than the gateway reads",
+            "the request's line and headers are larger than the gateway reads".to_string(),
         ),
-        c if c.starts_with('4') || c.starts_with('5') => (
-            ErrorKind::MalformedRequest,
-            "the request could not be read as HTTP/1.1",
-        ),
-        _ => return None,
     };
-    Some(raw_response(&ApiError::new(kind, message), None))
+    raw_response(&ApiError::new(kind, message), None)
 }
 
 fn raw_response(e: &ApiError, retry_after_secs: Option<u64>) -> Bytes {
@@ -68,11 +62,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn hyper_answers_become_json_with_their_status() {
-        let r = replace_hyper_error(
-            b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-length: 0\r\n\r\n",
-        )
-        .expect("a 431 is hyper's");
+    fn refused_heads_are_answered_in_json_with_their_status() {
+        let r = bad_head(Refusal::TooLarge);
         let text = std::str::from_utf8(&r).unwrap();
         assert!(text.starts_with("HTTP/1.1 431 Request Header Fields Too Large\r\n"));
         assert!(text.contains("connection: close\r\n"));
@@ -86,12 +77,12 @@ mod tests {
             .parse()
             .unwrap();
         assert_eq!(length, body.len());
-    }
-
-    #[test]
-    fn other_bytes_are_left_alone() {
-        assert!(replace_hyper_error(b"HTTP/1.1 200 OK\r\n").is_none());
-        assert!(replace_hyper_error(b"{\"data\": 1}").is_none());
-        assert!(replace_hyper_error(b"HTTP/1.1 4").is_none());
+        let r = bad_head(Refusal::Malformed("invalid method"));
+        let text = std::str::from_utf8(&r).unwrap();
+        assert!(text.starts_with("HTTP/1.1 400 Bad Request\r\n"));
+        assert!(text.contains("invalid method"));
+        assert!(std::str::from_utf8(&bad_head(Refusal::TargetTooLong))
+            .unwrap()
+            .starts_with("HTTP/1.1 414 "));
     }
 }

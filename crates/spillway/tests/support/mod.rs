@@ -16,6 +16,7 @@ use std::time::Duration;
 use spillway_testkit::http::{client, get_json};
 
 pub mod memory;
+pub mod raw;
 
 pub const KEY: &str = "sk-test-tenant-a";
 pub const OTHER_KEY: &str = "sk-test-tenant-b";

@@ -11,6 +11,7 @@
 //! length set here, never taken from the headers.
 
 use std::io;
+use std::mem::MaybeUninit;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
@@ -200,14 +201,19 @@ impl Conn {
         if self.buf.is_empty() {
             return Ok(None);
         }
-        let mut storage = [httparse::EMPTY_HEADER; MAX_HEADERS];
-        let mut parsed = httparse::Response::new(&mut storage);
-        let len = match parsed.parse(&self.buf) {
-            Ok(httparse::Status::Complete(len)) => len,
-            Ok(httparse::Status::Partial) => return Ok(None),
-            Err(httparse::Error::TooManyHeaders) => return Err(Error::Head("too many headers")),
-            Err(_) => return Err(Error::Head("not an HTTP/1 response")),
-        };
+        // Left uninitialised: httparse writes each line it reads.
+        let mut storage = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
+        let mut parsed = httparse::Response::new(&mut []);
+        let config = httparse::ParserConfig::default();
+        let len =
+            match config.parse_response_with_uninit_headers(&mut parsed, &self.buf, &mut storage) {
+                Ok(httparse::Status::Complete(len)) => len,
+                Ok(httparse::Status::Partial) => return Ok(None),
+                Err(httparse::Error::TooManyHeaders) => {
+                    return Err(Error::Head("too many headers"))
+                }
+                Err(_) => return Err(Error::Head("not an HTTP/1 response")),
+            };
         let status = parsed
             .code
             .and_then(|code| StatusCode::from_u16(code).ok())

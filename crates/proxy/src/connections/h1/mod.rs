@@ -1,0 +1,187 @@
+//! HTTP/1.1 client connections, served by the gateway itself: heads read from one buffer per
+//! connection (`head.rs`), request bodies decoded from it as the handler asks (`body.rs`), and
+//! responses written with their framing (`write.rs`). A connection whose first bytes are the
+//! HTTP/2 preface is handed back, with those bytes, to be served by hyper.
+//!
+//! One request at a time: the next head is read only once the response before it has been
+//! written whole, so requests a client sends without waiting (pipelined) are answered in order.
+//! A connection carries another request only when both bodies ended exactly where their framing
+//! said; anything else (a body left unread, a response cut short, a client's `close`, the
+//! gateway shutting down) ends it after the response, which then says `connection: close`.
+//! A head that cannot be read is answered with the API's JSON error and the connection closed.
+//!
+//! While a response is awaited or streamed, the connection watches for the client closing its
+//! side (once the request's body has been read): the request is then dropped, as a client that
+//! went away.
+
+pub(crate) mod body;
+mod head;
+mod write;
+
+use std::future::{poll_fn, Future};
+use std::pin::pin;
+use std::sync::Arc;
+use std::task::Poll;
+
+use axum::body::Body;
+use bytes::BytesMut;
+use http::{Method, Response};
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+
+use super::activity::Activity;
+use super::Serve;
+use body::{RequestBody, Socket, MAX_BUFFER};
+use head::Head;
+pub(crate) use head::Refusal;
+
+/// The first bytes of an HTTP/2 connection (RFC 9113, section 3.4), enough to tell it apart.
+const H2_PREFACE_START: &[u8] = b"PRI * HTTP/2.0";
+
+/// How a connection's HTTP/1 service ended.
+pub(crate) enum Ended {
+    Closed,
+    /// A head could not be read: this answer is to be written and the connection closed.
+    Refused(TcpStream, bytes::Bytes),
+    /// The client speaks HTTP/2: its socket and what was read of it.
+    Http2(TcpStream, BytesMut),
+}
+
+/// One HTTP/1 connection.
+pub(crate) struct Conn<S> {
+    pub socket: Arc<Socket>,
+    pub activity: Arc<Activity>,
+    pub router: S,
+    /// Whether each request gets an `x-request-id` ([`crate::call::request_id`]).
+    pub request_ids: bool,
+    /// True once the gateway shuts down: the request being served is the connection's last.
+    pub shutdown: watch::Receiver<bool>,
+}
+
+// Returned once per request and never stored: boxing the head would cost an allocation each.
+#[allow(clippy::large_enum_variant)]
+enum Next {
+    Head(Head),
+    Closed,
+    Refused(Refusal),
+    Http2,
+}
+
+impl<S: Serve> Conn<S> {
+    /// Serves requests until the connection ends.
+    pub(crate) async fn run(self) -> Ended {
+        let mut first = true;
+        loop {
+            let head = match self.next_head(first).await {
+                Next::Head(head) => head,
+                Next::Closed => return Ended::Closed,
+                Next::Refused(refusal) => {
+                    return match Socket::into_parts(self.socket) {
+                        Some((tcp, _)) => Ended::Refused(tcp, super::refuse::bad_head(refusal)),
+                        None => Ended::Closed,
+                    }
+                }
+                Next::Http2 => {
+                    self.activity.set_http2();
+                    return match Socket::into_parts(self.socket) {
+                        Some((tcp, buf)) => Ended::Http2(tcp, buf),
+                        None => Ended::Closed,
+                    };
+                }
+            };
+            first = false;
+            if !self.exchange(head).await {
+                return Ended::Closed;
+            }
+        }
+    }
+
+    /// The next request's head, reading until it is whole.
+    async fn next_head(&self, first: bool) -> Next {
+        poll_fn(|cx| {
+            let mut r = self.socket.lock();
+            loop {
+                let preface = first
+                    && !r.buf.is_empty()
+                    && H2_PREFACE_START
+                        .starts_with(&r.buf[..r.buf.len().min(H2_PREFACE_START.len())]);
+                if preface {
+                    if r.buf.len() >= H2_PREFACE_START.len() {
+                        return Poll::Ready(Next::Http2);
+                    }
+                } else {
+                    match head::parse(&mut r.buf) {
+                        Ok(Some(head)) => return Poll::Ready(Next::Head(head)),
+                        Ok(None) if r.buf.len() >= MAX_BUFFER => {
+                            return Poll::Ready(Next::Refused(Refusal::TooLarge))
+                        }
+                        Ok(None) => {}
+                        Err(refusal) => return Poll::Ready(Next::Refused(refusal)),
+                    }
+                }
+                match std::task::ready!(r.poll_fill(cx)) {
+                    Ok(0) | Err(_) => return Poll::Ready(Next::Closed),
+                    Ok(_) if self.activity.awaits_head() => {
+                        self.activity.bytes_read(crate::clock::now())
+                    }
+                    Ok(_) => {}
+                }
+            }
+        })
+        .await
+    }
+
+    /// Serves one request and writes its response; true when the connection goes on.
+    async fn exchange(&self, head: Head) -> bool {
+        let busy = self.activity.begin();
+        let Head {
+            request,
+            framing,
+            keep_alive,
+            expect_continue,
+        } = head;
+        let number = self.socket.lock().begin(framing, expect_continue);
+        let asked_head = request.method() == Method::HEAD;
+        let version = request.version();
+        let body = RequestBody::new(self.socket.clone(), number, framing);
+        let mut req = request.map(|()| Body::new(body));
+        let id = self
+            .request_ids
+            .then(|| crate::call::request_id(req.headers_mut()));
+        let Some(mut response) = self.unless_client_leaves(self.router.serve(req)).await else {
+            return false;
+        };
+        // The body left unread (an answer given before it came) ends the connection: the next
+        // head would be read from the middle of it.
+        let close = !keep_alive || !self.socket.lock().body_done() || *self.shutdown.borrow();
+        if let Some(id) = id {
+            response.headers_mut().insert(crate::call::X_REQUEST_ID, id);
+        }
+        let asked = write::Asked {
+            head: asked_head,
+            version,
+            close,
+        };
+        let kept = write::response(&self.socket, response, asked).await;
+        drop(busy);
+        kept && !*self.shutdown.borrow()
+    }
+
+    /// `served`'s response, or `None` when the client closes the connection first.
+    async fn unless_client_leaves(
+        &self,
+        served: impl Future<Output = Response<Body>>,
+    ) -> Option<Response<Body>> {
+        let mut served = pin!(served);
+        poll_fn(|cx| {
+            if let Poll::Ready(response) = served.as_mut().poll(cx) {
+                return Poll::Ready(Some(response));
+            }
+            match self.socket.lock().poll_hangup(cx) {
+                Poll::Ready(()) => Poll::Ready(None),
+                Poll::Pending => Poll::Pending,
+            }
+        })
+        .await
+    }
+}

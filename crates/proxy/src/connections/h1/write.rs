@@ -1,0 +1,273 @@
+//! A response as the connection writes it (RFC 9112): the status line, the handler's headers
+//! without framing ones, `date`, and the framing the body's size gives (`content-length` when it
+//! is known, else chunked; for an HTTP/1.0 client, the connection's close). Body frames are
+//! gathered while they are ready and written when none is, so a whole answer is one write with
+//! its head and a stream's event is written as soon as it comes.
+
+use std::cell::RefCell;
+use std::future::poll_fn;
+use std::io::{self, IoSlice};
+use std::pin::pin;
+use std::task::Poll;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::body::Body;
+use bytes::{BufMut, BytesMut};
+use http::header::{self, HeaderValue};
+use http::{Response, StatusCode, Version};
+use http_body::Body as _;
+
+use super::body::Socket;
+
+/// Data frames up to this size are copied next to the head or chunk framing and written with
+/// it; larger ones are written from where they are.
+const COPY_MAX: usize = 8 * 1024;
+/// Gathered bytes beyond this are written before another frame is asked for.
+const FLUSH_AT: usize = 64 * 1024;
+
+/// What the response depends on in its request.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Asked {
+    /// A `HEAD` request: the head is written, never a body.
+    pub head: bool,
+    pub version: Version,
+    /// The connection closes after this response.
+    pub close: bool,
+}
+
+enum Framing {
+    /// No body may follow (1xx, 204, 304).
+    None,
+    Length(u64),
+    Chunked,
+    /// The body ends with the connection (an HTTP/1.0 client, a body of unknown size).
+    UntilClose,
+}
+
+/// Writes `response` whole; true when the connection may carry another request after it.
+/// False when the client left (a write failed, or it closed its side while the body was
+/// awaited), the body failed (the client sees it cut short), or the connection is to close.
+pub(crate) async fn response(socket: &Socket, response: Response<Body>, asked: Asked) -> bool {
+    let (parts, body) = response.into_parts();
+    let status = parts.status;
+    let bodiless = status.is_informational()
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED;
+    let mut close = asked.close
+        || parts.headers.get_all(header::CONNECTION).iter().any(|v| {
+            crate::upstream::hop::list_items(v.as_bytes()).any(|i| i.eq_ignore_ascii_case(b"close"))
+        });
+    let framing = if bodiless {
+        Framing::None
+    } else if let Some(n) = body.size_hint().exact() {
+        Framing::Length(n)
+    } else if asked.version == Version::HTTP_11 {
+        Framing::Chunked
+    } else {
+        close = true;
+        Framing::UntilClose
+    };
+    let mut out = BytesMut::with_capacity(1024);
+    out.put_slice(b"HTTP/1.1 ");
+    out.put_slice(status.as_str().as_bytes());
+    out.put_u8(b' ');
+    out.put_slice(status.canonical_reason().unwrap_or("").as_bytes());
+    out.put_slice(b"\r\n");
+    let mut said_connection = false;
+    let mut dated = false;
+    for (name, value) in &parts.headers {
+        if name == header::CONTENT_LENGTH || name == header::TRANSFER_ENCODING {
+            continue;
+        }
+        said_connection |= name == header::CONNECTION;
+        dated |= name == header::DATE;
+        line(&mut out, name.as_str().as_bytes(), value.as_bytes());
+    }
+    if !dated {
+        date(&mut out);
+    }
+    match framing {
+        Framing::Length(n) => line(
+            &mut out,
+            b"content-length",
+            itoa::Buffer::new().format(n).as_bytes(),
+        ),
+        Framing::Chunked => line(&mut out, b"transfer-encoding", b"chunked"),
+        Framing::None | Framing::UntilClose => {}
+    }
+    if close && !said_connection {
+        line(&mut out, b"connection", b"close");
+    } else if !close && asked.version == Version::HTTP_10 {
+        line(&mut out, b"connection", b"keep-alive");
+    }
+    out.put_slice(b"\r\n");
+    if asked.head || matches!(framing, Framing::None) {
+        return write_all(socket, &out, &[]).await.is_ok() && !close;
+    }
+    let ended = body_frames(socket, body, out, &framing).await;
+    ended && !close
+}
+
+/// Writes the body's frames after `out` (the head); true when the body ended as framed.
+async fn body_frames(socket: &Socket, body: Body, mut out: BytesMut, framing: &Framing) -> bool {
+    let chunked = matches!(framing, Framing::Chunked);
+    let mut left = match framing {
+        Framing::Length(n) => *n,
+        _ => u64::MAX,
+    };
+    let mut body = pin!(body);
+    loop {
+        // The next frame if it is ready; if not, what is gathered is written first.
+        let next = poll_fn(|cx| match body.as_mut().poll_frame(cx) {
+            Poll::Ready(frame) => Poll::Ready(Some(frame)),
+            Poll::Pending if !out.is_empty() => Poll::Ready(None),
+            Poll::Pending => match socket.lock().poll_hangup(cx) {
+                Poll::Ready(()) => Poll::Ready(Some(Some(Err(axum::Error::new(io::Error::from(
+                    io::ErrorKind::ConnectionAborted,
+                )))))),
+                Poll::Pending => Poll::Pending,
+            },
+        })
+        .await;
+        let frame = match next {
+            None => {
+                if write_all(socket, &out, &[]).await.is_err() {
+                    return false;
+                }
+                out.clear();
+                continue;
+            }
+            Some(None) => {
+                if chunked {
+                    out.put_slice(b"0\r\n\r\n");
+                }
+                let whole = !matches!(framing, Framing::Length(_)) || left == 0;
+                return write_all(socket, &out, &[]).await.is_ok() && whole;
+            }
+            // A body cut short: the client sees it end before its framing does.
+            Some(Some(Err(_))) => {
+                let _ = write_all(socket, &out, &[]).await;
+                return false;
+            }
+            Some(Some(Ok(frame))) => frame,
+        };
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        if data.is_empty() {
+            continue;
+        }
+        if left != u64::MAX {
+            if data.len() as u64 > left {
+                // More than the body said it had: what fits is written, and the connection ends.
+                let _ = write_all(socket, &out, &data[..left as usize]).await;
+                return false;
+            }
+            left -= data.len() as u64;
+        }
+        if chunked {
+            let mut size = [0u8; 16];
+            let hex = hex(data.len(), &mut size);
+            out.put_slice(hex);
+            out.put_slice(b"\r\n");
+        }
+        if data.len() <= COPY_MAX {
+            out.put_slice(&data);
+        } else {
+            if write_all(socket, &out, &data).await.is_err() {
+                return false;
+            }
+            out.clear();
+        }
+        if chunked {
+            out.put_slice(b"\r\n");
+        }
+        if out.len() >= FLUSH_AT {
+            if write_all(socket, &out, &[]).await.is_err() {
+                return false;
+            }
+            out.clear();
+        }
+    }
+}
+
+fn line(out: &mut BytesMut, name: &[u8], value: &[u8]) {
+    out.put_slice(name);
+    out.put_slice(b": ");
+    out.put_slice(value);
+    out.put_slice(b"\r\n");
+}
+
+/// `n` in lowercase hexadecimal, as a chunk's size.
+fn hex(n: usize, into: &mut [u8; 16]) -> &[u8] {
+    let mut at = into.len();
+    let mut n = n;
+    loop {
+        at -= 1;
+        into[at] = b"0123456789abcdef"[n & 0xf];
+        n >>= 4;
+        if n == 0 {
+            return &into[at..];
+        }
+    }
+}
+
+/// The `date` header line, its value made once a second.
+fn date(out: &mut BytesMut) {
+    thread_local! {
+        static DATE: RefCell<(u64, Option<HeaderValue>)> = const { RefCell::new((0, None)) };
+    }
+    let now = SystemTime::now();
+    let second = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    DATE.with_borrow_mut(|(at, value)| {
+        if *at != second || value.is_none() {
+            *at = second;
+            *value = HeaderValue::from_str(&httpdate::fmt_http_date(now)).ok();
+        }
+        if let Some(value) = value {
+            line(out, b"date", value.as_bytes());
+        }
+    });
+}
+
+/// Writes `first` then `second`, in one call when the socket takes them.
+pub(crate) async fn write_all(socket: &Socket, first: &[u8], second: &[u8]) -> io::Result<()> {
+    let (mut a, mut b) = (first, second);
+    while !a.is_empty() || !b.is_empty() {
+        let written = if a.is_empty() {
+            socket.write.try_write(b)
+        } else if b.is_empty() {
+            socket.write.try_write(a)
+        } else {
+            socket
+                .write
+                .try_write_vectored(&[IoSlice::new(a), IoSlice::new(b)])
+        };
+        match written {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(mut n) => {
+                let from_a = n.min(a.len());
+                a = &a[from_a..];
+                n -= from_a;
+                b = &b[n..];
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => socket.write.writable().await?,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunk_sizes_are_lowercase_hex() {
+        let mut b = [0u8; 16];
+        assert_eq!(hex(0, &mut b), b"0");
+        assert_eq!(hex(10, &mut b), b"a");
+        assert_eq!(hex(0x1f2e, &mut b), b"1f2e");
+        assert_eq!(hex(usize::MAX, &mut b), b"ffffffffffffffff");
+    }
+}

@@ -1,0 +1,220 @@
+//! HTTP/1.1 as clients speak it, byte by byte over raw TCP on 127.0.0.1: bodies framed by
+//! length or in chunks, requests sent without waiting, HTTP/1.0, `100 Continue`, streams; heads
+//! that two readers could frame differently (request smuggling) refused; and a client that
+//! leaves while its request waits upstream gives its place back at once.
+
+// Tests time real processes and sockets on the system clock (see clippy.toml).
+#![allow(clippy::disallowed_methods)]
+
+mod support;
+
+use std::time::Duration;
+
+use spillway_testkit::eventually;
+use support::raw::*;
+use support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+fn gateway_and_mock(flags: &[&str]) -> (Proc, Proc) {
+    let m = mock(flags);
+    let gw = gateway(&model("m", &[("b", "r", m.url("/v1"))]));
+    (gw, m)
+}
+
+fn chat_json(stream: bool) -> Vec<u8> {
+    serde_json::to_vec(&chat_body("m", stream)).unwrap()
+}
+
+/// `body` in chunks of `size` bytes, with a chunk extension on the first, and the last chunk.
+fn chunked(body: &[u8], size: usize) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (i, piece) in body.chunks(size).enumerate() {
+        let ext = if i == 0 { ";note=first" } else { "" };
+        out.extend_from_slice(format!("{:X}{ext}\r\n", piece.len()).as_bytes());
+        out.extend_from_slice(piece);
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"0\r\n\r\n");
+    out
+}
+
+#[tokio::test]
+async fn a_chunked_request_body_is_read_whole_and_the_connection_goes_on() {
+    let (gw, _m) = gateway_and_mock(&["--model", "m"]);
+    let mut s = connect(&gw).await;
+    for size in [7, 4096] {
+        let head = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {KEY}\r\n\
+             content-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n"
+        );
+        s.write_all(head.as_bytes()).await.unwrap();
+        s.write_all(&chunked(&chat_json(false), size))
+            .await
+            .unwrap();
+        let (status, head, body) = response(&mut s).await;
+        assert_eq!(status, 200, "{head}\n{body}");
+        assert!(!head.contains("connection: close"), "{head}");
+        let json: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert!(
+            json["choices"][0]["message"]["content"].is_string(),
+            "{json}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn requests_sent_without_waiting_are_answered_in_order() {
+    let (gw, _m) = gateway_and_mock(&["--model", "m"]);
+    let chat = chat_json(false);
+    let mut all = Vec::new();
+    for path in [
+        "/v1/chat/completions",
+        "/livez",
+        "/v1/chat/completions",
+        "/nowhere",
+    ] {
+        if path == "/v1/chat/completions" {
+            all.extend_from_slice(chat_head(chat.len(), "").as_bytes());
+            all.extend_from_slice(&chat);
+        } else {
+            all.extend_from_slice(format!("GET {path} HTTP/1.1\r\nhost: x\r\n\r\n").as_bytes());
+        }
+    }
+    let mut s = connect(&gw).await;
+    s.write_all(&all).await.unwrap();
+    let mut statuses = Vec::new();
+    for _ in 0..4 {
+        let (status, head, body) = response(&mut s).await;
+        if status == 200 && head.contains("application/json") {
+            assert!(body.contains("\"choices\""), "{body}");
+        }
+        statuses.push(status);
+    }
+    assert_eq!(statuses, [200, 200, 200, 404]);
+}
+
+#[tokio::test]
+async fn http_10_clients_are_answered_and_closed_unless_they_ask_to_keep_alive() {
+    let (gw, _m) = gateway_and_mock(&["--model", "m"]);
+    let mut s = connect(&gw).await;
+    s.write_all(b"GET /livez HTTP/1.0\r\n\r\n").await.unwrap();
+    let all = String::from_utf8(until_closed(&mut s).await.expect("closed")).unwrap();
+    assert!(all.starts_with("HTTP/1.1 200 "), "{all}");
+    assert!(all.to_lowercase().contains("connection: close"), "{all}");
+
+    let mut s = connect(&gw).await;
+    for _ in 0..2 {
+        s.write_all(b"GET /livez HTTP/1.0\r\nconnection: keep-alive\r\n\r\n")
+            .await
+            .unwrap();
+        let (status, head, _) = response(&mut s).await;
+        assert_eq!(status, 200);
+        assert!(head.contains("connection: keep-alive"), "{head}");
+    }
+}
+
+#[tokio::test]
+async fn a_client_expecting_100_continue_gets_it_before_it_sends_the_body() {
+    let (gw, _m) = gateway_and_mock(&["--model", "m"]);
+    let body = chat_json(false);
+    let mut s = connect(&gw).await;
+    s.write_all(chat_head(body.len(), "expect: 100-continue\r\n").as_bytes())
+        .await
+        .unwrap();
+    let interim = b"HTTP/1.1 100 Continue\r\n\r\n";
+    let mut got = vec![0u8; interim.len()];
+    tokio::time::timeout(PATIENCE, s.read_exact(&mut got))
+        .await
+        .expect("100 Continue in time")
+        .unwrap();
+    assert_eq!(&got, interim);
+    s.write_all(&body).await.unwrap();
+    let (status, head, _) = response(&mut s).await;
+    assert_eq!(status, 200, "{head}");
+}
+
+#[tokio::test]
+async fn a_stream_is_sent_in_chunks_that_end_with_the_last_chunk() {
+    let (gw, _m) = gateway_and_mock(&["--model", "m"]);
+    let body = chat_json(true);
+    let mut s = connect(&gw).await;
+    let mut head = chat_head(body.len(), "");
+    head = head.replace("HTTP/1.1\r\n", "HTTP/1.1\r\nconnection: close\r\n");
+    s.write_all(head.as_bytes()).await.unwrap();
+    s.write_all(&body).await.unwrap();
+    let all = String::from_utf8(until_closed(&mut s).await.expect("closed")).unwrap();
+    let (head, chunks) = all.split_once("\r\n\r\n").unwrap();
+    let head = head.to_lowercase();
+    assert!(head.starts_with("http/1.1 200 "), "{head}");
+    assert!(head.contains("transfer-encoding: chunked"), "{head}");
+    assert!(head.contains("text/event-stream"), "{head}");
+    assert!(chunks.contains("data: [DONE]"), "{chunks}");
+    assert!(chunks.ends_with("\r\n0\r\n\r\n"), "{chunks:?}");
+}
+
+/// Each head is framed one way by some readers and another way by others; the bytes after it
+/// are a second request that a reader taking the other framing would serve. The gateway
+/// answers 400 in JSON and closes, so that second request is never served.
+#[tokio::test]
+async fn heads_framed_ambiguously_get_400_and_nothing_after_them_is_served() {
+    let (gw, _m) = gateway_and_mock(&["--model", "m"]);
+    let smuggled = "GET /livez HTTP/1.1\r\nhost: x\r\n\r\n";
+    let heads = [
+        "transfer-encoding: chunked\r\ncontent-length: 4\r\n",
+        "content-length: 4\r\ntransfer-encoding: chunked\r\n",
+        "content-length: 4\r\ncontent-length: 40\r\n",
+        "transfer-encoding: gzip, chunked\r\n",
+        "transfer-encoding: chunked\r\ntransfer-encoding: chunked\r\n",
+        "transfer-encoding : chunked\r\n",
+        "x-a: 1\r\n transfer-encoding: chunked\r\n",
+        "content-length: +4\r\n",
+    ];
+    for extra in heads {
+        let mut s = connect(&gw).await;
+        let request = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {KEY}\r\n\
+             {extra}\r\n0\r\n\r\n{smuggled}"
+        );
+        s.write_all(request.as_bytes()).await.unwrap();
+        let all = String::from_utf8(until_closed(&mut s).await.expect("closed")).unwrap();
+        assert!(all.starts_with("HTTP/1.1 400 "), "{extra:?}: {all}");
+        assert_eq!(all.matches("HTTP/1.1 ").count(), 1, "{extra:?}: {all}");
+        assert!(all.contains("\"invalid_request\""), "{all}");
+        assert!(all.to_lowercase().contains("connection: close"), "{all}");
+    }
+    // HTTP/1.0 with a transfer coding, too.
+    let mut s = connect(&gw).await;
+    s.write_all(format!("POST /v1/chat/completions HTTP/1.0\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\r\n{smuggled}").as_bytes())
+        .await
+        .unwrap();
+    let all = String::from_utf8(until_closed(&mut s).await.expect("closed")).unwrap();
+    assert!(all.starts_with("HTTP/1.1 400 "), "{all}");
+    assert_eq!(all.matches("HTTP/1.1 ").count(), 1, "{all}");
+}
+
+/// A client that closes its connection while its request waits for a slow backend: the
+/// request ends then, its place under the in-flight count given back, not when the backend
+/// would have answered.
+#[tokio::test]
+async fn a_client_that_leaves_while_its_request_waits_gives_its_place_back() {
+    let (gw, _m) = gateway_and_mock(&["--model", "m", "--ttft", "120s", "--tokens-per-sec", "0"]);
+    let in_flight = |want: f64| {
+        let gw = &gw;
+        async move {
+            eventually(Duration::from_secs(15), "requests in flight", || async {
+                let page = metrics(gw).await;
+                sample(&page, "spillway_requests_in_flight ").unwrap_or(0.0) == want
+            })
+            .await
+        }
+    };
+    let body = chat_json(false);
+    let mut s = connect(&gw).await;
+    s.write_all(chat_head(body.len(), "").as_bytes())
+        .await
+        .unwrap();
+    s.write_all(&body).await.unwrap();
+    in_flight(1.0).await;
+    drop(s);
+    in_flight(0.0).await;
+}

@@ -80,17 +80,28 @@ async fn requests_sent_without_waiting_are_answered_in_order() {
             all.extend_from_slice(format!("GET {path} HTTP/1.1\r\nhost: x\r\n\r\n").as_bytes());
         }
     }
+    all.extend_from_slice(b"GET /livez HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n");
     let mut s = connect(&gw).await;
     s.write_all(&all).await.unwrap();
-    let mut statuses = Vec::new();
-    for _ in 0..4 {
-        let (status, head, body) = response(&mut s).await;
-        if status == 200 && head.contains("application/json") {
-            assert!(body.contains("\"choices\""), "{body}");
-        }
-        statuses.push(status);
+    // The answers come back to back, each framed by its content-length; the last closes.
+    let got = String::from_utf8(until_closed(&mut s).await.expect("closed")).unwrap();
+    let mut rest = got.as_str();
+    let mut answers = Vec::new();
+    while let Some((head, after)) = rest.split_once("\r\n\r\n") {
+        let head = head.to_lowercase();
+        let length: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length: "))
+            .map_or(0, |v| v.trim().parse().unwrap());
+        answers.push((head[9..12].to_string(), after[..length].to_string()));
+        rest = &after[length..];
     }
-    assert_eq!(statuses, [200, 200, 200, 404]);
+    assert_eq!(rest, "", "{got}");
+    let statuses: Vec<&str> = answers.iter().map(|(s, _)| s.as_str()).collect();
+    assert_eq!(statuses, ["200", "200", "200", "404", "200"], "{got}");
+    assert!(answers[0].1.contains("\"choices\""), "{got}");
+    assert!(answers[2].1.contains("\"choices\""), "{got}");
+    assert!(!answers[1].1.contains("\"choices\""), "{got}");
 }
 
 #[tokio::test]
@@ -190,6 +201,15 @@ async fn heads_framed_ambiguously_get_400_and_nothing_after_them_is_served() {
     let all = String::from_utf8(until_closed(&mut s).await.expect("closed")).unwrap();
     assert!(all.starts_with("HTTP/1.1 400 "), "{all}");
     assert_eq!(all.matches("HTTP/1.1 ").count(), 1, "{all}");
+    let m = metrics(&gw).await;
+    assert_eq!(
+        sample(
+            &m,
+            "spillway_client_connections_closed_total{listener=\"api\",reason=\"malformed_head\"}"
+        ),
+        Some(heads.len() as f64 + 1.0),
+        "{m}"
+    );
 }
 
 /// A client that closes its connection while its request waits for a slow backend: the

@@ -19,7 +19,8 @@ pub const IN_FLIGHT_MAX: &str = "spillway_requests_in_flight_max";
 pub const CONNECTIONS: &str = "spillway_client_connections";
 pub const CONNECTIONS_MAX: &str = "spillway_client_connections_max";
 /// Counter, labels `listener` (`api`, `admin`), `reason`: client connections the gateway
-/// closed itself, `over_capacity` (refused at accept), `idle_timeout`, `header_read_timeout`.
+/// closed itself, `over_capacity` (refused at accept), `idle_timeout`, `header_read_timeout`,
+/// `malformed_head` (a head that could not be read, answered and closed).
 pub const CONNECTIONS_CLOSED: &str = "spillway_client_connections_closed_total";
 /// Gauges: request body bytes being read or held, and the cap.
 pub const BUFFERED_BYTES: &str = "spillway_buffered_body_bytes";

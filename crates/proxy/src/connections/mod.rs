@@ -206,9 +206,9 @@ impl Connections {
         };
         match ended {
             h1::Ended::Closed => {}
-            h1::Ended::Refused(tcp, answer) => {
+            h1::Ended::Refused(tcp, refusal) => {
                 closed(self.listener, "malformed_head");
-                answer_and_close(tcp, &answer).await;
+                answer_and_close(tcp, &refuse::bad_head(refusal)).await;
             }
             h1::Ended::Http2(tcp, read) => {
                 let io = Prefixed::new(tcp, read.freeze());

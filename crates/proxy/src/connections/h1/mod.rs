@@ -41,8 +41,8 @@ const H2_PREFACE_START: &[u8] = b"PRI * HTTP/2.0";
 /// How a connection's HTTP/1 service ended.
 pub(crate) enum Ended {
     Closed,
-    /// A head could not be read: this answer is to be written and the connection closed.
-    Refused(TcpStream, bytes::Bytes),
+    /// A head could not be read: the client is to be told why and the connection closed.
+    Refused(TcpStream, Refusal),
     /// The client speaks HTTP/2: its socket and what was read of it.
     Http2(TcpStream, BytesMut),
 }
@@ -77,7 +77,7 @@ impl<S: Serve> Conn<S> {
                 Next::Closed => return Ended::Closed,
                 Next::Refused(refusal) => {
                     return match Socket::into_parts(self.socket) {
-                        Some((tcp, _)) => Ended::Refused(tcp, super::refuse::bad_head(refusal)),
+                        Some((tcp, _)) => Ended::Refused(tcp, refusal),
                         None => Ended::Closed,
                     }
                 }

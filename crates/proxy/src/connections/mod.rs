@@ -2,19 +2,19 @@
 //! its place without a request, and how much each may make the gateway buffer.
 //!
 //! Every other cap of the gateway counts requests; a connection costs memory before it has sent
-//! one (its task, hyper's buffers), and a client that opens connections and never finishes a
+//! one (its task, its buffers), and a client that opens connections and never finishes a
 //! request would otherwise hold them forever. So:
 //! - at most `max_connections` are open; one accepted beyond it is answered `503` with
 //!   `Retry-After` at once and closed, instead of waiting in the kernel's backlog;
 //! - a connection with no request in flight is closed after `server.idle_timeout`, and an
 //!   HTTP/1 request's head must arrive within `server.header_read_timeout` of its first byte
 //!   (`activity.rs`); bodies have `server.body_read_timeout` (`request::read_body`);
-//! - HTTP/1 reads at most 64 KiB of head and buffer; HTTP/2 opens at most
-//!   `server.http2_max_concurrent_streams` streams per connection, with small flow-control
+//! - HTTP/1 (served by `h1/`) reads at most 64 KiB of head and buffer; HTTP/2 (hyper) opens at
+//!   most `server.http2_max_concurrent_streams` streams per connection, with small flow-control
 //!   windows and header lists, and pings a silent client, closing the connection when it does
 //!   not answer;
 //! - an answer given before the request's body was read says `Connection: close`, so the client
-//!   does not send its next request on a connection hyper is about to close.
+//!   does not send its next request on a connection about to close.
 
 mod activity;
 mod h1;

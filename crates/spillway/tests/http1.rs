@@ -238,3 +238,48 @@ async fn a_client_that_leaves_while_its_request_waits_gives_its_place_back() {
     drop(s);
     in_flight(0.0).await;
 }
+
+/// A client that asks for a long stream and never reads it: once the connection's buffers are
+/// full and nothing more is taken for `server.idle_timeout`, the gateway drops the request and
+/// its place, though the client keeps its connection open.
+#[tokio::test]
+async fn a_client_that_takes_none_of_its_answer_is_dropped_after_the_idle_timeout() {
+    let m = mock(&[
+        "--model",
+        "m",
+        "--ttft",
+        "0ms",
+        "--tokens-per-sec",
+        "0",
+        "--max-output-tokens",
+        "200000",
+    ]);
+    let gw = gateway(&format!(
+        "idle_timeout = \"1s\"\n{}",
+        model("m", &[("b", "r", m.url("/v1"))])
+    ));
+    let in_flight = |want: f64| {
+        let gw = &gw;
+        async move {
+            eventually(Duration::from_secs(15), "requests in flight", || async {
+                let page = metrics(gw).await;
+                sample(&page, "spillway_requests_in_flight ").unwrap_or(0.0) == want
+            })
+            .await
+        }
+    };
+    let mut body = chat_body("m", true);
+    body["max_tokens"] = 200_000.into();
+    let body = serde_json::to_vec(&body).unwrap();
+    // A small receive window, so the answer fills it at once.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut s = socket.connect(gw.addr).await.unwrap();
+    s.write_all(chat_head(body.len(), "").as_bytes())
+        .await
+        .unwrap();
+    s.write_all(&body).await.unwrap();
+    in_flight(1.0).await;
+    in_flight(0.0).await;
+    drop(s);
+}

@@ -177,6 +177,7 @@ impl Connections {
             router: router.clone(),
             request_ids: self.request_ids,
             shutdown: shutdown.clone(),
+            stall: self.deadlines.idle,
         };
         let ended = {
             let mut served = pin!(conn.run());

@@ -12,7 +12,7 @@
 //!
 //! While a response is awaited or streamed, the connection watches for the client closing its
 //! side (once the request's body has been read): the request is then dropped, as a client that
-//! went away.
+//! went away. So is one whose client takes none of the answer for `server.idle_timeout`.
 
 pub(crate) mod body;
 mod head;
@@ -25,7 +25,7 @@ use std::task::Poll;
 
 use axum::body::Body;
 use bytes::BytesMut;
-use http::{Method, Response};
+use http::Method;
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
@@ -56,6 +56,9 @@ pub(crate) struct Conn<S> {
     pub request_ids: bool,
     /// True once the gateway shuts down: the request being served is the connection's last.
     pub shutdown: watch::Receiver<bool>,
+    /// How long a client may take none of its answer (`server.idle_timeout`) before the
+    /// connection is dropped.
+    pub stall: std::time::Duration,
 }
 
 // Returned once per request and never stored: boxing the head would cost an allocation each.
@@ -148,7 +151,20 @@ impl<S: Serve> Conn<S> {
         let id = self
             .request_ids
             .then(|| crate::call::request_id(req.headers_mut()));
-        let Some(mut response) = self.unless_client_leaves(self.router.serve(req)).await else {
+        // The response, unless the client closes the connection first. The handler's future
+        // is made in place here, not passed on: it is large, and every move copies it.
+        let mut served = pin!(self.router.serve(req));
+        let answered = poll_fn(|cx| {
+            if let Poll::Ready(response) = served.as_mut().poll(cx) {
+                return Poll::Ready(Some(response));
+            }
+            match self.socket.lock().poll_hangup(cx) {
+                Poll::Ready(()) => Poll::Ready(None),
+                Poll::Pending => Poll::Pending,
+            }
+        })
+        .await;
+        let Some(mut response) = answered else {
             return false;
         };
         // The body left unread (an answer given before it came) ends the connection: the next
@@ -161,27 +177,10 @@ impl<S: Serve> Conn<S> {
             head: asked_head,
             version,
             close,
+            stall: self.stall,
         };
         let kept = write::response(&self.socket, response, asked).await;
         drop(busy);
         kept && !*self.shutdown.borrow()
-    }
-
-    /// `served`'s response, or `None` when the client closes the connection first.
-    async fn unless_client_leaves(
-        &self,
-        served: impl Future<Output = Response<Body>>,
-    ) -> Option<Response<Body>> {
-        let mut served = pin!(served);
-        poll_fn(|cx| {
-            if let Poll::Ready(response) = served.as_mut().poll(cx) {
-                return Poll::Ready(Some(response));
-            }
-            match self.socket.lock().poll_hangup(cx) {
-                Poll::Ready(()) => Poll::Ready(None),
-                Poll::Pending => Poll::Pending,
-            }
-        })
-        .await
     }
 }

@@ -9,7 +9,7 @@ use std::future::poll_fn;
 use std::io::{self, IoSlice};
 use std::pin::pin;
 use std::task::Poll;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::body::Body;
 use bytes::{BufMut, BytesMut};
@@ -33,6 +33,8 @@ pub(crate) struct Asked {
     pub version: Version,
     /// The connection closes after this response.
     pub close: bool,
+    /// How long the client may take none of the answer before it is given up on.
+    pub stall: Duration,
 }
 
 enum Framing {
@@ -102,14 +104,20 @@ pub(crate) async fn response(socket: &Socket, response: Response<Body>, asked: A
     }
     out.put_slice(b"\r\n");
     if asked.head || matches!(framing, Framing::None) {
-        return write_all(socket, &out, &[]).await.is_ok() && !close;
+        return write_all(socket, &out, &[], asked.stall).await.is_ok() && !close;
     }
-    let ended = body_frames(socket, body, out, &framing).await;
+    let ended = body_frames(socket, body, out, &framing, asked.stall).await;
     ended && !close
 }
 
 /// Writes the body's frames after `out` (the head); true when the body ended as framed.
-async fn body_frames(socket: &Socket, body: Body, mut out: BytesMut, framing: &Framing) -> bool {
+async fn body_frames(
+    socket: &Socket,
+    body: Body,
+    mut out: BytesMut,
+    framing: &Framing,
+    stall: Duration,
+) -> bool {
     let chunked = matches!(framing, Framing::Chunked);
     let mut left = match framing {
         Framing::Length(n) => *n,
@@ -131,7 +139,7 @@ async fn body_frames(socket: &Socket, body: Body, mut out: BytesMut, framing: &F
         .await;
         let frame = match next {
             None => {
-                if write_all(socket, &out, &[]).await.is_err() {
+                if write_all(socket, &out, &[], stall).await.is_err() {
                     return false;
                 }
                 out.clear();
@@ -142,11 +150,11 @@ async fn body_frames(socket: &Socket, body: Body, mut out: BytesMut, framing: &F
                     out.put_slice(b"0\r\n\r\n");
                 }
                 let whole = !matches!(framing, Framing::Length(_)) || left == 0;
-                return write_all(socket, &out, &[]).await.is_ok() && whole;
+                return write_all(socket, &out, &[], stall).await.is_ok() && whole;
             }
             // A body cut short: the client sees it end before its framing does.
             Some(Some(Err(_))) => {
-                let _ = write_all(socket, &out, &[]).await;
+                let _ = write_all(socket, &out, &[], stall).await;
                 return false;
             }
             Some(Some(Ok(frame))) => frame,
@@ -160,7 +168,7 @@ async fn body_frames(socket: &Socket, body: Body, mut out: BytesMut, framing: &F
         if left != u64::MAX {
             if data.len() as u64 > left {
                 // More than the body said it had: what fits is written, and the connection ends.
-                let _ = write_all(socket, &out, &data[..left as usize]).await;
+                let _ = write_all(socket, &out, &data[..left as usize], stall).await;
                 return false;
             }
             left -= data.len() as u64;
@@ -174,7 +182,7 @@ async fn body_frames(socket: &Socket, body: Body, mut out: BytesMut, framing: &F
         if data.len() <= COPY_MAX {
             out.put_slice(&data);
         } else {
-            if write_all(socket, &out, &data).await.is_err() {
+            if write_all(socket, &out, &data, stall).await.is_err() {
                 return false;
             }
             out.clear();
@@ -183,7 +191,7 @@ async fn body_frames(socket: &Socket, body: Body, mut out: BytesMut, framing: &F
             out.put_slice(b"\r\n");
         }
         if out.len() >= FLUSH_AT {
-            if write_all(socket, &out, &[]).await.is_err() {
+            if write_all(socket, &out, &[], stall).await.is_err() {
                 return false;
             }
             out.clear();
@@ -230,8 +238,15 @@ fn date(out: &mut BytesMut) {
     });
 }
 
-/// Writes `first` then `second`, in one call when the socket takes them.
-pub(crate) async fn write_all(socket: &Socket, first: &[u8], second: &[u8]) -> io::Result<()> {
+/// Writes `first` then `second`, in one call when the socket takes them; fails when the client
+/// takes nothing for `stall` (a client that stops reading holds its connection, its request
+/// and what the relay holds for it only that long).
+pub(crate) async fn write_all(
+    socket: &Socket,
+    first: &[u8],
+    second: &[u8],
+    stall: Duration,
+) -> io::Result<()> {
     let (mut a, mut b) = (first, second);
     while !a.is_empty() || !b.is_empty() {
         let written = if a.is_empty() {
@@ -251,7 +266,11 @@ pub(crate) async fn write_all(socket: &Socket, first: &[u8], second: &[u8]) -> i
                 n -= from_a;
                 b = &b[n..];
             }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => socket.write.writable().await?,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                tokio::time::timeout(stall, socket.write.writable())
+                    .await
+                    .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))??
+            }
             Err(e) => return Err(e),
         }
     }

@@ -125,6 +125,23 @@ async fn http_10_clients_are_answered_and_closed_unless_they_ask_to_keep_alive()
 }
 
 #[tokio::test]
+async fn a_head_request_gets_the_head_alone_and_the_connection_goes_on() {
+    let (gw, _m) = gateway_and_mock(&["--model", "m"]);
+    let mut s = connect(&gw).await;
+    s.write_all(b"HEAD /livez HTTP/1.1\r\nhost: x\r\n\r\nGET /livez HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let all = String::from_utf8(until_closed(&mut s).await.expect("closed")).unwrap();
+    let (head, rest) = all.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.1 200 "), "{all}");
+    assert!(!head.to_lowercase().contains("transfer-encoding"), "{all}");
+    // What follows the first head is the second answer, whole.
+    assert!(rest.starts_with("HTTP/1.1 200 "), "{all}");
+    let (_, body) = rest.split_once("\r\n\r\n").unwrap();
+    assert!(!body.is_empty(), "{all}");
+}
+
+#[tokio::test]
 async fn a_client_expecting_100_continue_gets_it_before_it_sends_the_body() {
     let (gw, _m) = gateway_and_mock(&["--model", "m"]);
     let body = chat_json(false);
@@ -282,4 +299,34 @@ async fn a_client_that_takes_none_of_its_answer_is_dropped_after_the_idle_timeou
     in_flight(1.0).await;
     in_flight(0.0).await;
     drop(s);
+}
+
+/// A client that sends a body over the cap without waiting for an answer: the gateway answers
+/// 413 at once and reads away what more comes for a moment before it closes, so the client's
+/// write goes through and it reads the answer and a clean close, not a reset connection.
+#[tokio::test]
+async fn a_body_over_the_cap_sent_whole_is_answered_413_not_reset() {
+    let m = mock(&["--model", "m"]);
+    let gw = gateway(&format!(
+        "max_body_bytes = 65536\n{}",
+        model("m", &[("b", "r", m.url("/v1"))])
+    ));
+    for _ in 0..5 {
+        let s = connect(&gw).await;
+        let (mut read, mut write) = s.into_split();
+        let size = 4 * 1024 * 1024;
+        let sending = tokio::spawn(async move {
+            write.write_all(chat_head(size, "").as_bytes()).await?;
+            write.write_all(&vec![b' '; size]).await
+        });
+        let mut got = Vec::new();
+        let read_all = tokio::time::timeout(PATIENCE, read.read_to_end(&mut got)).await;
+        let text = String::from_utf8_lossy(&got);
+        assert!(text.starts_with("HTTP/1.1 413 "), "{read_all:?}: {text:?}");
+        assert!(text.contains("\"body_too_large\""), "{text}");
+        // The connection ended with a close, not a reset, and the body went out whole.
+        assert!(matches!(read_all, Ok(Ok(_))), "{read_all:?}");
+        let sent = sending.await.unwrap();
+        assert!(sent.is_ok(), "the body's write failed: {sent:?}");
+    }
 }

@@ -207,6 +207,7 @@ impl Connections {
         };
         match ended {
             h1::Ended::Closed => {}
+            h1::Ended::Linger(tcp) => linger_close(tcp).await,
             h1::Ended::Refused(tcp, refusal) => {
                 closed(self.listener, "malformed_head");
                 answer_and_close(tcp, &refuse::bad_head(refusal)).await;
@@ -279,10 +280,16 @@ impl Connections {
 /// buffer empty, so the write does not block (one that would is given up); reading what the
 /// client still sends for a moment before the close lets its request arrive, where closing
 /// with bytes unread would reset the connection and lose the answer.
-async fn answer_and_close(mut tcp: TcpStream, answer: &[u8]) {
+async fn answer_and_close(tcp: TcpStream, answer: &[u8]) {
     if tcp.try_write(answer).is_err() {
         return;
     }
+    linger_close(tcp).await;
+}
+
+/// Closes a connection after its last answer: the write side at once, the read side once the
+/// client has closed its own or [`REFUSED_LINGER`] has passed, what it sent meanwhile dropped.
+async fn linger_close(mut tcp: TcpStream) {
     let _ = tcp.shutdown().await;
     let mut sink = [0u8; 4096];
     let _ = tokio::time::timeout(REFUSED_LINGER, async {

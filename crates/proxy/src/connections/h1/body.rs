@@ -104,6 +104,11 @@ impl Reading {
         self.request
     }
 
+    /// The client closed its side, or reading failed.
+    pub(crate) fn ended(&self) -> bool {
+        self.ended
+    }
+
     /// Whether the request's body was read to its end (so the next bytes are the next head).
     pub(crate) fn body_done(&self) -> bool {
         self.decoder.is_done()

@@ -43,6 +43,9 @@ pub(crate) enum Ended {
     Closed,
     /// A head could not be read: the client is to be told why and the connection closed.
     Refused(TcpStream, Refusal),
+    /// Closed with the request's body unread: what more the client sends is to be read away
+    /// for a moment before the connection closes.
+    Linger(TcpStream),
     /// The client speaks HTTP/2: its socket and what was read of it.
     Http2(TcpStream, BytesMut),
 }
@@ -94,7 +97,17 @@ impl<S: Serve> Conn<S> {
             };
             first = false;
             if !self.exchange(head).await {
-                return Ended::Closed;
+                // A body the client may still be sending is read away for a moment before the
+                // close: closing with it unread would reset the connection, and the answer with
+                // it, before the client has read it.
+                let unread = {
+                    let r = self.socket.lock();
+                    !r.body_done() && !r.ended()
+                };
+                return match unread.then(|| Socket::into_parts(self.socket)).flatten() {
+                    Some((tcp, _)) => Ended::Linger(tcp),
+                    None => Ended::Closed,
+                };
             }
         }
     }

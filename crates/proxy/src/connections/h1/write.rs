@@ -78,7 +78,8 @@ pub(crate) async fn response(socket: &Socket, response: Response<Body>, asked: A
     let mut said_connection = false;
     let mut dated = false;
     for (name, value) in &parts.headers {
-        if name == header::CONTENT_LENGTH || name == header::TRANSFER_ENCODING {
+        // Framing is the body's, written below; a HEAD answer's length is the handler's to say.
+        if (name == header::CONTENT_LENGTH && !asked.head) || name == header::TRANSFER_ENCODING {
             continue;
         }
         said_connection |= name == header::CONNECTION;
@@ -89,6 +90,7 @@ pub(crate) async fn response(socket: &Socket, response: Response<Body>, asked: A
         date(&mut out);
     }
     match framing {
+        _ if asked.head => {}
         Framing::Length(n) => line(
             &mut out,
             b"content-length",

@@ -40,6 +40,8 @@ pub(crate) struct Reading {
     continue_owed: bool,
     /// The client closed its side, or reading failed.
     ended: bool,
+    /// How much of `buf` is known to hold no blank line (no whole head).
+    scanned: usize,
 }
 
 impl Socket {
@@ -52,6 +54,7 @@ impl Socket {
                 request: 0,
                 continue_owed: false,
                 ended: false,
+                scanned: 0,
             }),
             write,
         })
@@ -104,6 +107,20 @@ impl Reading {
         self.request
     }
 
+    /// Whether the buffer may hold a whole head: a blank line after what was looked at before.
+    /// A head's bytes are parsed only then, so one trickled a byte at a time is looked at once
+    /// per byte, not parsed again from its start each time.
+    pub(crate) fn may_hold_head(&mut self) -> bool {
+        let whole = blank_line_after(&self.buf, self.scanned);
+        self.scanned = self.buf.len();
+        whole
+    }
+
+    /// A head was taken from the buffer: what follows is looked at afresh.
+    pub(crate) fn head_taken(&mut self) {
+        self.scanned = 0;
+    }
+
     /// The client closed its side, or reading failed.
     pub(crate) fn ended(&self) -> bool {
         self.ended
@@ -132,6 +149,16 @@ impl Reading {
         }
         Poll::Pending
     }
+}
+
+/// Whether `buf` has an empty line (`\n\n` or `\n\r\n`, which end a head) that is not wholly
+/// within its first `from` bytes.
+fn blank_line_after(buf: &[u8], from: usize) -> bool {
+    let start = from.saturating_sub(2).min(buf.len());
+    memchr::memchr_iter(b'\n', &buf[start..]).any(|i| {
+        let rest = &buf[start + i + 1..];
+        rest.starts_with(b"\n") || rest.starts_with(b"\r\n")
+    })
 }
 
 /// A request body as the handler reads it: decoded from the connection's buffer, which is
@@ -233,5 +260,24 @@ impl http_body::Body for RequestBody {
 
     fn size_hint(&self) -> SizeHint {
         self.hint
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::blank_line_after;
+
+    #[test]
+    fn a_head_is_whole_only_from_its_blank_line_however_it_arrives() {
+        let head = b"GET / HTTP/1.1\r\nhost: x\r\n\r\n";
+        let mut scanned = 0;
+        for end in 1..=head.len() {
+            let whole = blank_line_after(&head[..end], scanned);
+            assert_eq!(whole, end == head.len(), "at {end}");
+            scanned = end;
+        }
+        assert!(blank_line_after(b"GET / HTTP/1.1\nhost: x\n\n", 0));
+        assert!(!blank_line_after(b"GET / HTTP/1.1\r\nhost: x\r\n", 0));
+        assert!(!blank_line_after(b"", 5));
     }
 }

@@ -125,15 +125,20 @@ impl<S: Serve> Conn<S> {
                     if r.buf.len() >= H2_PREFACE_START.len() {
                         return Poll::Ready(Next::Http2);
                     }
-                } else {
+                } else if r.may_hold_head() {
                     match head::parse(&mut r.buf) {
-                        Ok(Some(head)) => return Poll::Ready(Next::Head(head)),
+                        Ok(Some(head)) => {
+                            r.head_taken();
+                            return Poll::Ready(Next::Head(head));
+                        }
                         Ok(None) if r.buf.len() >= MAX_BUFFER => {
                             return Poll::Ready(Next::Refused(Refusal::TooLarge))
                         }
                         Ok(None) => {}
                         Err(refusal) => return Poll::Ready(Next::Refused(refusal)),
                     }
+                } else if r.buf.len() >= MAX_BUFFER {
+                    return Poll::Ready(Next::Refused(Refusal::TooLarge));
                 }
                 match std::task::ready!(r.poll_fill(cx)) {
                     Ok(0) | Err(_) => return Poll::Ready(Next::Closed),

@@ -25,6 +25,15 @@ fn chat_json(stream: bool) -> Vec<u8> {
     serde_json::to_vec(&chat_body("m", stream)).unwrap()
 }
 
+/// Waits until the gateway counts `want` requests in flight.
+async fn until_in_flight(gw: &Proc, want: f64) {
+    eventually(Duration::from_secs(15), "requests in flight", || async {
+        let page = metrics(gw).await;
+        sample(&page, "spillway_requests_in_flight ").unwrap_or(0.0) == want
+    })
+    .await
+}
+
 /// `body` in chunks of `size` bytes, with a chunk extension on the first, and the last chunk.
 fn chunked(body: &[u8], size: usize) -> Vec<u8> {
     let mut out = Vec::new();
@@ -235,25 +244,15 @@ async fn heads_framed_ambiguously_get_400_and_nothing_after_them_is_served() {
 #[tokio::test]
 async fn a_client_that_leaves_while_its_request_waits_gives_its_place_back() {
     let (gw, _m) = gateway_and_mock(&["--model", "m", "--ttft", "120s", "--tokens-per-sec", "0"]);
-    let in_flight = |want: f64| {
-        let gw = &gw;
-        async move {
-            eventually(Duration::from_secs(15), "requests in flight", || async {
-                let page = metrics(gw).await;
-                sample(&page, "spillway_requests_in_flight ").unwrap_or(0.0) == want
-            })
-            .await
-        }
-    };
     let body = chat_json(false);
     let mut s = connect(&gw).await;
     s.write_all(chat_head(body.len(), "").as_bytes())
         .await
         .unwrap();
     s.write_all(&body).await.unwrap();
-    in_flight(1.0).await;
+    until_in_flight(&gw, 1.0).await;
     drop(s);
-    in_flight(0.0).await;
+    until_in_flight(&gw, 0.0).await;
 }
 
 /// A client that asks for a long stream and never reads it: once the connection's buffers are
@@ -275,16 +274,6 @@ async fn a_client_that_takes_none_of_its_answer_is_dropped_after_the_idle_timeou
         "idle_timeout = \"1s\"\n{}",
         model("m", &[("b", "r", m.url("/v1"))])
     ));
-    let in_flight = |want: f64| {
-        let gw = &gw;
-        async move {
-            eventually(Duration::from_secs(15), "requests in flight", || async {
-                let page = metrics(gw).await;
-                sample(&page, "spillway_requests_in_flight ").unwrap_or(0.0) == want
-            })
-            .await
-        }
-    };
     let mut body = chat_body("m", true);
     body["max_tokens"] = 200_000.into();
     let body = serde_json::to_vec(&body).unwrap();
@@ -296,8 +285,8 @@ async fn a_client_that_takes_none_of_its_answer_is_dropped_after_the_idle_timeou
         .await
         .unwrap();
     s.write_all(&body).await.unwrap();
-    in_flight(1.0).await;
-    in_flight(0.0).await;
+    until_in_flight(&gw, 1.0).await;
+    until_in_flight(&gw, 0.0).await;
     drop(s);
 }
 

@@ -27,7 +27,8 @@ const MAX_REQUEST_ID_LEN: usize = 128;
 
 /// The id of a request with `headers`: the caller's `x-request-id` when it is short and
 /// printable, else a new one, put in `headers` so it travels upstream. The connection layer puts
-/// it on the response too (`connections::respond`), with no middleware of its own per request.
+/// it on the response too (`connections`, HTTP/1 and HTTP/2 alike), with no middleware of its
+/// own per request.
 pub(crate) fn request_id(headers: &mut HeaderMap) -> HeaderValue {
     let valid = headers.get(X_REQUEST_ID).filter(|v| {
         !v.is_empty()

@@ -11,16 +11,15 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{ready, Context, Poll};
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::{Bytes, BytesMut};
 use http_body::{Frame, SizeHint};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 
 use crate::upstream::h1::decode::{DecodeError, Decoder, Framing, Step};
+use crate::upstream::h1::poll_read_capped;
 
 /// The most one connection buffers: a head, or what arrives while a response is made.
 pub(crate) const MAX_BUFFER: usize = super::super::HTTP1_MAX_BUF;
-/// The room asked of each read.
-const READ_SIZE: usize = 8 * 1024;
 const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
 
 /// The connection's socket: its read side with its buffer, and its write side.
@@ -81,18 +80,7 @@ impl Reading {
     /// Reads what the connection has into the buffer, at most [`MAX_BUFFER`] in all; 0 at its
     /// end.
     pub(crate) fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
-        let room = READ_SIZE.min(MAX_BUFFER.saturating_sub(self.buf.len()));
-        if room == 0 {
-            return Poll::Ready(Err(io::Error::other("read buffer full")));
-        }
-        if self.buf.capacity() - self.buf.len() < room {
-            self.buf.reserve(room);
-        }
-        let read = tokio_util::io::poll_read_buf(
-            Pin::new(&mut self.read),
-            cx,
-            &mut (&mut self.buf).limit(room),
-        );
+        let read = poll_read_capped(Pin::new(&mut self.read), cx, &mut self.buf, MAX_BUFFER);
         if matches!(read, Poll::Ready(Ok(0) | Err(_))) {
             self.ended = true;
         }

@@ -139,7 +139,8 @@ impl Facts {
         if name == header::CONTENT_LENGTH {
             // Every item counts, the empty ones too (which are refused).
             for item in value.split(|&b| b == b',').map(<[u8]>::trim_ascii) {
-                let n = decimal(item).ok_or(Refusal::Malformed("invalid content-length"))?;
+                let n = crate::upstream::h1::decimal(item)
+                    .ok_or(Refusal::Malformed("invalid content-length"))?;
                 if self.length.is_some_and(|l| l != n) {
                     return Err(Refusal::Malformed("conflicting content-length values"));
                 }
@@ -191,17 +192,6 @@ impl Facts {
         }
         Ok(Framing::Chunked)
     }
-}
-
-/// A non-empty string of ASCII digits as a number, if it fits.
-fn decimal(item: &[u8]) -> Option<u64> {
-    if item.is_empty() {
-        return None;
-    }
-    item.iter().try_fold(0u64, |n, &d| {
-        let d = d.is_ascii_digit().then(|| u64::from(d - b'0'))?;
-        n.checked_mul(10)?.checked_add(d)
-    })
 }
 
 #[cfg(test)]

@@ -251,23 +251,7 @@ impl Conn {
     /// Reads what the connection has into the buffer, at most [`MAX_BUFFER`] in all; 0 at its
     /// end.
     pub(crate) fn poll_read_more(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
-        let room = READ_SIZE.min(MAX_BUFFER.saturating_sub(self.buf.len()));
-        if room == 0 {
-            return Poll::Ready(Err(io::Error::other("read buffer full")));
-        }
-        if self.buf.capacity() - self.buf.len() < room {
-            if self.buf.is_empty() {
-                self.buf.reserve(room);
-            } else {
-                // `reserve` could double the allocation past the cap: a new one of the size
-                // needed, and what is buffered (less than the cap) copied over.
-                let mut fresh = BytesMut::with_capacity(self.buf.len() + room);
-                fresh.extend_from_slice(&self.buf);
-                self.buf = fresh;
-            }
-        }
-        let mut limited = (&mut self.buf).limit(room);
-        tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut limited)
+        poll_read_capped(Pin::new(&mut self.io), cx, &mut self.buf, MAX_BUFFER)
     }
 
     /// The buffer of what was read and not taken, for the body's decoder.
@@ -288,6 +272,43 @@ impl Conn {
             .poll_read(&mut cx, &mut probe)
             .is_pending()
     }
+}
+
+/// Reads what `io` has into `buf`, up to [`READ_SIZE`] at a time and `max` in all; 0 at its end.
+/// The buffer never grows past `max`, where `reserve` could double its allocation.
+pub(crate) fn poll_read_capped<R: AsyncRead + ?Sized>(
+    io: Pin<&mut R>,
+    cx: &mut Context<'_>,
+    buf: &mut BytesMut,
+    max: usize,
+) -> Poll<io::Result<usize>> {
+    let room = READ_SIZE.min(max.saturating_sub(buf.len()));
+    if room == 0 {
+        return Poll::Ready(Err(io::Error::other("read buffer full")));
+    }
+    if buf.capacity() - buf.len() < room {
+        if buf.is_empty() {
+            buf.reserve(room);
+        } else {
+            // A new allocation of the size needed, and what is buffered (less than the cap)
+            // copied over.
+            let mut fresh = BytesMut::with_capacity(buf.len() + room);
+            fresh.extend_from_slice(buf);
+            *buf = fresh;
+        }
+    }
+    tokio_util::io::poll_read_buf(io, cx, &mut buf.limit(room))
+}
+
+/// A non-empty string of ASCII digits as a number, if it fits (a `Content-Length` value).
+pub(crate) fn decimal(item: &[u8]) -> Option<u64> {
+    if item.is_empty() {
+        return None;
+    }
+    item.iter().try_fold(0u64, |n, &d| {
+        let d = d.is_ascii_digit().then(|| u64::from(d - b'0'))?;
+        n.checked_mul(10)?.checked_add(d)
+    })
 }
 
 /// A request as a connection writes it, made once and written again as it is when a kept
@@ -397,15 +418,7 @@ impl Facts {
         } else if name == header::CONTENT_LENGTH && !matches!(self.length, Some(Err(_))) {
             for item in value.as_bytes().split(|&b| b == b',') {
                 let item = item.trim_ascii();
-                let n = (!item.is_empty())
-                    .then(|| {
-                        item.iter().try_fold(0u64, |n, &d| {
-                            let d = d.is_ascii_digit().then(|| u64::from(d - b'0'))?;
-                            n.checked_mul(10)?.checked_add(d)
-                        })
-                    })
-                    .flatten()
-                    .ok_or("invalid content-length");
+                let n = decimal(item).ok_or("invalid content-length");
                 self.length = Some(match (self.length, n) {
                     (_, Err(e)) => Err(e),
                     (Some(Ok(l)), Ok(n)) if l != n => Err("conflicting content-length"),

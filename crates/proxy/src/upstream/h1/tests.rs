@@ -294,3 +294,24 @@ async fn the_read_buffer_stays_within_its_cap_across_an_interim_answer() {
     assert!(conn.buf.capacity() <= MAX_BUFFER, "{}", conn.buf.capacity());
     drop(sent.await.unwrap());
 }
+
+/// A buffer read into while its front is taken a little at a time (frames split off and dropped,
+/// so its bytes move back within one allocation) never grows past its cap, where
+/// `BytesMut::reserve` would double the allocation.
+#[test]
+fn a_capped_read_buffer_never_grows_past_its_cap() {
+    const MAX: usize = 64 * 1024;
+    let mut io = tokio::io::repeat(b'x');
+    let mut cx = Context::from_waker(std::task::Waker::noop());
+    let mut buf = BytesMut::new();
+    for round in 0..500 {
+        if buf.len() > MAX - 16 * 1024 {
+            drop(buf.split_to(4 * 1024));
+        }
+        match poll_read_capped(Pin::new(&mut io), &mut cx, &mut buf, MAX) {
+            Poll::Ready(Ok(n)) => assert!(n > 0),
+            other => panic!("round {round}: {other:?}"),
+        }
+        assert!(buf.capacity() <= MAX, "round {round}: {}", buf.capacity());
+    }
+}

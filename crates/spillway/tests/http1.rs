@@ -245,13 +245,18 @@ async fn heads_framed_ambiguously_get_400_and_nothing_after_them_is_served() {
 async fn a_client_that_leaves_while_its_request_waits_gives_its_place_back() {
     let (gw, _m) = gateway_and_mock(&["--model", "m", "--ttft", "120s", "--tokens-per-sec", "0"]);
     let body = chat_json(false);
-    let mut s = connect(&gw).await;
-    s.write_all(chat_head(body.len(), "").as_bytes())
-        .await
-        .unwrap();
-    s.write_all(&body).await.unwrap();
-    until_in_flight(&gw, 1.0).await;
-    drop(s);
+    // Many at once: each leaving client's request ends, not only a lone one's.
+    let mut clients = Vec::new();
+    for _ in 0..16 {
+        let mut s = connect(&gw).await;
+        s.write_all(chat_head(body.len(), "").as_bytes())
+            .await
+            .unwrap();
+        s.write_all(&body).await.unwrap();
+        clients.push(s);
+    }
+    until_in_flight(&gw, 16.0).await;
+    drop(clients);
     until_in_flight(&gw, 0.0).await;
 }
 
@@ -277,17 +282,21 @@ async fn a_client_that_takes_none_of_its_answer_is_dropped_after_the_idle_timeou
     let mut body = chat_body("m", true);
     body["max_tokens"] = 200_000.into();
     let body = serde_json::to_vec(&body).unwrap();
-    // A small receive window, so the answer fills it at once.
-    let socket = tokio::net::TcpSocket::new_v4().unwrap();
-    socket.set_recv_buffer_size(4096).unwrap();
-    let mut s = socket.connect(gw.addr).await.unwrap();
-    s.write_all(chat_head(body.len(), "").as_bytes())
-        .await
-        .unwrap();
-    s.write_all(&body).await.unwrap();
-    until_in_flight(&gw, 1.0).await;
+    // Several at once, each with a small receive window, so the answer fills it at once.
+    let mut clients = Vec::new();
+    for _ in 0..8 {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_recv_buffer_size(4096).unwrap();
+        let mut s = socket.connect(gw.addr).await.unwrap();
+        s.write_all(chat_head(body.len(), "").as_bytes())
+            .await
+            .unwrap();
+        s.write_all(&body).await.unwrap();
+        clients.push(s);
+    }
+    until_in_flight(&gw, 8.0).await;
     until_in_flight(&gw, 0.0).await;
-    drop(s);
+    drop(clients);
 }
 
 /// A client that sends a body over the cap without waiting for an answer: the gateway answers

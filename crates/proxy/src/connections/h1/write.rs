@@ -12,10 +12,10 @@ use std::task::Poll;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::body::Body;
-use bytes::{BufMut, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
 use http::header::{self, HeaderValue};
 use http::{Response, StatusCode, Version};
-use http_body::Body as _;
+use http_body::{Body as _, Frame};
 
 use super::body::Socket;
 
@@ -112,6 +112,16 @@ pub(crate) async fn response(socket: &Socket, response: Response<Body>, asked: A
     ended && !close
 }
 
+/// What the body gave, or why the writer stops waiting for it.
+enum Next {
+    Frame(Frame<Bytes>),
+    End,
+    /// The body failed, or the client closed the connection while the body was awaited.
+    Broken,
+    /// Nothing ready now: what is gathered is written first.
+    Flush,
+}
+
 /// Writes the body's frames after `out` (the head); true when the body ended as framed.
 async fn body_frames(
     socket: &Socket,
@@ -121,45 +131,42 @@ async fn body_frames(
     stall: Duration,
 ) -> bool {
     let chunked = matches!(framing, Framing::Chunked);
+    // Bytes the declared length still allows, when there is one.
     let mut left = match framing {
-        Framing::Length(n) => *n,
-        _ => u64::MAX,
+        Framing::Length(n) => Some(*n),
+        _ => None,
     };
     let mut body = pin!(body);
     loop {
-        // The next frame if it is ready; if not, what is gathered is written first.
         let next = poll_fn(|cx| match body.as_mut().poll_frame(cx) {
-            Poll::Ready(frame) => Poll::Ready(Some(frame)),
-            Poll::Pending if !out.is_empty() => Poll::Ready(None),
-            Poll::Pending => match socket.lock().poll_hangup(cx) {
-                Poll::Ready(()) => Poll::Ready(Some(Some(Err(axum::Error::new(io::Error::from(
-                    io::ErrorKind::ConnectionAborted,
-                )))))),
-                Poll::Pending => Poll::Pending,
-            },
+            Poll::Ready(Some(Ok(frame))) => Poll::Ready(Next::Frame(frame)),
+            Poll::Ready(None) => Poll::Ready(Next::End),
+            Poll::Ready(Some(Err(_))) => Poll::Ready(Next::Broken),
+            Poll::Pending if !out.is_empty() => Poll::Ready(Next::Flush),
+            Poll::Pending => socket.lock().poll_hangup(cx).map(|()| Next::Broken),
         })
         .await;
         let frame = match next {
-            None => {
+            Next::Frame(frame) => frame,
+            Next::Flush => {
                 if write_all(socket, &out, &[], stall).await.is_err() {
                     return false;
                 }
                 out.clear();
                 continue;
             }
-            Some(None) => {
+            Next::End => {
                 if chunked {
                     out.put_slice(b"0\r\n\r\n");
                 }
-                let whole = !matches!(framing, Framing::Length(_)) || left == 0;
+                let whole = left.is_none_or(|n| n == 0);
                 return write_all(socket, &out, &[], stall).await.is_ok() && whole;
             }
             // A body cut short: the client sees it end before its framing does.
-            Some(Some(Err(_))) => {
+            Next::Broken => {
                 let _ = write_all(socket, &out, &[], stall).await;
                 return false;
             }
-            Some(Some(Ok(frame))) => frame,
         };
         let Ok(data) = frame.into_data() else {
             continue;
@@ -167,18 +174,17 @@ async fn body_frames(
         if data.is_empty() {
             continue;
         }
-        if left != u64::MAX {
-            if data.len() as u64 > left {
+        if let Some(n) = &mut left {
+            if data.len() as u64 > *n {
                 // More than the body said it had: what fits is written, and the connection ends.
-                let _ = write_all(socket, &out, &data[..left as usize], stall).await;
+                let _ = write_all(socket, &out, &data[..*n as usize], stall).await;
                 return false;
             }
-            left -= data.len() as u64;
+            *n -= data.len() as u64;
         }
         if chunked {
             let mut size = [0u8; 16];
-            let hex = hex(data.len(), &mut size);
-            out.put_slice(hex);
+            out.put_slice(hex(data.len(), &mut size));
             out.put_slice(b"\r\n");
         }
         if data.len() <= COPY_MAX {

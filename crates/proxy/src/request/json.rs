@@ -1,10 +1,14 @@
 //! The request body as JSON: the few fields routing and admission read from it (what spillway
 //! rewrites is in `rewrite.rs`).
 
+use std::borrow::Cow;
+
 use serde::Deserialize;
 
 use crate::endpoint::Endpoint;
 use crate::error::{ApiError, ErrorKind};
+
+mod plain;
 
 /// The fields of a request body that routing and admission need.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -31,11 +35,11 @@ impl RequestSummary {
     }
 }
 
-/// The fields read; a missing one is `None`.
+/// The fields read, as serde reads them (a missing one is `None`).
 #[derive(Deserialize)]
 struct Peek<'a> {
     #[serde(borrow)]
-    model: Option<std::borrow::Cow<'a, str>>,
+    model: Option<Cow<'a, str>>,
     stream: Option<bool>,
     // Any JSON value: a field of the wrong type is the backend's to refuse, not ours.
     max_tokens: Option<serde_json::Value>,
@@ -44,25 +48,66 @@ struct Peek<'a> {
     max_output_tokens: Option<serde_json::Value>,
     n: Option<serde_json::Value>,
     #[serde(borrow)]
-    previous_response_id: Option<std::borrow::Cow<'a, str>>,
+    previous_response_id: Option<Cow<'a, str>>,
     store: Option<serde_json::Value>,
+}
+
+/// What a body says of the fields read: the strings as they are, the counts and flags as
+/// `serde_json::Value::as_u64` and `as_bool` read them (a value of another type is `None`).
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Fields<'a> {
+    model: Option<Cow<'a, str>>,
+    stream: Option<bool>,
+    max_tokens: Option<u64>,
+    max_completion_tokens: Option<u64>,
+    max_output_tokens: Option<u64>,
+    n: Option<u64>,
+    previous_response_id: Option<Cow<'a, str>>,
+    store: Option<bool>,
+}
+
+impl<'a> From<Peek<'a>> for Fields<'a> {
+    fn from(peek: Peek<'a>) -> Fields<'a> {
+        let count = |v: Option<serde_json::Value>| v.as_ref().and_then(serde_json::Value::as_u64);
+        Fields {
+            model: peek.model,
+            stream: peek.stream,
+            max_tokens: count(peek.max_tokens),
+            max_completion_tokens: count(peek.max_completion_tokens),
+            max_output_tokens: count(peek.max_output_tokens),
+            n: count(peek.n),
+            previous_response_id: peek.previous_response_id,
+            store: peek.store.as_ref().and_then(serde_json::Value::as_bool),
+        }
+    }
+}
+
+/// serde's reading of `body`: the fields, or why it is not JSON as a request must be.
+fn by_serde(body: &[u8]) -> Result<Fields<'_>, serde_json::Error> {
+    serde_json::from_slice::<Peek<'_>>(body).map(Fields::from)
 }
 
 /// Checks that `body` is a JSON object with a string `model` and reads what routing needs. With
 /// `model_optional` (the Responses API, whose create may name no model) a body without one
 /// gives an empty `model`, for the handler to resolve.
+///
+/// A plain body is read without serde (`plain`), with the same answer; serde reads the rest and
+/// words the error for a body that is not JSON.
 pub fn summarize(body: &[u8], model_optional: bool) -> Result<RequestSummary, ApiError> {
-    let peek: Peek<'_> = serde_json::from_slice(body).map_err(|e| {
-        ApiError::new(
-            ErrorKind::MalformedRequest,
-            format!("request body is not valid JSON: {e}"),
-        )
-    })?;
-    let previous_response_id = peek
+    let fields = match plain::read(body) {
+        Some(fields) => fields,
+        None => by_serde(body).map_err(|e| {
+            ApiError::new(
+                ErrorKind::MalformedRequest,
+                format!("request body is not valid JSON: {e}"),
+            )
+        })?,
+    };
+    let previous_response_id = fields
         .previous_response_id
         .filter(|id| !id.is_empty())
         .map(|id| id.into_owned());
-    let model = match peek.model.filter(|m| !m.is_empty()) {
+    let model = match fields.model.filter(|m| !m.is_empty()) {
         Some(model) => model,
         None if model_optional => Default::default(),
         None => {
@@ -72,26 +117,17 @@ pub fn summarize(body: &[u8], model_optional: bool) -> Result<RequestSummary, Ap
             ))
         }
     };
-    let max_tokens = [
-        &peek.max_completion_tokens,
-        &peek.max_output_tokens,
-        &peek.max_tokens,
-    ]
-    .into_iter()
-    .find_map(|v| v.as_ref().and_then(serde_json::Value::as_u64));
-    let choices = peek
-        .n
-        .as_ref()
-        .and_then(serde_json::Value::as_u64)
-        .unwrap_or(1)
-        .clamp(1, 128);
+    let max_tokens = fields
+        .max_completion_tokens
+        .or(fields.max_output_tokens)
+        .or(fields.max_tokens);
     Ok(RequestSummary {
         model: model.into_owned(),
-        stream: peek.stream.unwrap_or(false),
+        stream: fields.stream.unwrap_or(false),
         max_tokens,
-        choices,
+        choices: fields.n.unwrap_or(1).clamp(1, 128),
         previous_response_id,
-        store: peek.store.as_ref().and_then(serde_json::Value::as_bool),
+        store: fields.store,
     })
 }
 

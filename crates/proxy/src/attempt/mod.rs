@@ -266,9 +266,15 @@ impl Loop<'_> {
             }
             let class = classify(outcome, &backend.rules);
             span.outcome(outcome, class);
-            let pushback = response
-                .as_ref()
-                .map_or_else(Pushback::default, |r| pushback(r.headers()));
+            // A backend's pushback (`retry-after`, `x-should-retry`) bears only on a failure
+            // that may be retried: a success or a client error is final whatever it says, and
+            // its headers are not looked up.
+            let pushback = match (&response, class) {
+                (Some(r), class) if !matches!(class, Class::Success | Class::ClientError) => {
+                    pushback(r.headers())
+                }
+                _ => Pushback::default(),
+            };
             self.learn(
                 &backend,
                 now,

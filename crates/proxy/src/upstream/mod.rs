@@ -371,6 +371,13 @@ pub(crate) const X_UPSTREAM_REQUEST_ID: HeaderName =
 /// Moves the backend's own request id to [`X_UPSTREAM_REQUEST_ID`], so the caller's
 /// `x-request-id` (and the Messages API's `request-id`) can be spillway's without losing it.
 pub(crate) fn keep_upstream_request_id(headers: &mut HeaderMap) -> Option<HeaderValue> {
+    // Most backends send neither: a look along the few names costs less than two removes,
+    // each of which hashes its name.
+    let named =
+        |name: &HeaderName| name == crate::call::X_REQUEST_ID || name == crate::call::REQUEST_ID;
+    if !headers.keys().any(named) {
+        return None;
+    }
     let theirs = headers
         .remove(crate::call::X_REQUEST_ID)
         .into_iter()

@@ -129,11 +129,15 @@ impl<'a> Reader<'a> {
         }
         loop {
             self.space();
-            // serde checks that a key is UTF-8 even where it matches no field.
-            let key = std::str::from_utf8(self.string(false)?).ok()?;
+            // serde checks that a key is UTF-8 even where it matches no field (the usual
+            // ASCII key needs no more than a look).
+            let key = self.string(false)?;
+            if !key.is_ascii() {
+                std::str::from_utf8(key).ok()?;
+            }
             self.eat(b':')?;
             self.space();
-            match Kept::of(key.as_bytes()) {
+            match Kept::of(key) {
                 Some(kept) => {
                     if std::mem::replace(&mut seen[kept as usize], true) {
                         return None;

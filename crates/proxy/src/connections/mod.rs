@@ -148,10 +148,10 @@ impl Connections {
                     let this = self.clone();
                     let router = router.clone();
                     let shutdown = shutdown_rx.clone();
-                    tokio::spawn(async move {
+                    tokio::spawn(crate::clock::OneReading::new(async move {
                         let _permit = permit;
                         this.connection(tcp, activity, router, shutdown).await
-                    });
+                    }));
                 }
                 Err(_) => self.refuse(tcp),
             }

@@ -94,7 +94,9 @@ pub(crate) fn parse(buf: &mut BytesMut) -> Result<Option<Head>, Refusal> {
     let head = buf.split_to(len).freeze();
     let uri = Uri::from_maybe_shared(head.slice(target_at))
         .map_err(|_| Refusal::Malformed("invalid request target"))?;
-    let mut headers = HeaderMap::with_capacity(names.len());
+    // Room for the `x-request-id` the connection adds when the caller sent none, so adding it
+    // does not grow the map (which moves every entry).
+    let mut headers = HeaderMap::with_capacity(names.len() + 1);
     for (name, at) in names {
         let value = HeaderValue::from_maybe_shared(head.slice(at))
             .map_err(|_| Refusal::Malformed("invalid header value"))?;

@@ -1,3 +1,6 @@
+//! The plain reading of a request body held to serde's: hand-picked bodies at each edge of the
+//! JSON grammar, and property tests on generated and damaged bodies.
+
 use proptest::prelude::*;
 
 use super::super::by_serde;

@@ -225,7 +225,9 @@ impl Conn {
             Some(1) => Version::HTTP_11,
             _ => Version::HTTP_10,
         };
-        let mut headers = HeaderMap::with_capacity(parsed.headers.len());
+        // Room for the `x-request-id` spillway sets on the answer it relays, so setting it does
+        // not grow the map (which moves every entry).
+        let mut headers = HeaderMap::with_capacity(parsed.headers.len() + 1);
         let mut facts = Facts::default();
         for h in parsed.headers.iter() {
             let name = HeaderName::from_bytes(h.name.as_bytes())

@@ -158,7 +158,6 @@ pub(super) async fn send(
         .forward(backend, method, uri, headers, body)
         .await?;
     let (mut head, body) = response.into_parts();
-    upstream::strip_response_headers(&mut head.headers);
     upstream::keep_upstream_request_id(&mut head.headers);
     let stall = gw.live().config.upstream.stream_idle_timeout;
     let body = upstream::StallLimited::new(body, stall);

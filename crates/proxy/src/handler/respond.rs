@@ -44,7 +44,6 @@ where
         trace: attempt,
     } = chosen;
     let (mut head, body) = response.into_parts();
-    upstream::strip_response_headers(&mut head.headers);
     let theirs = upstream::keep_upstream_request_id(&mut head.headers);
     debug!(
         request_id = ?call.id,

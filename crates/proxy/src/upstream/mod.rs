@@ -37,7 +37,6 @@ pub(crate) mod h1;
 pub(crate) mod hop;
 pub(crate) use body::{StallLimited, UpstreamBody};
 use h1::{Conn, Outgoing};
-pub(crate) use hop::strip_response_headers;
 
 /// hyper-util's pooled client, for the gateway's own reads beside the request path (health
 /// checks, engine metrics pages).

@@ -12,15 +12,18 @@
 
 use std::io;
 use std::mem::MaybeUninit;
+use std::ops::Range;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use bytes::{Buf, BufMut, Bytes, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
 use http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Version};
+use smallvec::SmallVec;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 
 pub(crate) mod decode;
 
+use super::hop;
 use decode::{DecodeError, Framing};
 
 /// The most a connection buffers of what it reads (the memory budget counts it).
@@ -225,19 +228,33 @@ impl Conn {
             Some(1) => Version::HTTP_11,
             _ => Version::HTTP_10,
         };
-        // Room for the `x-request-id` spillway sets on the answer it relays, so setting it does
-        // not grow the map (which moves every entry).
-        let mut headers = HeaderMap::with_capacity(parsed.headers.len() + 1);
+        // The answer's hop-by-hop headers (RFC 9110 §7.6.1: those that always are, and those
+        // its `Connection` names) stay behind as the head is read rather than entering the map
+        // to be taken out of it. Values are kept as slices of the head, split off the buffer
+        // once read: where each lies is noted while httparse borrows the buffer.
+        let base = self.buf.as_ptr() as usize;
         let mut facts = Facts::default();
+        let mut nominated = hop::Nominated::default();
+        let mut kept: SmallVec<[(HeaderName, Range<usize>); 16]> = SmallVec::new();
         for h in parsed.headers.iter() {
             let name = HeaderName::from_bytes(h.name.as_bytes())
                 .map_err(|_| Error::Head("invalid header name"))?;
-            let value = HeaderValue::from_bytes(h.value)
+            facts.read(&name, h.value, &mut nominated)?;
+            let start = h.value.as_ptr() as usize - base;
+            kept.push((name, start..start + h.value.len()));
+        }
+        kept.retain(|(name, _)| !hop::stays_behind(name, &nominated));
+        // It borrows the buffer, which is split next.
+        drop(nominated);
+        let head = self.buf.split_to(len).freeze();
+        // Room for the `x-request-id` spillway sets on the answer it relays, so setting it does
+        // not grow the map (which moves every entry).
+        let mut headers = HeaderMap::with_capacity(kept.len() + 1);
+        for (name, at) in kept {
+            let value = HeaderValue::from_maybe_shared(head.slice(at))
                 .map_err(|_| Error::Head("invalid header value"))?;
-            facts.read(&name, &value)?;
             headers.append(name, value);
         }
-        self.buf.advance(len);
         let (framing, reusable) = framing(method, (status, version), facts, &mut headers)?;
         let mut response = http::Response::new(());
         *response.status_mut() = status;
@@ -403,22 +420,29 @@ struct Facts {
 }
 
 impl Facts {
-    fn read(&mut self, name: &HeaderName, value: &HeaderValue) -> Result<(), Error> {
+    /// Reads one header; the names a `Connection` header nominates go to `nominated`.
+    fn read<'a>(
+        &mut self,
+        name: &HeaderName,
+        value: &'a [u8],
+        nominated: &mut hop::Nominated<'a>,
+    ) -> Result<(), Error> {
         if name == header::CONNECTION {
-            for item in super::hop::list_items(value.as_bytes()) {
+            for item in hop::list_items(value) {
                 self.close |= item.eq_ignore_ascii_case(b"close");
                 self.keep_alive |= item.eq_ignore_ascii_case(b"keep-alive");
                 self.named += 1;
-                if self.named > super::hop::MAX_NOMINATED {
+                if self.named > hop::MAX_NOMINATED {
                     return Err(Error::Head("Connection names too many headers"));
                 }
+                nominated.push(item);
             }
         } else if name == header::TRANSFER_ENCODING {
-            let last = value.as_bytes().rsplit(|&b| b == b',').next();
+            let last = value.rsplit(|&b| b == b',').next();
             self.coded =
                 Some(last.is_some_and(|c| c.trim_ascii().eq_ignore_ascii_case(b"chunked")));
         } else if name == header::CONTENT_LENGTH && !matches!(self.length, Some(Err(_))) {
-            for item in value.as_bytes().split(|&b| b == b',') {
+            for item in value.split(|&b| b == b',') {
                 let item = item.trim_ascii();
                 let n = decimal(item).ok_or("invalid content-length");
                 self.length = Some(match (self.length, n) {

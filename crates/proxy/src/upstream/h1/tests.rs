@@ -55,6 +55,38 @@ async fn a_request_is_written_with_its_bodys_own_length() {
     assert!(head.reusable);
 }
 
+/// A backend's hop-by-hop headers, and those its `Connection` names (in any case, over several
+/// headers, before or after it), never enter the answer's header map; the rest keep their order
+/// and every value.
+#[tokio::test]
+async fn an_answers_hop_by_hop_headers_stay_behind_as_its_head_is_read() {
+    let (head, _) = exchange(
+        post("{}"),
+        b"HTTP/1.1 200 OK\r\nX-Early: 1\r\nContent-Type: application/json\r\n\
+          Connection: keep-alive, X-Early\r\nKeep-Alive: timeout=5\r\nTE: trailers\r\n\
+          Trailer: x\r\nUpgrade: h2c\r\nProxy-Connection: keep-alive\r\n\
+          connection: x-late\r\nX-Late: 2\r\nx-ratelimit-remaining-tokens: 9\r\n\
+          x-ratelimit-remaining-tokens: 8\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+    )
+    .await;
+    let head = head.unwrap();
+    assert_eq!(head.framing, Framing::Chunked);
+    let left: Vec<_> = head
+        .response
+        .headers()
+        .iter()
+        .map(|(n, v)| (n.as_str(), v.to_str().unwrap()))
+        .collect();
+    assert_eq!(
+        left,
+        [
+            ("content-type", "application/json"),
+            ("x-ratelimit-remaining-tokens", "9"),
+            ("x-ratelimit-remaining-tokens", "8"),
+        ]
+    );
+}
+
 /// The framing and reuse each kind of head gets.
 #[tokio::test]
 async fn each_head_gets_its_framing_and_only_exact_ones_keep_the_connection() {

@@ -105,6 +105,9 @@ pub(crate) async fn response(socket: &Socket, response: Response<Body>, asked: A
         line(&mut out, b"connection", b"keep-alive");
     }
     out.put_slice(b"\r\n");
+    // The head is written into `out`: its header values (slices of the backend's read buffer)
+    // are not held while a long body streams.
+    drop(parts);
     if asked.head || matches!(framing, Framing::None) {
         return write_all(socket, &out, &[], asked.stall).await.is_ok() && !close;
     }

@@ -248,7 +248,9 @@ impl Outlier {
     /// is degraded no longer once a success arrives or its failures are a window old; then it
     /// gets a request again, which shows how it is doing.
     pub fn degraded(&self, now: Instant) -> bool {
-        if self.state != State::Healthy {
+        // Without a failure ever counted neither trigger can hold, and the window (read on every
+        // pick of a backend) need not be summed.
+        if self.state != State::Healthy || self.last_failure.is_none() {
             return false;
         }
         let window = self.config.window;

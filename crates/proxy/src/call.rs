@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
-use http::{HeaderMap, HeaderName, HeaderValue};
+use http::{HeaderMap, HeaderValue};
 use spillway_policy::Priority;
 
 use crate::admission::gate::Entered;
@@ -25,27 +25,12 @@ pub(crate) const REQUEST_ID: http::HeaderName = http::HeaderName::from_static("r
 /// The longest caller's request id kept; a longer one is replaced.
 const MAX_REQUEST_ID_LEN: usize = 128;
 
-/// Maps of at most this many values are looked along rather than asked by hash ([`header`]).
-const LOOK_ALONG: usize = 16;
-
-/// The first value of `name` in `headers`, as `HeaderMap::get` gives it. A request's head has a
-/// few headers, and most names the path asks about (the request id, the region, the class, a
-/// client's retry marker) are custom ones it does not have: a look along the few entries,
-/// comparing names, costs less than hashing the name, which `get` does first. A large map is
-/// asked by hash.
-pub(crate) fn header<'a>(headers: &'a HeaderMap, name: &HeaderName) -> Option<&'a HeaderValue> {
-    if headers.len() > LOOK_ALONG {
-        return headers.get(name);
-    }
-    headers.iter().find_map(|(n, v)| (n == name).then_some(v))
-}
-
 /// The id of a request with `headers`: the caller's `x-request-id` when it is short and
 /// printable, else a new one, put in `headers` so it travels upstream. The connection layer puts
 /// it on the response too (`connections`, HTTP/1 and HTTP/2 alike), with no middleware of its
 /// own per request.
 pub(crate) fn request_id(headers: &mut HeaderMap) -> HeaderValue {
-    let valid = header(headers, &X_REQUEST_ID).filter(|v| {
+    let valid = headers.get(X_REQUEST_ID).filter(|v| {
         !v.is_empty()
             && v.len() <= MAX_REQUEST_ID_LEN
             && v.as_bytes().iter().all(|b| b.is_ascii_graphic())
@@ -113,41 +98,4 @@ pub(crate) struct Call {
     pub _rewrite_room: Option<BodyHold>,
     /// Its tenant's traffic counters (`GET /admin/top`).
     pub traffic: Arc<crate::traffic::TenantTraffic>,
-}
-
-#[cfg(test)]
-mod tests {
-    use proptest::prelude::*;
-
-    use super::*;
-
-    fn name(i: usize) -> HeaderName {
-        const NAMES: [&str; 8] = [
-            "x-request-id",
-            "x-region",
-            "authorization",
-            "content-type",
-            "x-a",
-            "x-b",
-            "host",
-            "accept",
-        ];
-        HeaderName::from_static(NAMES[i % NAMES.len()])
-    }
-
-    proptest! {
-        /// The look along a small map and the hash of a large one both give `get`'s answer: the
-        /// first value of the name, whatever order and repetitions the map was built with.
-        #[test]
-        fn header_gives_what_get_gives(
-            values in proptest::collection::vec((0usize..8, 0u8..10), 0..40),
-            asked in 0usize..8,
-        ) {
-            let mut headers = HeaderMap::new();
-            for (i, v) in values {
-                headers.append(name(i), HeaderValue::from(u16::from(v)));
-            }
-            prop_assert_eq!(header(&headers, &name(asked)), headers.get(name(asked)));
-        }
-    }
 }

@@ -72,7 +72,7 @@ pub(crate) async fn handle(gw: &Gateway, endpoint: Endpoint, req: Request) -> Re
     let started = crate::clock::now();
     // The Messages API names its request id `request-id`: the same id as `x-request-id`.
     let anthropic_id = (dialect == Dialect::Anthropic)
-        .then(|| crate::call::header(req.headers(), &crate::call::X_REQUEST_ID).cloned())
+        .then(|| req.headers().get(crate::call::X_REQUEST_ID).cloned())
         .flatten();
     let trace = gw.tracing.start(req.headers(), endpoint);
     // The config this request runs on, to its end, whatever a reload does meanwhile.

@@ -90,7 +90,8 @@ async fn build(
     }
     let rewrite_room = rewrite_room(gw, &entered, &pool, endpoint, &summary, &body)?;
     let headers = parts.headers;
-    let region = match crate::call::header(&headers, &live.config.server.region_header)
+    let region = match headers
+        .get(&live.config.server.region_header)
         .and_then(|v| v.to_str().ok())
     {
         Some(asked) => Some(Arc::from(asked)),
@@ -100,7 +101,7 @@ async fn build(
         .map_or(tenant.limits.priority, |asked| {
             tenant.limits.priority.lowered_to(asked)
         });
-    let id = crate::call::header(&headers, &crate::call::X_REQUEST_ID).cloned();
+    let id = headers.get(crate::call::X_REQUEST_ID).cloned();
     let affinity_key = crate::affinity::key(&pool.balance, &headers, &body);
     // It goes to the backend of the response it continues, when that is one of its model's.
     let home = home
@@ -264,7 +265,9 @@ const REWRITE_GROWTH: u64 = 4096;
 /// Whether a request carries a caller's retry marker with a value other than 0.
 fn is_client_retry(headers: &HeaderMap, markers: &[HeaderName]) -> bool {
     markers.iter().any(|name| {
-        crate::call::header(headers, name).is_some_and(|v| v.as_bytes() != b"0" && !v.is_empty())
+        headers
+            .get(name)
+            .is_some_and(|v| v.as_bytes() != b"0" && !v.is_empty())
     })
 }
 
@@ -288,7 +291,7 @@ fn shown(model: &str) -> std::borrow::Cow<'_, str> {
 /// The class a request asks for in `header` (`critical`, `standard` or `batch`), if any. It can
 /// only lower the tenant's class (see `Priority::lowered_to`).
 fn requested_class(headers: &HeaderMap, header: &HeaderName) -> Result<Option<Priority>, ApiError> {
-    let Some(value) = crate::call::header(headers, header) else {
+    let Some(value) = headers.get(header) else {
         return Ok(None);
     };
     value

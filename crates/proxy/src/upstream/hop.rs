@@ -113,10 +113,7 @@ pub(crate) fn take_request_headers(
     ours: &HeaderName,
 ) -> Result<(), TooManyNominated> {
     nominated(headers)?;
-    // Removing hashes the name; most requests do not have it.
-    if crate::call::header(headers, ours).is_some() {
-        headers.remove(ours);
-    }
+    headers.remove(ours);
     Ok(())
 }
 

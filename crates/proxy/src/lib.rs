@@ -28,6 +28,7 @@ mod handler;
 mod health;
 mod histograms;
 pub mod homes;
+mod json_scan;
 mod live;
 pub mod metrics;
 mod mocks;

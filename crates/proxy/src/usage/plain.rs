@@ -14,15 +14,14 @@
 //! it is never the only judge of a body it cannot read.
 
 use super::Fields;
+use crate::json_scan::{self, Cursor};
 
 /// Nesting beyond this is left to serde.
 const MAX_DEPTH: u32 = 8;
-/// Digits of the largest integer read here: every 19-digit number fits a `u64`.
-const MAX_DIGITS: usize = 19;
 
 /// The object `bytes` begin with (at its `{`) and how many bytes it took, if it is plain.
 pub(super) fn read_prefix(bytes: &[u8]) -> Option<(usize, Fields)> {
-    let mut reader = Reader { bytes, at: 0 };
+    let mut reader = Reader(Cursor::new(bytes));
     let fields = reader.counts()?;
     Some((reader.at, fields))
 }
@@ -31,21 +30,14 @@ pub(super) fn read_prefix(bytes: &[u8]) -> Option<(usize, Fields)> {
 /// each marked by its high bit. Past the first one marked, others may be marked wrongly; the
 /// first is always right, and none is marked when there is none.
 fn unusual(word: u64) -> u64 {
-    const ONES: u64 = 0x0101_0101_0101_0101;
-    const HIGHS: u64 = 0x8080_8080_8080_8080;
-    let zero_in = |w: u64| w.wrapping_sub(ONES) & !w & HIGHS;
-    let below_space = word.wrapping_sub(ONES * 0x20) & !word & HIGHS;
-    zero_in(word ^ (ONES * u64::from(b'"')))
-        | zero_in(word ^ (ONES * u64::from(b'\\')))
-        | zero_in(word ^ (ONES * 0x7f))
-        | below_space
-        | (word & HIGHS)
+    json_scan::marks(word, b'"')
+        | json_scan::marks(word, b'\\')
+        | json_scan::marks(word, 0x7f)
+        | json_scan::controls(word)
+        | (word & json_scan::HIGHS)
 }
 
-struct Reader<'a> {
-    bytes: &'a [u8],
-    at: usize,
-}
+json_scan::on_a_cursor!(Reader);
 
 /// Which of the counts a key names.
 #[derive(Clone, Copy)]
@@ -87,21 +79,6 @@ impl Count {
 }
 
 impl<'a> Reader<'a> {
-    fn peek(&self) -> Option<u8> {
-        self.bytes.get(self.at).copied()
-    }
-
-    fn space(&mut self) {
-        while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.peek() {
-            self.at += 1;
-        }
-    }
-
-    fn eat(&mut self, byte: u8) -> Option<()> {
-        self.space();
-        (self.peek()? == byte).then(|| self.at += 1)
-    }
-
     /// The top-level object: its counts read, everything else walked over.
     fn counts(&mut self) -> Option<Fields> {
         let mut fields = Fields::default();
@@ -126,10 +103,7 @@ impl<'a> Reader<'a> {
 
     /// An object's members, each value read by `value` once its key and colon are read.
     fn members(&mut self, mut value: impl FnMut(&mut Self, &[u8]) -> Option<()>) -> Option<()> {
-        self.eat(b'{')?;
-        self.space();
-        if self.peek()? == b'}' {
-            self.at += 1;
+        if self.open(b'{', b'}')? {
             return Some(());
         }
         loop {
@@ -138,14 +112,8 @@ impl<'a> Reader<'a> {
             self.eat(b':')?;
             self.space();
             value(self, key)?;
-            self.space();
-            match self.peek()? {
-                b',' => self.at += 1,
-                b'}' => {
-                    self.at += 1;
-                    return Some(());
-                }
-                _ => return None,
+            if self.ended(b'}')? {
+                return Some(());
             }
         }
     }
@@ -196,29 +164,8 @@ impl<'a> Reader<'a> {
 
     /// An unsigned integer as JSON writes it: no leading zero, no fraction, no exponent.
     fn integer(&mut self) -> Option<u64> {
-        let rest = &self.bytes[self.at..];
-        let mut n: u64 = 0;
-        let mut digits = 0;
-        while let Some(&d @ b'0'..=b'9') = rest.get(digits) {
-            if digits == MAX_DIGITS || (digits == 1 && n == 0) {
-                return None;
-            }
-            n = n * 10 + u64::from(d - b'0');
-            digits += 1;
-        }
-        let ends = matches!(
-            rest.get(digits),
-            Some(b' ' | b'\t' | b'\n' | b'\r' | b',' | b'}')
-        );
-        (digits > 0 && ends).then(|| {
-            self.at += digits;
-            n
-        })
-    }
-
-    fn literal(&mut self, word: &[u8]) -> Option<()> {
-        let found = self.bytes.get(self.at..self.at + word.len())? == word;
-        found.then(|| self.at += word.len())
+        self.0
+            .integer(|next| matches!(next, Some(b' ' | b'\t' | b'\n' | b'\r' | b',' | b'}')))
     }
 }
 

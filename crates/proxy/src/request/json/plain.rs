@@ -18,31 +18,22 @@
 use std::borrow::Cow;
 
 use super::Fields;
+use crate::json_scan::{self, Cursor};
 
 /// Nesting beyond this is left to serde (whose own limit is 128).
 const MAX_DEPTH: u32 = 64;
-/// Digits of the largest integer read here: every 19-digit number fits a `u64`.
-const MAX_DIGITS: usize = 19;
-
 /// The fields of `body`, if it is plain JSON as the module describes.
 pub(super) fn read(body: &[u8]) -> Option<Fields<'_>> {
-    let mut reader = Reader { bytes: body, at: 0 };
+    let mut reader = Reader(Cursor::new(body));
     let fields = reader.top()?;
     reader.space();
     (reader.at == body.len()).then_some(fields)
 }
 
 /// The bytes of `word` (little-endian) that end a run of a string's plain content (a quote, a
-/// backslash or a control character), each marked by its high bit. Past the first one
-/// marked, others may be marked wrongly; the first is always right, and none is marked when
-/// there is none.
+/// backslash or a control character), marked as [`json_scan::marks`] marks them.
 fn string_stop(word: u64) -> u64 {
-    const ONES: u64 = 0x0101_0101_0101_0101;
-    const HIGHS: u64 = 0x8080_8080_8080_8080;
-    let zero_in = |w: u64| w.wrapping_sub(ONES) & !w & HIGHS;
-    zero_in(word ^ (ONES * u64::from(b'"')))
-        | zero_in(word ^ (ONES * u64::from(b'\\')))
-        | (word.wrapping_sub(ONES * 0x20) & !word & HIGHS)
+    json_scan::marks(word, b'"') | json_scan::marks(word, b'\\') | json_scan::controls(word)
 }
 
 /// The fields kept, each with the shapes read here.
@@ -82,49 +73,15 @@ enum Plain<'a> {
     Text(&'a str),
 }
 
-struct Reader<'a> {
-    bytes: &'a [u8],
-    at: usize,
-}
+json_scan::on_a_cursor!(Reader);
 
 impl<'a> Reader<'a> {
-    fn peek(&self) -> Option<u8> {
-        self.bytes.get(self.at).copied()
-    }
-
-    fn space(&mut self) {
-        while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.peek() {
-            self.at += 1;
-        }
-    }
-
-    /// `byte` next, after any white space.
-    fn eat(&mut self, byte: u8) -> Option<()> {
-        self.space();
-        (self.peek()? == byte).then(|| self.at += 1)
-    }
-
-    /// After a member or an element: `,` for another, `close` for the end (`true`).
-    fn ended(&mut self, close: u8) -> Option<bool> {
-        self.space();
-        let byte = self.peek()?;
-        self.at += 1;
-        match byte {
-            b',' => Some(false),
-            _ if byte == close => Some(true),
-            _ => None,
-        }
-    }
-
     /// The top-level object: the kept fields read, everything else walked over.
     fn top(&mut self) -> Option<Fields<'a>> {
         let mut fields = Fields::default();
         // serde refuses a kept field given twice; so does this, by leaving it to serde.
         let mut seen = [false; 8];
-        self.eat(b'{')?;
-        self.space();
-        if self.peek()? == b'}' {
-            self.at += 1;
+        if self.open(b'{', b'}')? {
             return Some(fields);
         }
         loop {
@@ -171,10 +128,7 @@ impl<'a> Reader<'a> {
         match self.peek()? {
             b'"' => self.string(true).map(drop),
             b'{' if depth < MAX_DEPTH => {
-                self.at += 1;
-                self.space();
-                if self.peek()? == b'}' {
-                    self.at += 1;
+                if self.open(b'{', b'}')? {
                     return Some(());
                 }
                 loop {
@@ -189,10 +143,7 @@ impl<'a> Reader<'a> {
                 }
             }
             b'[' if depth < MAX_DEPTH => {
-                self.at += 1;
-                self.space();
-                if self.peek()? == b']' {
-                    self.at += 1;
+                if self.open(b'[', b']')? {
                     return Some(());
                 }
                 loop {
@@ -250,24 +201,10 @@ impl<'a> Reader<'a> {
         }
     }
 
-    /// An unsigned integer as JSON writes it, of at most [`MAX_DIGITS`] digits, that is not
-    /// the start of a fraction or an exponent.
+    /// An unsigned integer that is not the start of a fraction or an exponent.
     fn integer(&mut self) -> Option<u64> {
-        let rest = &self.bytes[self.at..];
-        let mut n: u64 = 0;
-        let mut digits = 0;
-        while let Some(&d @ b'0'..=b'9') = rest.get(digits) {
-            if digits == MAX_DIGITS || (digits == 1 && n == 0) {
-                return None;
-            }
-            n = n * 10 + u64::from(d - b'0');
-            digits += 1;
-        }
-        let whole = !matches!(rest.get(digits), Some(b'.' | b'e' | b'E'));
-        (digits > 0 && whole).then(|| {
-            self.at += digits;
-            n
-        })
+        self.0
+            .integer(|next| !matches!(next, Some(b'.' | b'e' | b'E')))
     }
 
     /// Any number as JSON writes it, walked over: `-`, no leading zero, a fraction and an
@@ -305,11 +242,6 @@ impl<'a> Reader<'a> {
         let start = self.at;
         self.digits();
         (self.at > start).then_some(())
-    }
-
-    fn literal(&mut self, word: &[u8]) -> Option<()> {
-        let found = self.bytes.get(self.at..self.at + word.len())? == word;
-        found.then(|| self.at += word.len())
     }
 }
 

@@ -75,6 +75,24 @@ impl<'a> Cursor<'a> {
         }
     }
 
+    /// Where the first byte from `from` on lies that `marked` marks (a function of a
+    /// little-endian word built of [`marks`] and [`controls`]): eight bytes at a time, a byte at
+    /// a time only in the last few. `None` when no byte is marked.
+    pub(crate) fn first_marked(&self, from: usize, marked: impl Fn(u64) -> u64) -> Option<usize> {
+        let mut at = from;
+        while let Some(word) = self.bytes.get(at..at + 8) {
+            match marked(u64::from_le_bytes(word.try_into().ok()?)) {
+                0 => at += 8,
+                found => return Some(at + found.trailing_zeros() as usize / 8),
+            }
+        }
+        let tail = self.bytes.get(at..)?;
+        let within = tail
+            .iter()
+            .position(|&b| marked(u64::from(b)) & 0x80 != 0)?;
+        Some(at + within)
+    }
+
     /// `word` next (`true`, `false`, `null`).
     pub(crate) fn literal(&mut self, word: &[u8]) -> Option<()> {
         let found = self.bytes.get(self.at..self.at + word.len())? == word;
@@ -134,6 +152,25 @@ mod tests {
         assert_eq!(controls(word).trailing_zeros() / 8, 5);
         assert_eq!(marks(word, b'z'), 0);
         assert_eq!(controls(u64::from_le_bytes(*b"plain ok")), 0);
+    }
+
+    #[test]
+    fn the_first_marked_byte_is_found_in_whole_words_and_in_the_tail() {
+        let quote = |w| marks(w, b'"');
+        for (text, from, found) in [
+            (&b"abcdefgh\"ij"[..], 0, Some(8)),
+            (b"ab\"defghijk\"", 0, Some(2)),
+            (b"ab\"defghijk\"", 3, Some(11)),
+            (b"abc\"", 0, Some(3)),
+            (b"abcdefghijkl", 0, None),
+            (b"", 0, None),
+        ] {
+            assert_eq!(
+                Cursor::new(text).first_marked(from, quote),
+                found,
+                "{text:?}"
+            );
+        }
     }
 
     #[test]

@@ -67,7 +67,7 @@ impl<B: Body<Data = Bytes> + Unpin, O: EndObserver> RelayBody<B, O> {
             sse,
             endpoint,
             idle_timeout,
-            last_frame: Instant::from_std(crate::clock::now()),
+            last_frame: now(),
             idle: None,
             state: Some((hold, observer)),
         }
@@ -120,7 +120,7 @@ where
         }
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
-                this.last_frame = Instant::from_std(crate::clock::now());
+                this.last_frame = now();
                 if let (Some(data), Some((_, observer))) = (frame.data_ref(), this.state.as_mut()) {
                     observer.frame(data);
                 }
@@ -142,8 +142,7 @@ where
                         idle.as_mut().reset(deadline);
                     }
                     ready!(idle.as_mut().poll(cx));
-                    if Instant::from_std(crate::clock::now()) >= this.last_frame + this.idle_timeout
-                    {
+                    if now() >= this.last_frame + this.idle_timeout {
                         let why = format!("no data for {:?}", this.idle_timeout);
                         return this.broken(BodyEnd::UpstreamStalled, why);
                     }
@@ -177,4 +176,10 @@ impl<B: Body<Data = Bytes> + Unpin, O: EndObserver> Drop for RelayBody<B, O> {
         };
         self.finish(end);
     }
+}
+
+/// Now, as the relay's timer counts it: the request path's clock (`clock::now`, read once per
+/// poll of a connection's task).
+fn now() -> Instant {
+    Instant::from_std(crate::clock::now())
 }

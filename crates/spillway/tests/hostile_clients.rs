@@ -246,10 +246,7 @@ async fn an_answer_before_the_body_was_read_says_connection_close() {
     let body = serde_json::to_vec(&chat_body("m", false)).unwrap();
     let mut s = connect(&gw).await;
     for _ in 0..2 {
-        s.write_all(chat_head(body.len(), "").as_bytes())
-            .await
-            .unwrap();
-        s.write_all(&body).await.unwrap();
+        send_chat(&mut s, &body).await;
         let (status, head, _) = response(&mut s).await;
         assert_eq!(status, 200, "{head}");
         assert!(!head.contains("connection: close"), "{head}");

@@ -249,10 +249,7 @@ async fn a_client_that_leaves_while_its_request_waits_gives_its_place_back() {
     let mut clients = Vec::new();
     for _ in 0..16 {
         let mut s = connect(&gw).await;
-        s.write_all(chat_head(body.len(), "").as_bytes())
-            .await
-            .unwrap();
-        s.write_all(&body).await.unwrap();
+        send_chat(&mut s, &body).await;
         clients.push(s);
     }
     until_in_flight(&gw, 16.0).await;
@@ -288,10 +285,7 @@ async fn a_client_that_takes_none_of_its_answer_is_dropped_after_the_idle_timeou
         let socket = tokio::net::TcpSocket::new_v4().unwrap();
         socket.set_recv_buffer_size(4096).unwrap();
         let mut s = socket.connect(gw.addr).await.unwrap();
-        s.write_all(chat_head(body.len(), "").as_bytes())
-            .await
-            .unwrap();
-        s.write_all(&body).await.unwrap();
+        send_chat(&mut s, &body).await;
         clients.push(s);
     }
     until_in_flight(&gw, 8.0).await;

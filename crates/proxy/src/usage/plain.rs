@@ -137,28 +137,11 @@ impl<'a> Reader<'a> {
             return None;
         }
         let start = self.at + 1;
+        let end = self.first_marked(start, unusual)?;
         let bytes: &'a [u8] = self.bytes;
-        let rest = &bytes[start..];
-        // Eight bytes at a time up to the first byte that is not printable ASCII or is a quote
-        // or a backslash; a byte at a time only in the last few.
-        let mut len = 0;
-        let end = loop {
-            match rest.get(len..len + 8) {
-                Some(word) => match unusual(u64::from_le_bytes(word.try_into().ok()?)) {
-                    0 => len += 8,
-                    found => break len + found.trailing_zeros() as usize / 8,
-                },
-                None => {
-                    let tail = rest[len..]
-                        .iter()
-                        .position(|&b| unusual(u64::from(b)) & 0x80 != 0)?;
-                    break len + tail;
-                }
-            }
-        };
-        (rest[end] == b'"').then(|| {
-            self.at = start + end + 1;
-            &rest[..end]
+        (bytes[end] == b'"').then(|| {
+            self.at = end + 1;
+            &bytes[start..end]
         })
     }
 

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use super::{Proc, KEY};
@@ -74,6 +74,14 @@ pub fn error_code(body: &str) -> String {
         .as_str()
         .unwrap_or_default()
         .to_owned()
+}
+
+/// Sends a chat completion request with `body` on `s`: its head, then its body.
+pub async fn send_chat(s: &mut TcpStream, body: &[u8]) {
+    s.write_all(chat_head(body.len(), "").as_bytes())
+        .await
+        .unwrap();
+    s.write_all(body).await.unwrap();
 }
 
 pub fn chat_head(content_length: usize, extra: &str) -> String {

@@ -22,6 +22,7 @@ use crate::json_scan::{self, Cursor};
 
 /// Nesting beyond this is left to serde (whose own limit is 128).
 const MAX_DEPTH: u32 = 64;
+
 /// The fields of `body`, if it is plain JSON as the module describes.
 pub(super) fn read(body: &[u8]) -> Option<Fields<'_>> {
     let mut reader = Reader(Cursor::new(body));
@@ -173,22 +174,7 @@ impl<'a> Reader<'a> {
         let start = self.at + 1;
         let mut at = start;
         loop {
-            // Eight bytes at a time up to the next quote, backslash or control character; a
-            // byte at a time only in the last few.
-            let stop = loop {
-                match self.bytes.get(at..at + 8) {
-                    Some(word) => match string_stop(u64::from_le_bytes(word.try_into().ok()?)) {
-                        0 => at += 8,
-                        found => break at + found.trailing_zeros() as usize / 8,
-                    },
-                    None => {
-                        let tail = self.bytes[at..]
-                            .iter()
-                            .position(|&b| string_stop(u64::from(b)) & 0x80 != 0)?;
-                        break at + tail;
-                    }
-                }
-            };
+            let stop = self.first_marked(at, string_stop)?;
             match self.bytes[stop] {
                 b'"' => {
                     self.at = stop + 1;

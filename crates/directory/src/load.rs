@@ -50,25 +50,39 @@ impl State {
         digest: &KeyDigest,
         now: Instant,
     ) -> Result<Lookup, DirectoryError> {
+        match self.cached(digest, now) {
+            Ok(answer) => Ok(answer),
+            Err(fallback) => self.load(digest, fallback).await,
+        }
+    }
+
+    /// The answer for `digest` at `now` if the cache has one (fresh, stale with a refresh
+    /// started, or remembered as unknown); otherwise what a load may fall back on (an entry
+    /// awaiting revalidation after a flush).
+    pub fn cached(
+        self: &Arc<Self>,
+        digest: &KeyDigest,
+        now: Instant,
+    ) -> Result<Lookup, Option<Arc<Entry>>> {
         let epoch = self.epoch.load(Ordering::SeqCst);
-        let mut fallback = None;
         if let Some(entry) = self.known.get(digest) {
-            match self.judge(&entry, now, epoch) {
-                Freshness::Fresh => return Ok(served(&entry, Outcome::Fresh)),
+            return match self.judge(&entry, now, epoch) {
+                Freshness::Fresh => Ok(served(&entry, Outcome::Fresh)),
                 Freshness::Stale => {
                     self.start_refresh(digest, &entry, now);
-                    return Ok(served(&entry, Outcome::Stale));
+                    Ok(served(&entry, Outcome::Stale))
                 }
-                Freshness::Revalidate => fallback = Some(entry),
-                Freshness::Expired => {}
-            }
-        } else if self.unknown.get(digest).is_some_and(|u| now < u.until) {
+                Freshness::Revalidate => Err(Some(entry)),
+                Freshness::Expired => Err(None),
+            };
+        }
+        if self.unknown.get(digest).is_some_and(|u| now < u.until) {
             return Ok(Lookup {
                 found: None,
                 outcome: Outcome::Negative,
             });
         }
-        self.load(digest, fallback).await
+        Err(None)
     }
 
     async fn load(

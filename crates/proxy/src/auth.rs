@@ -54,12 +54,20 @@ pub type KeyDigest = [u8; 32];
 #[error("tenant directory unavailable: {0}")]
 pub struct LookupError(pub String);
 
-pub type LookupFuture<'a> =
-    Pin<Box<dyn Future<Output = Result<Option<Arc<Tenant>>, LookupError>> + Send + 'a>>;
+pub type LookupFuture<'a> = Pin<Box<dyn Future<Output = Looked> + Send + 'a>>;
+
+/// What a lookup answers: the tenant, `None` for a key no one has, or why there is no answer.
+pub type Looked = Result<Option<Arc<Tenant>>, LookupError>;
 
 /// Resolves a key digest to its tenant.
 pub trait TenantDirectory: Send + Sync + 'static {
     fn lookup<'a>(&'a self, digest: &'a KeyDigest) -> LookupFuture<'a>;
+
+    /// The answer `lookup` would give, when it is at hand without waiting (a cache hit);
+    /// `None` sends the caller to `lookup`.
+    fn cached(&self, _digest: &KeyDigest) -> Option<Looked> {
+        None
+    }
 }
 
 /// Longest key accepted; anything longer is refused before hashing.

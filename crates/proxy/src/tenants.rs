@@ -16,7 +16,9 @@ use spillway_directory::Directory;
 use spillway_store::{KeyMatch, Store, StoreError, TenantSpec};
 use tracing::{info, warn};
 
-use crate::auth::{KeyDigest, LookupError, LookupFuture, Tenant, TenantDirectory, TenantLimits};
+use crate::auth::{
+    KeyDigest, Looked, LookupError, LookupFuture, Tenant, TenantDirectory, TenantLimits,
+};
 
 /// A config file's tenant as the store holds it.
 pub fn spec(t: &TenantConfig) -> TenantSpec {
@@ -212,6 +214,16 @@ impl StoreDirectory {
     }
 }
 
+impl StoreDirectory {
+    /// The request path's tenant of a directory answer: none for a key past its validity.
+    fn answer(&self, found: spillway_directory::Lookup) -> Option<Arc<Tenant>> {
+        found
+            .found
+            .filter(|m| m.key.is_valid_at(unix_now()))
+            .map(|m| self.tenant_of(&m))
+    }
+}
+
 impl TenantDirectory for StoreDirectory {
     fn lookup<'a>(&'a self, digest: &'a KeyDigest) -> LookupFuture<'a> {
         Box::pin(async move {
@@ -221,10 +233,13 @@ impl TenantDirectory for StoreDirectory {
                     other => other.to_string(),
                 })
             })?;
-            Ok(found
-                .found
-                .filter(|m| m.key.is_valid_at(unix_now()))
-                .map(|m| self.tenant_of(&m)))
+            Ok(self.answer(found))
         })
+    }
+
+    fn cached(&self, digest: &KeyDigest) -> Option<Looked> {
+        self.cache
+            .cached(digest)
+            .map(|found| Ok(self.answer(found)))
     }
 }

@@ -197,6 +197,8 @@ async fn naive_mode_has_no_single_flight_and_no_stale_answers() {
     for i in 0..10 {
         dir.lookup(&digest(i)).await.unwrap();
     }
+    // Every naive lookup goes through `lookup`: nothing is answered on the side.
+    assert!(dir.cached(&digest(0)).is_none());
     store.set_latency(ms(20));
     dir.invalidate_all();
     let results = stampede(&dir).await;

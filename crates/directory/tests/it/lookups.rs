@@ -235,3 +235,45 @@ async fn invalidate_if_forgets_one_tenants_keys_only() {
     }
     assert_eq!(store.lookups(), 15);
 }
+
+/// `cached` is `lookup` without the wait: the same answer for what the cache holds (fresh,
+/// stale with its refresh started, unknown), nothing for what needs the store, never a query.
+#[tokio::test(start_paused = true)]
+async fn cached_answers_what_the_cache_holds_and_never_queries() {
+    let store = FakeStore::with_keys(1, "acme");
+    let dir = directory(&store, short(ms(100), Duration::from_secs(60))).await;
+    assert!(dir.cached(&digest(0)).is_none(), "a miss needs the store");
+    assert!(dir.cached(&digest(9)).is_none(), "so does a key never seen");
+    assert_eq!(store.lookups(), 0, "cached never asks the store");
+
+    dir.lookup(&digest(0)).await.unwrap();
+    dir.lookup(&digest(9)).await.unwrap();
+    assert_eq!(store.lookups(), 2);
+    let fresh = dir.cached(&digest(0)).expect("a fresh entry");
+    assert_eq!(fresh.outcome, Outcome::Fresh);
+    assert_eq!(fresh.found.unwrap().tenant.spec.name, "acme");
+    let unknown = dir.cached(&digest(9)).expect("a remembered unknown key");
+    assert_eq!(unknown.outcome, Outcome::Negative);
+    assert!(unknown.found.is_none());
+    assert_eq!(store.lookups(), 2);
+
+    tokio::time::sleep(ms(150)).await; // let the TTL pass
+    let stale = dir
+        .cached(&digest(0))
+        .expect("a stale entry is served at once");
+    assert_eq!(stale.outcome, Outcome::Stale);
+    eventually(Duration::from_secs(5), "the refresh it started", || async {
+        store.lookups() == 3 && store.in_flight() == 0
+    })
+    .await;
+    eventually(Duration::from_secs(1), "a fresh answer again", || async {
+        dir.cached(&digest(0)).map(|l| l.outcome) == Some(Outcome::Fresh)
+    })
+    .await;
+
+    dir.invalidate(&digest(0));
+    assert!(
+        dir.cached(&digest(0)).is_none(),
+        "a revoked key is the store's to answer"
+    );
+}

@@ -152,7 +152,10 @@ pub(super) async fn send(
     mut headers: http::HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    upstream::hop::take_request_headers(&mut headers, &gw.live().config.server.region_header)?;
+    upstream::hop::take_request_headers(
+        &mut headers,
+        Some(&gw.live().config.server.region_header),
+    )?;
     let response = gw
         .upstream
         .forward(backend, method, uri, headers, body)

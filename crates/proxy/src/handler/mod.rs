@@ -13,6 +13,7 @@
 //!
 //! The `Call` (`call.rs`) holds everything a stage needs to know about the request.
 
+mod asked;
 pub(crate) mod lifecycle;
 mod read;
 mod respond;

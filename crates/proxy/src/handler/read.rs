@@ -9,10 +9,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use axum::extract::Request;
-use http::{HeaderMap, HeaderName};
+use http::{HeaderMap, HeaderName, HeaderValue};
 use spillway_policy::Priority;
 use tracing::warn;
 
+use super::asked::{asked, Looked};
 use crate::admission::gate::Entered;
 use crate::auth::{presented_key, Tenant};
 use crate::call::Call;
@@ -89,27 +90,32 @@ async fn build(
         ));
     }
     let rewrite_room = rewrite_room(gw, &entered, &pool, endpoint, &summary, &body)?;
-    let headers = parts.headers;
-    let region = match headers
-        .get(&live.config.server.region_header)
-        .and_then(|v| v.to_str().ok())
-    {
+    let mut headers = parts.headers;
+    let looked = Looked {
+        region: &live.config.server.region_header,
+        class: &live.config.server.priority_header,
+        id: &crate::call::X_REQUEST_ID,
+        retry_markers: &live.client_retry_headers,
+    };
+    let asked = asked(&headers, &looked);
+    let region = match asked.region.and_then(|v| v.to_str().ok()) {
         Some(asked) => Some(Arc::from(asked)),
         None => live.home_region.clone(),
     };
-    let priority = requested_class(&headers, &live.config.server.priority_header)?
+    let priority = requested_class(asked.class, looked.class)?
         .map_or(tenant.limits.priority, |asked| {
             tenant.limits.priority.lowered_to(asked)
         });
-    let id = headers.get(crate::call::X_REQUEST_ID).cloned();
+    let id = asked.id.cloned();
+    let client_retry = asked.retry;
+    let sent_region = asked.region.is_some();
     let affinity_key = crate::affinity::key(&pool.balance, &headers, &body);
     // It goes to the backend of the response it continues, when that is one of its model's.
     let home = home
         .filter(|h| h.model == pool.name)
         .and_then(|h| pool.backends.iter().position(|b| b.name == h.backend));
-    let client_retry = is_client_retry(&headers, &live.client_retry_headers);
-    let mut headers = headers;
-    crate::upstream::hop::take_request_headers(&mut headers, &live.config.server.region_header)?;
+    let ours = sent_region.then_some(looked.region);
+    crate::upstream::hop::take_request_headers(&mut headers, ours)?;
     Ok(Call {
         id,
         endpoint,
@@ -142,7 +148,12 @@ pub(crate) async fn authenticate(
     headers: &HeaderMap,
 ) -> Result<Arc<Tenant>, ApiError> {
     let digest = presented_key(headers)?;
-    match gw.directory.lookup(&digest).await {
+    // A cache hit is answered without the boxed future a lookup that may wait needs.
+    let looked = match gw.directory.cached(&digest) {
+        Some(looked) => looked,
+        None => gw.directory.lookup(&digest).await,
+    };
+    match looked {
         Ok(Some(tenant)) if tenant.enabled => Ok(tenant),
         Ok(Some(_)) => Err(ApiError::new(
             ErrorKind::TenantDisabled,
@@ -262,15 +273,6 @@ fn rewrite_room(
 /// What a rewrite may add to a body, at most: a model name, a priority, a tenant tag.
 const REWRITE_GROWTH: u64 = 4096;
 
-/// Whether a request carries a caller's retry marker with a value other than 0.
-fn is_client_retry(headers: &HeaderMap, markers: &[HeaderName]) -> bool {
-    markers.iter().any(|name| {
-        headers
-            .get(name)
-            .is_some_and(|v| v.as_bytes() != b"0" && !v.is_empty())
-    })
-}
-
 /// The longest part of a caller's model name repeated in an answer or a log line.
 const SHOWN_MODEL_BYTES: usize = 64;
 
@@ -290,8 +292,11 @@ fn shown(model: &str) -> std::borrow::Cow<'_, str> {
 
 /// The class a request asks for in `header` (`critical`, `standard` or `batch`), if any. It can
 /// only lower the tenant's class (see `Priority::lowered_to`).
-fn requested_class(headers: &HeaderMap, header: &HeaderName) -> Result<Option<Priority>, ApiError> {
-    let Some(value) = headers.get(header) else {
+fn requested_class(
+    value: Option<&HeaderValue>,
+    header: &HeaderName,
+) -> Result<Option<Priority>, ApiError> {
+    let Some(value) = value else {
         return Ok(None);
     };
     value

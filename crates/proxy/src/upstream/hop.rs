@@ -106,14 +106,16 @@ fn hop_by_hop(name: &str) -> bool {
 
 /// A caller's request headers as the request path keeps them: refused (400) when its
 /// `Connection` headers name more than [`MAX_NOMINATED`] headers, and without `ours`, the
-/// header the caller tells spillway its region in. Those that must not cross are left out as
-/// each attempt is written ([`write_request_headers`]).
+/// header the caller told spillway its region in (`None` when it sent none). Those that must
+/// not cross are left out as each attempt is written ([`write_request_headers`]).
 pub(crate) fn take_request_headers(
     headers: &mut HeaderMap,
-    ours: &HeaderName,
+    ours: Option<&HeaderName>,
 ) -> Result<(), TooManyNominated> {
     nominated(headers)?;
-    headers.remove(ours);
+    if let Some(ours) = ours {
+        headers.remove(ours);
+    }
     Ok(())
 }
 
@@ -254,7 +256,7 @@ mod tests {
             ("x-region", "eu"),
         ]);
         let region = HeaderName::from_static("x-region");
-        assert_eq!(take_request_headers(&mut h, &region), Ok(()));
+        assert_eq!(take_request_headers(&mut h, Some(&region)), Ok(()));
         assert_eq!(written(&h, &[]), ["x-kept: 2"]);
 
         // Empty items are not names.
@@ -263,7 +265,7 @@ mod tests {
 
         let past = names.join(",");
         let mut h = map(&[("connection", &past), ("x-kept", "2")]);
-        let err = take_request_headers(&mut h, &region).unwrap_err();
+        let err = take_request_headers(&mut h, Some(&region)).unwrap_err();
         assert_eq!(
             err.to_string(),
             "the Connection header names more than 16 headers"

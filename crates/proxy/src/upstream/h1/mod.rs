@@ -32,6 +32,10 @@ pub(crate) const MAX_BUFFER: usize = spillway_config::memory::UPSTREAM_READ_BYTE
 const MAX_HEADERS: usize = 100;
 /// How much a read asks for.
 const READ_SIZE: usize = 8 * 1024;
+/// A read goes into the room left after what was taken from the buffer when there is at least
+/// this much: a request or an answer of a few hundred bytes leaves most of the last read's
+/// allocation, and the next ones go there rather than into a new one each.
+const SMALLEST_READ: usize = 2 * 1024;
 /// A body up to this size is written in one piece with its head.
 const INLINE_BODY: usize = 16 * 1024;
 
@@ -294,7 +298,8 @@ impl Conn {
 }
 
 /// Reads what `io` has into `buf`, up to [`READ_SIZE`] at a time and `max` in all; 0 at its end.
-/// The buffer never grows past `max`, where `reserve` could double its allocation.
+/// The buffer never grows past `max`, where `reserve` could double its allocation. It is given
+/// new room only when it has less than [`SMALLEST_READ`] (or than `max` allows) left.
 pub(crate) fn poll_read_capped<R: AsyncRead + ?Sized>(
     io: Pin<&mut R>,
     cx: &mut Context<'_>,
@@ -305,7 +310,7 @@ pub(crate) fn poll_read_capped<R: AsyncRead + ?Sized>(
     if room == 0 {
         return Poll::Ready(Err(io::Error::other("read buffer full")));
     }
-    if buf.capacity() - buf.len() < room {
+    if buf.capacity() - buf.len() < room.min(SMALLEST_READ) {
         if buf.is_empty() {
             buf.reserve(room);
         } else {

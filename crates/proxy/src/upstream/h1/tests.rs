@@ -347,3 +347,50 @@ fn a_capped_read_buffer_never_grows_past_its_cap() {
         assert!(buf.capacity() <= MAX, "round {round}: {}", buf.capacity());
     }
 }
+
+/// Small messages read one after another while the ones before are still held (a request's
+/// head and body are slices of the buffer they were read into) go into the room the first
+/// read's allocation has left, not into a new allocation each, until less than
+/// `SMALLEST_READ` is left.
+#[test]
+fn small_messages_share_one_allocation_while_it_has_room() {
+    /// Gives its number of bytes of `x` a read, at most the room there is.
+    struct Pieces(usize);
+    impl tokio::io::AsyncRead for Pieces {
+        fn poll_read(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            buf: &mut tokio::io::ReadBuf<'_>,
+        ) -> Poll<std::io::Result<()>> {
+            let n = self.0.min(buf.remaining());
+            buf.put_slice(&vec![b'x'; n]);
+            Poll::Ready(Ok(()))
+        }
+    }
+    let mut io = Pieces(600);
+    let mut cx = Context::from_waker(std::task::Waker::noop());
+    let mut buf = BytesMut::new();
+    let mut held: Vec<bytes::Bytes> = Vec::new();
+    let mut allocations = 0;
+    for _ in 0..40 {
+        match poll_read_capped(Pin::new(&mut io), &mut cx, &mut buf, MAX_BUFFER) {
+            Poll::Ready(Ok(600)) => {}
+            other => panic!("{other:?}"),
+        }
+        // Read where the last message ended: the same allocation.
+        let follows = held
+            .last()
+            .is_some_and(|last| last.as_ptr().wrapping_add(last.len()) == buf.as_ptr());
+        if !follows {
+            allocations += 1;
+        }
+        held.push(buf.split_to(600).freeze());
+    }
+    // 40 reads of 600 bytes: an allocation of READ_SIZE (8 KiB) takes 11 of them before less
+    // than SMALLEST_READ (2 KiB) is left, so four allocations, not forty.
+    assert_eq!((READ_SIZE, SMALLEST_READ), (8 * 1024, 2 * 1024));
+    assert_eq!(allocations, 4, "{allocations} allocations for 40 reads");
+    assert!(held
+        .iter()
+        .all(|m| m.len() == 600 && m.iter().all(|&b| b == b'x')));
+}

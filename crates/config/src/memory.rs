@@ -14,9 +14,8 @@ const MIB: u64 = 1024 * KIB;
 /// client, and hyper-util's `max_buf_size` for health checks): a backend's response head must
 /// fit in it, and each frame of a relayed body is at most this large.
 pub const UPSTREAM_READ_BYTES: u64 = 16 * KIB;
-/// What an HTTP/1 client connection holds at most: its read buffer (a head, or what arrives while
-/// a response is made) and the 4 KiB write buffer it keeps between responses.
-pub const HTTP1_CONNECTION_BYTES: u64 = 68 * KIB;
+/// What hyper holds per HTTP/1 client connection at most: its head and read buffer.
+pub const HTTP1_CONNECTION_BYTES: u64 = 64 * KIB;
 /// Per HTTP/2 client connection, on top of [`HTTP1_CONNECTION_BYTES`]: its receive window.
 pub const HTTP2_WINDOW_BYTES: u64 = 256 * KIB;
 /// Per stream an HTTP/2 client may open: its request head and task before admission answers.
@@ -133,7 +132,7 @@ mod tests {
         );
         let budget = MemoryBudget::of(&config);
         assert_eq!(budget.bodies, 2 * MIB);
-        assert_eq!(budget.connections, 100 * (68 + 256 + 10 * 8) * KIB);
+        assert_eq!(budget.connections, 100 * (64 + 256 + 10 * 8) * KIB);
         assert_eq!(budget.in_flight, 50 * 192 * KIB);
         // One backend keeping up to 50 connections (no more than can be in flight) and one for
         // its health checks, each with a 16 KiB read buffer.
@@ -141,7 +140,7 @@ mod tests {
         assert_eq!(budget.key_cache, 2000 * 512);
         assert_eq!(
             budget.total(),
-            2 * MIB + 100 * 404 * KIB + 50 * 192 * KIB + 51 * 24 * KIB + 2000 * 512 + IDLE_BYTES
+            2 * MIB + 100 * 400 * KIB + 50 * 192 * KIB + 51 * 24 * KIB + 2000 * 512 + IDLE_BYTES
         );
     }
 
@@ -164,7 +163,7 @@ mod tests {
     fn the_defaults_give_a_bound_a_container_limit_must_cover() {
         let budget = MemoryBudget::of(&config(""));
         // 10,000 connections of 100 streams dominate: lower them for a small container.
-        assert_eq!(budget.connections, 10_000 * (68 + 256 + 100 * 8) * KIB);
+        assert_eq!(budget.connections, 10_000 * (64 + 256 + 100 * 8) * KIB);
         assert!(budget.total() > budget.request_path());
     }
 }

@@ -16,15 +16,11 @@ pub const MIB: u64 = 1024 * 1024;
 /// What docs/admission.md counts per request in flight.
 pub const PER_REQUEST: u64 = 192 * KIB;
 
-/// What docs/admission.md counts per HTTP/1 client connection: its read buffer (64 KiB) and
-/// the write buffer it keeps between responses (4 KiB).
-pub const PER_CONNECTION: u64 = 68 * KIB;
-
 /// The bound, as docs/admission.md states it, for HTTP/1 clients: twice the body budget (the
 /// bodies, and as much again for what the allocator keeps of freed ones), plus per open
-/// connection and per request in flight what the connection and the relay may hold for it.
+/// connection and per request in flight what hyper and the relay may hold for it.
 pub fn bound(max_buffered: u64, max_connections: u64, max_in_flight: u64) -> u64 {
-    max_buffered * 2 + max_connections * PER_CONNECTION + max_in_flight * PER_REQUEST
+    max_buffered * 2 + max_connections * 64 * KIB + max_in_flight * PER_REQUEST
 }
 
 /// The bound for HTTP/2 clients: a connection also holds its receive window and, per stream it

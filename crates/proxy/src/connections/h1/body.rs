@@ -26,8 +26,6 @@ const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
 pub(crate) struct Socket {
     reading: Mutex<Reading>,
     pub write: OwnedWriteHalf,
-    /// The buffer responses are gathered in, kept between them while it is small.
-    out: Mutex<BytesMut>,
 }
 
 pub(crate) struct Reading {
@@ -58,23 +56,7 @@ impl Socket {
                 scanned: 0,
             }),
             write,
-            out: Mutex::new(BytesMut::new()),
         })
-    }
-
-    /// The buffer to gather a response in: empty, with room for at least `room` bytes.
-    pub(crate) fn take_out(&self, room: usize) -> BytesMut {
-        let mut out = std::mem::take(&mut *self.out.lock().unwrap_or_else(|e| e.into_inner()));
-        out.reserve(room);
-        out
-    }
-
-    /// Keeps `out` for the next response, emptied, unless it grew past `most` bytes.
-    pub(crate) fn keep_out(&self, mut out: BytesMut, most: usize) {
-        if out.capacity() <= most {
-            out.clear();
-            *self.out.lock().unwrap_or_else(|e| e.into_inner()) = out;
-        }
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, Reading> {
@@ -271,34 +253,7 @@ impl http_body::Body for RequestBody {
 
 #[cfg(test)]
 mod tests {
-    use super::{blank_line_after, Socket};
-
-    /// A connection's write buffer comes back for the next response while it is small, emptied,
-    /// in the same allocation; one that grew past the most kept is let go.
-    #[tokio::test]
-    async fn the_write_buffer_is_kept_between_responses_only_while_small() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let client = tokio::net::TcpStream::connect(listener.local_addr().unwrap());
-        let (client, accepted) = tokio::join!(client, listener.accept());
-        let (_client, (server, _)) = (client.unwrap(), accepted.unwrap());
-        let (read, write) = server.into_split();
-        let socket = Socket::new(read, write);
-
-        let mut out = socket.take_out(1024);
-        assert!(out.is_empty() && out.capacity() >= 1024);
-        out.extend_from_slice(b"HTTP/1.1 200 OK\r\n\r\n");
-        let at = out.as_ptr();
-        socket.keep_out(out, 4096);
-        let again = socket.take_out(1024);
-        assert!(again.is_empty(), "kept emptied");
-        assert_eq!(again.as_ptr(), at, "the same allocation");
-
-        let mut grown = again;
-        grown.reserve(64 * 1024);
-        socket.keep_out(grown, 4096);
-        let fresh = socket.take_out(1024);
-        assert!(fresh.capacity() < 64 * 1024, "a grown buffer is not kept");
-    }
+    use super::blank_line_after;
 
     #[test]
     fn a_head_is_whole_only_from_its_blank_line_however_it_arrives() {

@@ -24,11 +24,6 @@ use super::body::Socket;
 const COPY_MAX: usize = 8 * 1024;
 /// Gathered bytes beyond this are written before another frame is asked for.
 const FLUSH_AT: usize = 64 * 1024;
-/// What a response is gathered in from the start: room for a usual head and a small answer.
-const OUT_START: usize = 1024;
-/// The most of its write buffer a connection keeps for its next response; one that grew past
-/// this (a large answer gathered) is let go.
-pub(crate) const KEPT_OUT: usize = 4 * 1024;
 
 /// What the response depends on in its request.
 #[derive(Debug, Clone, Copy)]
@@ -55,21 +50,6 @@ enum Framing {
 /// False when the client left (a write failed, or it closed its side while the body was
 /// awaited), the body failed (the client sees it cut short), or the connection is to close.
 pub(crate) async fn response(socket: &Socket, response: Response<Body>, asked: Asked) -> bool {
-    // The connection's buffer from its last response, reused while it stays small: a new one
-    // each time was an allocation a request, and memory the cache had not seen.
-    let mut out = socket.take_out(OUT_START);
-    let kept = gathered(socket, response, asked, &mut out).await;
-    socket.keep_out(out, KEPT_OUT);
-    kept
-}
-
-/// [`response`], gathering what it writes in `out`.
-async fn gathered(
-    socket: &Socket,
-    response: Response<Body>,
-    asked: Asked,
-    out: &mut BytesMut,
-) -> bool {
     let (parts, body) = response.into_parts();
     let status = parts.status;
     let bodiless = status.is_informational()
@@ -89,6 +69,7 @@ async fn gathered(
         close = true;
         Framing::UntilClose
     };
+    let mut out = BytesMut::with_capacity(1024);
     out.put_slice(b"HTTP/1.1 ");
     out.put_slice(status.as_str().as_bytes());
     out.put_u8(b' ');
@@ -103,32 +84,32 @@ async fn gathered(
         }
         said_connection |= name == header::CONNECTION;
         dated |= name == header::DATE;
-        line(out, name.as_str().as_bytes(), value.as_bytes());
+        line(&mut out, name.as_str().as_bytes(), value.as_bytes());
     }
     if !dated {
-        date(out);
+        date(&mut out);
     }
     match framing {
         _ if asked.head => {}
         Framing::Length(n) => line(
-            out,
+            &mut out,
             b"content-length",
             itoa::Buffer::new().format(n).as_bytes(),
         ),
-        Framing::Chunked => line(out, b"transfer-encoding", b"chunked"),
+        Framing::Chunked => line(&mut out, b"transfer-encoding", b"chunked"),
         Framing::None | Framing::UntilClose => {}
     }
     if close && !said_connection {
-        line(out, b"connection", b"close");
+        line(&mut out, b"connection", b"close");
     } else if !close && asked.version == Version::HTTP_10 {
-        line(out, b"connection", b"keep-alive");
+        line(&mut out, b"connection", b"keep-alive");
     }
     out.put_slice(b"\r\n");
     // The head is written into `out`: its header values (slices of the backend's read buffer)
     // are not held while a long body streams.
     drop(parts);
     if asked.head || matches!(framing, Framing::None) {
-        return write_all(socket, out, &[], asked.stall).await.is_ok() && !close;
+        return write_all(socket, &out, &[], asked.stall).await.is_ok() && !close;
     }
     let ended = body_frames(socket, body, out, &framing, asked.stall).await;
     ended && !close
@@ -148,7 +129,7 @@ enum Next {
 async fn body_frames(
     socket: &Socket,
     body: Body,
-    out: &mut BytesMut,
+    mut out: BytesMut,
     framing: &Framing,
     stall: Duration,
 ) -> bool {
@@ -171,7 +152,7 @@ async fn body_frames(
         let frame = match next {
             Next::Frame(frame) => frame,
             Next::Flush => {
-                if write_all(socket, out, &[], stall).await.is_err() {
+                if write_all(socket, &out, &[], stall).await.is_err() {
                     return false;
                 }
                 out.clear();
@@ -182,11 +163,11 @@ async fn body_frames(
                     out.put_slice(b"0\r\n\r\n");
                 }
                 let whole = left.is_none_or(|n| n == 0);
-                return write_all(socket, out, &[], stall).await.is_ok() && whole;
+                return write_all(socket, &out, &[], stall).await.is_ok() && whole;
             }
             // A body cut short: the client sees it end before its framing does.
             Next::Broken => {
-                let _ = write_all(socket, out, &[], stall).await;
+                let _ = write_all(socket, &out, &[], stall).await;
                 return false;
             }
         };
@@ -199,7 +180,7 @@ async fn body_frames(
         if let Some(n) = &mut left {
             if data.len() as u64 > *n {
                 // More than the body said it had: what fits is written, and the connection ends.
-                let _ = write_all(socket, out, &data[..*n as usize], stall).await;
+                let _ = write_all(socket, &out, &data[..*n as usize], stall).await;
                 return false;
             }
             *n -= data.len() as u64;
@@ -212,7 +193,7 @@ async fn body_frames(
         if data.len() <= COPY_MAX {
             out.put_slice(&data);
         } else {
-            if write_all(socket, out, &data, stall).await.is_err() {
+            if write_all(socket, &out, &data, stall).await.is_err() {
                 return false;
             }
             out.clear();
@@ -221,7 +202,7 @@ async fn body_frames(
             out.put_slice(b"\r\n");
         }
         if out.len() >= FLUSH_AT {
-            if write_all(socket, out, &[], stall).await.is_err() {
+            if write_all(socket, &out, &[], stall).await.is_err() {
                 return false;
             }
             out.clear();

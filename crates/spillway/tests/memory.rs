@@ -266,7 +266,7 @@ async fn memory_stays_within_the_bound_under_bodies_the_size_of_the_cap() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_stays_within_the_bound_when_every_body_is_rewritten_for_its_backend() {
     let slow = slow_mock();
-    let (gw, measured, served) = rewritten_flood(&[&slow]).await;
+    let (gw, measured, served) = rewritten_flood(&[&slow], true).await;
     assert_within(
         "4 MiB bodies, rewritten",
         measured,
@@ -282,7 +282,7 @@ async fn memory_stays_within_the_bound_when_every_body_is_rewritten_for_its_back
 async fn memory_stays_within_the_bound_when_rewritten_bodies_meet_failing_backends() {
     let failing = || mock(&["--model", "m", "--error-rate", "1", "--error-status", "503"]);
     let (a, b) = (failing(), failing());
-    let (gw, measured, _) = rewritten_flood(&[&a, &b]).await;
+    let (gw, measured, _) = rewritten_flood(&[&a, &b], false).await;
     assert_within(
         "4 MiB bodies, rewritten, every backend failing",
         measured,
@@ -297,7 +297,9 @@ async fn memory_stays_within_the_bound_when_rewritten_bodies_meet_failing_backen
 
 /// A gateway whose model `alias` is served by `backends`, each knowing it as `m`, under 40
 /// clients sending 4 MiB bodies for 5 s: the gateway, its growth, and the answers that were 200.
-async fn rewritten_flood(backends: &[&Proc]) -> (Proc, (u64, u64), u64) {
+/// `until_served`: the flood goes on past its 5 s (at most to 30 s) until an answer has come
+/// back, so that a loaded machine cannot make it measure a flood nothing got through.
+async fn rewritten_flood(backends: &[&Proc], until_served: bool) -> (Proc, (u64, u64), u64) {
     let mut config = "max_body_bytes = 4194304\nmax_connections = 100\n\
          [admission]\nmax_in_flight = 50\nmax_buffered_body_bytes = 33554432\n\
          max_buffered_body_bytes_per_tenant = 33554432\n\
@@ -325,7 +327,14 @@ async fn rewritten_flood(backends: &[&Proc]) -> (Proc, (u64, u64), u64) {
         serde_json::to_vec(&body).unwrap(),
         served.clone(),
     );
-    let measured = growth_under(&gw, Duration::from_secs(5), flood).await;
+    let counted = served.clone();
+    let measured = growth_until(
+        &gw,
+        (Duration::from_secs(5), Duration::from_secs(30)),
+        flood,
+        move || !until_served || counted.load(Ordering::Relaxed) > 0,
+    )
+    .await;
     let served = served.load(Ordering::Relaxed);
     (gw, measured, served)
 }

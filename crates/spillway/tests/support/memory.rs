@@ -59,12 +59,27 @@ pub async fn growth_under<F>(gw: &Proc, run: Duration, flood: F) -> (u64, u64)
 where
     F: FnOnce(Arc<AtomicBool>) -> Vec<tokio::task::JoinHandle<()>>,
 {
+    growth_until(gw, (run, run), flood, || true).await
+}
+
+/// [`growth_under`], the flood going on past `run` (at most to `longest`) until `done` holds:
+/// for a flood whose first answers may take longer than `run` on a loaded machine. The
+/// memory is sampled all along.
+pub async fn growth_until<F>(
+    gw: &Proc,
+    (run, longest): (Duration, Duration),
+    flood: F,
+    done: impl Fn() -> bool,
+) -> (u64, u64)
+where
+    F: FnOnce(Arc<AtomicBool>) -> Vec<tokio::task::JoinHandle<()>>,
+{
     let baseline = rss_bytes(gw.pid());
     let stop = Arc::new(AtomicBool::new(false));
     let tasks = flood(stop.clone());
     let mut peak = baseline;
-    let end = Instant::now() + run;
-    while Instant::now() < end {
+    let started = Instant::now();
+    while started.elapsed() < run || (!done() && started.elapsed() < longest) {
         peak = peak.max(rss_bytes(gw.pid()));
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

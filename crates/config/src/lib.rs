@@ -38,6 +38,8 @@ pub const QUICKSTART_TOML: &str = include_str!("../../../examples/quickstart.tom
 /// The demo tenant's key in the quickstart. It is public by design; the quickstart listens on
 /// loopback only.
 pub const QUICKSTART_KEY: &str = "sk-spillway-quickstart";
+/// The most names `retry.client_retry_headers` may list: each is looked for in every request.
+pub const MAX_CLIENT_RETRY_HEADERS: usize = 16;
 
 /// Why a configuration could not be used.
 #[derive(Debug, thiserror::Error)]

@@ -208,10 +208,11 @@ max_attempts = 5
 #[test]
 fn resilience_problems_are_reported_with_their_location() {
     let toml = format!(
-        "[retry]\nmax_attempts = 9\nbudget_ratio = 2.0\ntransient_backoff_base = \"1s\"\ntransient_backoff_cap = \"10ms\"\nclient_retry_headers = [\"bad header\"]\n\
+        "[retry]\nmax_attempts = 9\nbudget_ratio = 2.0\ntransient_backoff_base = \"1s\"\ntransient_backoff_cap = \"10ms\"\nclient_retry_headers = [\"bad header\"{}]\n\
          [outlier]\nmax_ejection = \"1s\"\nbase_ejection = \"2s\"\npanic_threshold = -1.0\n\
          [health_check]\ninterval = \"1s\"\ntimeout = \"2s\"\n\
          [adaptive_concurrency]\nbackoff_ratio = 1.5\n{}",
+        (1..17).map(|i| format!(", \"x-retry-{i}\"")).collect::<String>(),
         MINIMAL.replace(
             "url = \"http://127.0.0.1:8000/v1\"",
             "url = \"http://127.0.0.1:8000/v1\"\ncapacity_statuses = [200]\nhealth_path = \"models\"",
@@ -223,6 +224,7 @@ fn resilience_problems_are_reported_with_their_location() {
         "retry.budget_ratio: must be between 0 and 1",
         "retry.transient_backoff_cap: must not be less than retry.transient_backoff_base",
         "retry.client_retry_headers[0]: \"bad header\" is not a header name",
+        "retry.client_retry_headers: at most 16 names, got 17",
         "outlier.max_ejection: must not be less than outlier.base_ejection",
         "outlier.panic_threshold: must be between 0 and 1",
         "health_check.timeout: must not be longer than health_check.interval",

@@ -192,7 +192,8 @@ impl Directory {
 
     /// The answer [`Directory::lookup`] would give, when the cache has it and no load is
     /// needed (the request path's usual case, answered without a future); `None` otherwise,
-    /// and always in naive mode. Counted in the lookup metrics like any other answer.
+    /// and always in naive mode. Counted in the lookup metrics like any other answer. A caller
+    /// that then calls `lookup` has the cache read again (two reads, beside the load it leads to).
     pub fn cached(&self, digest: &KeyDigest) -> Option<Lookup> {
         let Lookups::Protected = self.lookup else {
             return None;

@@ -136,6 +136,14 @@ impl StoreDirectory {
         &self.store
     }
 
+    /// The request path's tenant of a directory answer: none for a key past its validity.
+    fn answer(&self, found: spillway_directory::Lookup) -> Option<Arc<Tenant>> {
+        found
+            .found
+            .filter(|m| m.key.is_valid_at(unix_now()))
+            .map(|m| self.tenant_of(&m))
+    }
+
     fn tenant_of(&self, found: &KeyMatch) -> Arc<Tenant> {
         let spec = &found.tenant.spec;
         if let Some((known_spec, tenant)) = self
@@ -211,16 +219,6 @@ impl StoreDirectory {
             StatusCode::SERVICE_UNAVAILABLE
         };
         (status, body)
-    }
-}
-
-impl StoreDirectory {
-    /// The request path's tenant of a directory answer: none for a key past its validity.
-    fn answer(&self, found: spillway_directory::Lookup) -> Option<Arc<Tenant>> {
-        found
-            .found
-            .filter(|m| m.key.is_valid_at(unix_now()))
-            .map(|m| self.tenant_of(&m))
     }
 }
 

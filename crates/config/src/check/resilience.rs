@@ -107,12 +107,20 @@ pub(super) fn check_retry(raw: RawRetry, p: &mut Problems) -> RetryConfig {
     };
     let throttle = check_throttle(&raw, p);
     let mut client_retry_headers = Vec::new();
-    for (i, name) in raw
+    let markers = raw
         .client_retry_headers
-        .unwrap_or_else(|| vec!["x-stainless-retry-count".into()])
-        .iter()
-        .enumerate()
-    {
+        .unwrap_or_else(|| vec!["x-stainless-retry-count".into()]);
+    if markers.len() > crate::MAX_CLIENT_RETRY_HEADERS {
+        p.add(
+            "retry.client_retry_headers",
+            format!(
+                "at most {} names, got {}",
+                crate::MAX_CLIENT_RETRY_HEADERS,
+                markers.len()
+            ),
+        );
+    }
+    for (i, name) in markers.iter().enumerate() {
         match http::HeaderName::try_from(name.as_str()) {
             Ok(h) => client_retry_headers.push(h),
             Err(_) => p.add(

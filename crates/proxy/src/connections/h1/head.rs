@@ -86,7 +86,7 @@ pub(crate) fn parse(buf: &mut BytesMut) -> Result<Option<Head>, Refusal> {
     let mut names: SmallVec<[(HeaderName, std::ops::Range<usize>); 16]> =
         SmallVec::with_capacity(parsed.headers.len());
     for h in parsed.headers.iter() {
-        let name = HeaderName::from_bytes(h.name.as_bytes())
+        let name = crate::upstream::h1::names::header_name(h.name.as_bytes())
             .map_err(|_| Refusal::Malformed("invalid header name"))?;
         facts.read(&name, h.value)?;
         names.push((name, span(h.value)));

@@ -22,6 +22,7 @@ use smallvec::SmallVec;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 
 pub(crate) mod decode;
+pub(crate) mod names;
 
 use super::hop;
 use decode::{DecodeError, Framing};
@@ -241,7 +242,7 @@ impl Conn {
         let mut nominated = hop::Nominated::default();
         let mut kept: SmallVec<[(HeaderName, Range<usize>); 16]> = SmallVec::new();
         for h in parsed.headers.iter() {
-            let name = HeaderName::from_bytes(h.name.as_bytes())
+            let name = names::header_name(h.name.as_bytes())
                 .map_err(|_| Error::Head("invalid header name"))?;
             facts.read(&name, h.value, &mut nominated)?;
             let start = h.value.as_ptr() as usize - base;

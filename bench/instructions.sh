@@ -8,7 +8,9 @@
 # metrics exporter's upkeep thread, falls in it), which makes small changes comparable (`A B`
 # below). It counts instructions, not cycles: cache misses and system-call time are not in it.
 #
-# Usage: bench/instructions.sh BINARY [BINARY_B]
+# Usage: bench/instructions.sh BINARY [BINARY_B]   (a BINARY of `nginx`: the NGINX reference, one
+#   worker process serving in the foreground, counted the same way: the instructions nginx
+#   runs for the request spillway is compared with)
 # Env (defaults): REQUESTS=2000 (counted), WARMUP=300, TOP=25 (functions listed, by
 #   instructions of their own; 0 for none), KEEP= (a directory to keep the callgrind files in).
 # Output: per binary, instructions per request and the top functions.
@@ -20,7 +22,7 @@ REQUESTS="${REQUESTS:-2000}"; WARMUP="${WARMUP:-300}"; TOP="${TOP:-25}"
 for t in nginx valgrind callgrind_control callgrind_annotate curl python3 setsid; do
   command -v "$t" >/dev/null 2>&1 || { echo "missing: $t (bench/setup.sh; valgrind from Debian's valgrind)" >&2; exit 1; }
 done
-for bin in "$@"; do [ -x "$bin" ] || { echo "not an executable: $bin" >&2; exit 2; }; done
+for bin in "$@"; do [ "$bin" = nginx ] || [ -x "$bin" ] || { echo "not an executable: $bin" >&2; exit 2; }; done
 RUN="$BENCH_DIR/run"; mkdir -p "$RUN"
 exec 9>"$RUN/lock"
 flock -n 9 || { echo "a benchmark of this checkout is running (bench/run/lock)" >&2; exit 1; }
@@ -31,7 +33,7 @@ BACKEND_PID=""; SPILLWAY_PID=""
 . "$BENCH_DIR/lib/procs.sh"
 cleanup() { stop_pid "$SPILLWAY_PID" 10; stop_pid "$BACKEND_PID"; [ -n "${KEEP:-}" ] || rm -rf "$OUT"; }
 trap cleanup EXIT
-for p in 18080 18090 18091; do
+for p in 18080 18081 18090 18091; do
   if (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then echo "port $p is in use" >&2; exit 1; fi
 done
 start_mock_backend
@@ -39,25 +41,35 @@ start_mock_backend
 n=0
 for bin in "$@"; do
   n=$((n + 1)); file="$OUT/callgrind.$n.out"
-  (cd "$REPO_DIR" && SPILLWAY_LOG=warn exec setsid valgrind --tool=callgrind --callgrind-out-file="$file" \
-    --dump-instr=no "$bin" serve --config bench/spillway.toml) >"$RUN/callgrind-spillway.log" 2>&1 9>&- &
+  if [ "$bin" = nginx ]; then
+    # No master process: the one process under callgrind is the worker.
+    (cd "$BENCH_DIR" && exec setsid valgrind --tool=callgrind --callgrind-out-file="$file" \
+      --dump-instr=no nginx -p "$BENCH_DIR/" -c nginx/proxy.conf -e run/nginx-proxy.error.log \
+      -g "daemon off; master_process off; pid run/nginx-proxy.pid;") >"$RUN/callgrind-nginx.log" 2>&1 9>&- &
+    port=18081; probe=/health
+  else
+    (cd "$REPO_DIR" && SPILLWAY_LOG=warn exec setsid valgrind --tool=callgrind --callgrind-out-file="$file" \
+      --dump-instr=no "$bin" serve --config bench/spillway.toml) >"$RUN/callgrind-spillway.log" 2>&1 9>&- &
+    port=18090; probe=/readyz
+  fi
   SPILLWAY_PID=$!
-  # Under callgrind the gateway starts some 50 times slower.
-  for _ in $(seq 600); do ready http://127.0.0.1:18090/readyz && break; sleep 0.2; done
-  ready http://127.0.0.1:18090/readyz || { echo "spillway not ready; see bench/run/callgrind-spillway.log" >&2; exit 1; }
-  python3 - "$WARMUP" "$REQUESTS" "$SPILLWAY_PID" "$BENCH_DIR/lib/request.json" <<'PY'
+  # Under callgrind a server starts some 50 times slower.
+  for _ in $(seq 600); do ready "http://127.0.0.1:$port$probe" && break; sleep 0.2; done
+  ready "http://127.0.0.1:$port$probe" || { echo "$bin not ready; see bench/run/callgrind-*.log" >&2; exit 1; }
+  python3 - "$WARMUP" "$REQUESTS" "$SPILLWAY_PID" "$BENCH_DIR/lib/request.json" "$port" <<'PY'
 import http.client, subprocess, sys
 warmup, requests, pid, body_file = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+port = int(sys.argv[5])
 body = open(body_file, "rb").read()
 headers = {"Content-Type": "application/json", "Accept": "application/json",
            "Authorization": "Bearer sk-bench-0000", "User-Agent": "bench-instructions/1"}
-conn = http.client.HTTPConnection("127.0.0.1", 18090, timeout=60)
+conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
 def send(k):
     for _ in range(k):
         conn.request("POST", "/v1/chat/completions", body, headers)
         r = conn.getresponse(); r.read()
         if r.status != 200:
-            sys.exit(f"spillway answered {r.status}")
+            sys.exit(f"answered {r.status}")
 send(warmup)
 subprocess.run(["callgrind_control", "-z", pid], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 send(requests)

@@ -12,13 +12,21 @@
 #   worker process serving in the foreground, counted the same way: the instructions nginx
 #   runs for the request spillway is compared with)
 # Env (defaults): REQUESTS=2000 (counted), WARMUP=300, TOP=25 (functions listed, by
-#   instructions of their own; 0 for none), KEEP= (a directory to keep the callgrind files in).
+#   instructions of their own; 0 for none), KEEP= (a directory to keep the callgrind files in),
+#   BENCH_HEADERS= (more request headers, "Name: value" separated by '|', as lib/chat.lua
+#   takes them; `SDK_HEADERS=1` adds those the official OpenAI Python SDK sends).
 # Output: per binary, instructions per request and the top functions.
 set -euo pipefail
 BENCH_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO_DIR="$(cd "$BENCH_DIR/.." && pwd)"
 case "${1:-}" in -h|--help|"") sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0;; esac
 REQUESTS="${REQUESTS:-2000}"; WARMUP="${WARMUP:-300}"; TOP="${TOP:-25}"
+BENCH_HEADERS="${BENCH_HEADERS:-}"
+if [ "${SDK_HEADERS:-0}" = 1 ]; then
+  # As openai 3.56.0 (Python) sends them with a chat completion.
+  BENCH_HEADERS="Accept-Encoding: gzip, deflate|x-stainless-lang: python|x-stainless-package-version: 3.56.0|x-stainless-os: Linux|x-stainless-arch: x64|x-stainless-runtime: CPython|x-stainless-runtime-version: 3.11.7|x-stainless-async: false|x-stainless-retry-count: 0|x-stainless-read-timeout: 600${BENCH_HEADERS:+|$BENCH_HEADERS}"
+fi
+export BENCH_HEADERS
 for t in nginx valgrind callgrind_control callgrind_annotate curl python3 setsid; do
   command -v "$t" >/dev/null 2>&1 || { echo "missing: $t (bench/setup.sh; valgrind from Debian's valgrind)" >&2; exit 1; }
 done
@@ -57,12 +65,16 @@ for bin in "$@"; do
   for _ in $(seq 600); do ready "http://127.0.0.1:$port$probe" && break; sleep 0.2; done
   ready "http://127.0.0.1:$port$probe" || { echo "$bin not ready; see bench/run/callgrind-*.log" >&2; exit 1; }
   python3 - "$WARMUP" "$REQUESTS" "$SPILLWAY_PID" "$BENCH_DIR/lib/request.json" "$port" <<'PY'
-import http.client, subprocess, sys
+import http.client, os, subprocess, sys
 warmup, requests, pid, body_file = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
 port = int(sys.argv[5])
 body = open(body_file, "rb").read()
 headers = {"Content-Type": "application/json", "Accept": "application/json",
            "Authorization": "Bearer sk-bench-0000", "User-Agent": "bench-instructions/1"}
+for item in os.environ.get("BENCH_HEADERS", "").split("|"):
+    name, sep, value = item.partition(":")
+    if sep and name.strip():
+        headers[name.strip()] = value.strip()
 conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
 def send(k):
     for _ in range(k):

@@ -9,7 +9,6 @@
 
 use http::header::{self, HeaderName, InvalidHeaderName};
 
-const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 const X_STAINLESS_OS: HeaderName = HeaderName::from_static("x-stainless-os");
 const X_STAINLESS_LANG: HeaderName = HeaderName::from_static("x-stainless-lang");
 const X_STAINLESS_ARCH: HeaderName = HeaderName::from_static("x-stainless-arch");
@@ -43,7 +42,7 @@ fn known(bytes: &[u8]) -> Option<HeaderName> {
         10 if is(b"user-agent") => header::USER_AGENT,
         10 if is(b"connection") => header::CONNECTION,
         12 if is(b"content-type") => header::CONTENT_TYPE,
-        12 if is(b"x-request-id") => X_REQUEST_ID,
+        12 if is(b"x-request-id") => crate::call::X_REQUEST_ID,
         13 if is(b"authorization") => header::AUTHORIZATION,
         13 if is(b"cache-control") => header::CACHE_CONTROL,
         14 if is(b"content-length") => header::CONTENT_LENGTH,
@@ -162,13 +161,13 @@ mod tests {
 
     #[test]
     fn a_byte_that_only_looks_alike_in_a_name_is_not_the_name() {
-        // `\r` | 0x20 is `-`, `^` | 0x20 is `~`: neither takes the place of what it becomes.
+        // `\r` | 0x20 is `-`: where a name has a hyphen, only a hyphen matches.
         for almost in [
             &b"content\rtype"[..],
-            b"content\x0dlength",
-            b"user\x0dagent",
-            b"x-request\x0did",
-            b"x-request-i\x04",
+            b"content\rlength",
+            b"user\ragent",
+            b"x-request\rid",
+            b"x\rstainless-package-version",
             b"CONTENT-TYPE\r",
         ] {
             assert_eq!(
@@ -178,10 +177,7 @@ mod tests {
             );
         }
         assert!(known(b"content\rtype").is_none());
-        assert!(
-            known(b"x-request-i\x04").is_none(),
-            "0x04 | 0x20 is `$`, not `d`"
-        );
+        assert!(known(b"x\rstainless-package-version").is_none());
     }
 
     fn title_case(name: &str) -> String {

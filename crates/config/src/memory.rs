@@ -14,17 +14,18 @@ const MIB: u64 = 1024 * KIB;
 /// client, and hyper-util's `max_buf_size` for health checks): a backend's response head must
 /// fit in it, and each frame of a relayed body is at most this large.
 pub const UPSTREAM_READ_BYTES: u64 = 16 * KIB;
-/// What hyper holds per HTTP/1 client connection at most: its head and read buffer.
+/// What the gateway holds per HTTP/1 client connection at most: its head and read buffer.
 pub const HTTP1_CONNECTION_BYTES: u64 = 64 * KIB;
 /// Per HTTP/2 client connection, on top of [`HTTP1_CONNECTION_BYTES`]: its receive window.
 pub const HTTP2_WINDOW_BYTES: u64 = 256 * KIB;
 /// Per stream an HTTP/2 client may open: its request head and task before admission answers.
 pub const HTTP2_STREAM_BYTES: u64 = 8 * KIB;
-/// Per request in flight, for clients that never read an answer larger than all of these: hyper's
-/// write queue to the client (64 KiB, and the frame that passed it), a frame in the relay, the
-/// upstream connection's read buffer (each [`UPSTREAM_READ_BYTES`]), the 4 KiB usage scan, the
-/// request's tasks and sockets, and what the allocator keeps around them. Measured at most 81 KiB
-/// a request with its client connection (`crates/spillway/tests/memory_responses.rs`).
+/// Per request in flight, for clients that never read an answer larger than all of these: the
+/// write buffer to the client (16 KiB of small frames gathered, or one larger frame), a frame in
+/// the relay, the upstream connection's read buffer (each [`UPSTREAM_READ_BYTES`]), the 4 KiB
+/// usage scan, the request's tasks and sockets, and what the allocator keeps around them.
+/// Measured at most 41 KiB a request with its client connection
+/// (`crates/spillway/tests/memory_responses.rs`).
 pub const REQUEST_BYTES: u64 = 192 * KIB;
 /// Per upstream connection kept idle for the next request: its read buffer and its socket.
 pub const KEPT_CONNECTION_BYTES: u64 = UPSTREAM_READ_BYTES + 8 * KIB;

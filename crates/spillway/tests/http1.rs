@@ -1,7 +1,8 @@
 //! HTTP/1.1 as clients speak it, byte by byte over raw TCP on 127.0.0.1: bodies framed by
-//! length or in chunks, requests sent without waiting, HTTP/1.0, `100 Continue`, streams; heads
-//! that two readers could frame differently (request smuggling) refused; and a client that
-//! leaves while its request waits upstream gives its place back at once.
+//! length or in chunks, requests sent without waiting, HTTP/1.0, `100 Continue`, streams,
+//! answers relayed in frames of every size; heads that two readers could frame differently
+//! (request smuggling) refused; and a client that leaves while its request waits upstream gives
+//! its place back at once.
 
 // Tests time real processes and sockets on the system clock (see clippy.toml).
 #![allow(clippy::disallowed_methods)]
@@ -321,4 +322,131 @@ async fn a_body_over_the_cap_sent_whole_is_answered_413_not_reset() {
         let sent = sending.await.unwrap();
         assert!(sent.is_ok(), "the body's write failed: {sent:?}");
     }
+}
+
+/// A backend's chunked answer whose pieces are every size around the writer's limits (one
+/// byte, the 4 KiB it copies next to the framing, the 16 KiB it gathers, and more than a read)
+/// reaches the client byte for byte in well-formed chunks, on a connection that then carries
+/// the next request: small frames gathered, larger ones written from where they lie, and each
+/// chunk's framing around its own bytes either way.
+#[tokio::test]
+async fn an_answer_in_frames_of_every_size_arrives_whole_in_well_formed_chunks() {
+    let content: String = (0..120_000u32)
+        .map(|i| char::from(b'a' + (i * 7 % 26) as u8))
+        .collect();
+    let answer = format!(
+        r#"{{"id":"c","object":"chat.completion","created":0,"model":"m","choices":[{{"index":0,"message":{{"role":"assistant","content":"{content}"}},"finish_reason":"stop"}}]}}"#
+    );
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/v1", listener.local_addr().unwrap());
+    let sent = answer.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(stream) = stream else { return };
+            let sent = sent.clone();
+            std::thread::spawn(move || answer_in_pieces(stream, sent.as_bytes()));
+        }
+    });
+    let gw = gateway(&format!(
+        "[health_check]\nenabled = false\n[[models]]\nname = \"m\"\n[[models.backends]]\n\
+         name = \"b\"\nregion = \"r\"\nurl = \"{url}\"\nengine = \"none\"\n"
+    ));
+    let body = chat_json(false);
+    let mut s = connect(&gw).await;
+    for last in [false, true] {
+        let extra = if last { "connection: close\r\n" } else { "" };
+        s.write_all(chat_head(body.len(), extra).as_bytes())
+            .await
+            .unwrap();
+        s.write_all(&body).await.unwrap();
+        let (head, got) = tokio::time::timeout(PATIENCE, read_chunked(&mut s))
+            .await
+            .expect("the answer in time");
+        assert!(head.starts_with("HTTP/1.1 200 "), "{head}");
+        assert!(
+            head.to_lowercase().contains("transfer-encoding: chunked"),
+            "{head}"
+        );
+        assert!(got == answer.as_bytes(), "the answer arrived changed");
+    }
+    assert_eq!(until_closed(&mut s).await, Some(Vec::new()));
+}
+
+/// Answers each request on `stream` with `body` in chunks of many sizes, each written (and
+/// flushed) on its own after a moment, so the gateway reads them as separate frames.
+fn answer_in_pieces(stream: std::net::TcpStream, body: &[u8]) {
+    use std::io::Write;
+    let mut writer = stream.try_clone().unwrap();
+    let mut reader = std::io::BufReader::new(stream);
+    let sizes = [
+        1, 100, 4_096, 4_097, 3_000, 5_000, 9_000, 16_384, 20_000, 7, 40_000,
+    ];
+    while read_request(&mut reader).is_some() {
+        let head = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\
+                    transfer-encoding: chunked\r\n\r\n";
+        if writer.write_all(head.as_bytes()).is_err() {
+            return;
+        }
+        let mut rest = body;
+        for size in sizes.iter().cycle() {
+            if rest.is_empty() {
+                break;
+            }
+            let (piece, after) = rest.split_at((*size).min(rest.len()));
+            rest = after;
+            let mut chunk = format!("{:x}\r\n", piece.len()).into_bytes();
+            chunk.extend_from_slice(piece);
+            chunk.extend_from_slice(b"\r\n");
+            if writer.write_all(&chunk).is_err() {
+                return;
+            }
+            // Shapes what the gateway reads at once; nothing waits on it.
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        if writer.write_all(b"0\r\n\r\n").is_err() {
+            return;
+        }
+    }
+}
+
+/// One response read from `s`, its body framed in chunks: its head, and the body decoded. Every
+/// chunk must be well formed: a hexadecimal size, CRLF, that many bytes, CRLF.
+async fn read_chunked(s: &mut tokio::net::TcpStream) -> (String, Vec<u8>) {
+    let mut buf = Vec::new();
+    let mut at = loop {
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break end + 4;
+        }
+        read_more(s, &mut buf).await;
+    };
+    let head = String::from_utf8(buf[..at].to_vec()).unwrap();
+    let mut body = Vec::new();
+    loop {
+        let line_end = loop {
+            if let Some(end) = buf[at..].windows(2).position(|w| w == b"\r\n") {
+                break at + end;
+            }
+            read_more(s, &mut buf).await;
+        };
+        let size = std::str::from_utf8(&buf[at..line_end]).unwrap();
+        let size = usize::from_str_radix(size, 16).unwrap_or_else(|_| panic!("size {size:?}"));
+        at = line_end + 2;
+        while buf.len() < at + size + 2 {
+            read_more(s, &mut buf).await;
+        }
+        body.extend_from_slice(&buf[at..at + size]);
+        assert_eq!(&buf[at + size..at + size + 2], b"\r\n", "a chunk's end");
+        at += size + 2;
+        if size == 0 {
+            assert_eq!(at, buf.len(), "bytes after the last chunk");
+            return (head, body);
+        }
+    }
+}
+
+async fn read_more(s: &mut tokio::net::TcpStream, buf: &mut Vec<u8>) {
+    let mut more = [0u8; 8192];
+    let n = s.read(&mut more).await.unwrap();
+    assert!(n > 0, "the connection closed mid-answer");
+    buf.extend_from_slice(&more[..n]);
 }

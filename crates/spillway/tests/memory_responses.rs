@@ -1,8 +1,8 @@
 //! The memory bound of docs/admission.md on the response side: backends answering large bodies
 //! as fast as loopback carries them, to clients that never read (every byte the gateway may
-//! hold per request is held), and to clients that read everything (upstream connections read
-//! at full speed, then kept for the next request). Each measures the gateway's resident memory
-//! (VmRSS) while the flood runs, against its size after a warm-up.
+//! hold per request is held), over HTTP/1 and over HTTP/2, and to clients that read everything
+//! (upstream connections read at full speed, then kept for the next request). Each measures
+//! the gateway's resident memory (VmRSS) while the flood runs, against its size after a warm-up.
 
 // Tests time real processes and sockets on the system clock (see clippy.toml).
 #![allow(clippy::disallowed_methods)]
@@ -144,6 +144,72 @@ async fn memory_stays_within_the_bound_when_clients_never_read_large_answers() {
         "200 clients never reading 8 MiB answers",
         measured,
         bound(MIB, 300, 200),
+    );
+}
+
+/// The same over HTTP/2: 20 connections of 10 streams each ask for 8 MiB answers and read none,
+/// so each stream's send buffer in the gateway fills (the client's windows take 64 KiB a
+/// connection), then its relay and its upstream connection's read buffer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_stays_within_the_bound_when_http2_clients_never_read_large_answers() {
+    let backend = LargeAnswers::start();
+    let gw = gateway_over(
+        "max_body_bytes = 65536\nmax_connections = 30\nhttp2_max_concurrent_streams = 16",
+        "[admission]\nmax_in_flight = 200\nmax_buffered_body_bytes = 1048576",
+        &[&backend],
+    );
+    warm_up(&gw, &asking(1)).await;
+    let body = serde_json::to_vec(&asking(8 * 1024)).unwrap();
+    let addr = gw.addr;
+    let measured = growth_under(&gw, Duration::from_secs(5), move |stop| {
+        (0..20)
+            .map(|_| {
+                let (body, stop) = (body.clone(), stop.clone());
+                tokio::spawn(async move {
+                    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+                    let (h2, conn) = h2::client::handshake(tcp).await.unwrap();
+                    tokio::spawn(conn);
+                    let mut answers = Vec::new();
+                    for _ in 0..10 {
+                        let Ok(mut ready) = h2.clone().ready().await else {
+                            return;
+                        };
+                        let req = http::Request::post("/v1/chat/completions")
+                            .header("authorization", format!("Bearer {KEY}"))
+                            .header("content-type", "application/json")
+                            .body(())
+                            .unwrap();
+                        let Ok((answer, mut send)) = ready.send_request(req, false) else {
+                            return;
+                        };
+                        let _ = send.send_data(body.clone().into(), true);
+                        answers.push(answer);
+                    }
+                    // Each answer's head is taken, its body never read, until the flood ends.
+                    let mut kept = Vec::new();
+                    for answer in answers {
+                        if let Ok(r) = answer.await {
+                            kept.push(r);
+                        }
+                    }
+                    while !stop.load(Ordering::Relaxed) {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                    drop(kept);
+                })
+            })
+            .collect()
+    })
+    .await;
+    let answering = backend.started.load(Ordering::Relaxed) - 20;
+    assert!(
+        answering >= 150,
+        "only {answering} of 200 unread requests reached the backend"
+    );
+    assert_within(
+        "20 HTTP/2 clients of 10 streams never reading 8 MiB answers",
+        measured,
+        bound_http2(MIB, 30, 16, 200),
     );
 }
 

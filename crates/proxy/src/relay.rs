@@ -35,8 +35,15 @@ pub enum BodyEnd {
     ClientGone,
 }
 
-/// Shown every data frame as it passes, and told once how the body ended.
+/// Shown every data frame, and told once how the body ended.
+///
+/// A frame is shown twice: [`arrived`](EndObserver::arrived) as it comes, before it is passed
+/// on (for its time), and [`frame`](EndObserver::frame) once it has been passed on, when the
+/// body is next asked for a frame or ends (for what reads its bytes: the usage scan). So the
+/// client connection writes an answer before the gateway reads it, and every frame is read
+/// before [`ended`](EndObserver::ended), however the body ends.
 pub trait EndObserver: Send + Sync + Unpin + 'static {
+    fn arrived(&mut self, _data: &Bytes) {}
     fn frame(&mut self, _data: &Bytes) {}
     fn ended(&mut self, end: BodyEnd);
 }
@@ -51,6 +58,8 @@ pub struct RelayBody<B: Body<Data = Bytes> + Unpin, O: EndObserver> {
     /// Armed the first time the upstream makes the relay wait: most bodies never do.
     idle: Option<Pin<Box<Sleep>>>,
     state: Option<(InFlight, O)>,
+    /// The last data frame passed on, not yet shown to the observer's `frame`.
+    unread: Option<Bytes>,
 }
 
 impl<B: Body<Data = Bytes> + Unpin, O: EndObserver> RelayBody<B, O> {
@@ -70,10 +79,19 @@ impl<B: Body<Data = Bytes> + Unpin, O: EndObserver> RelayBody<B, O> {
             last_frame: now(),
             idle: None,
             state: Some((hold, observer)),
+            unread: None,
+        }
+    }
+
+    /// Shows the observer the frame passed on last, if it has not seen it.
+    fn read_passed(&mut self) {
+        if let (Some(data), Some((_, observer))) = (self.unread.take(), self.state.as_mut()) {
+            observer.frame(&data);
         }
     }
 
     fn finish(&mut self, end: BodyEnd) {
+        self.read_passed();
         if let Some((hold, mut observer)) = self.state.take() {
             observer.ended(end);
             drop(hold);
@@ -118,11 +136,13 @@ where
         if this.state.is_none() {
             return Poll::Ready(None);
         }
+        this.read_passed();
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
                 this.last_frame = now();
                 if let (Some(data), Some((_, observer))) = (frame.data_ref(), this.state.as_mut()) {
-                    observer.frame(data);
+                    observer.arrived(data);
+                    this.unread = Some(data.clone());
                 }
                 Poll::Ready(Some(Ok(frame)))
             }

@@ -446,3 +446,98 @@ fn a_failure_after_sending_draws_one_retry_from_the_budget() {
     });
     assert_eq!(upstream.sent().len(), 2);
 }
+
+/// Notes what a relay shows its observer, in order, in a log the test writes to as well.
+struct Noted(Arc<Mutex<Vec<String>>>);
+
+impl EndObserver for Noted {
+    fn arrived(&mut self, data: &Bytes) {
+        self.0
+            .lock()
+            .unwrap()
+            .push(format!("arrived {}", data.len()));
+    }
+    fn frame(&mut self, data: &Bytes) {
+        self.0.lock().unwrap().push(format!("read {}", data.len()));
+    }
+    fn ended(&mut self, end: BodyEnd) {
+        self.0.lock().unwrap().push(format!("ended {end:?}"));
+    }
+}
+
+/// An answer is read by the relay's observer (the usage scan) only after it was passed on, so
+/// the client connection writes it first; yet every frame is read before the end is told:
+/// asked to its end, dropped once its length was passed on (no last poll), or broken off.
+#[test]
+fn the_observer_reads_each_frame_after_it_was_passed_on_and_before_the_end() {
+    let (models, retries) = pool("");
+    let through = |last_poll: bool, upstream: &dyn Fn() -> Option<Step>| {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        paused(async {
+            let call = call(&models, &retries);
+            let chosen = match upstream() {
+                Some(step) => run(&call, &retries, &Scripted::new([step]), &models)
+                    .await
+                    .result
+                    .map(|c| {
+                        (
+                            c.response
+                                .map(|b| b.map_err(|e| e.to_string()).boxed_unsync()),
+                            c.hold,
+                        )
+                    }),
+                None => run(&call, &retries, &BreaksMidStream::default(), &models)
+                    .await
+                    .result
+                    .map(|c| {
+                        (
+                            c.response
+                                .map(|b| b.map_err(|e| e.to_string()).boxed_unsync()),
+                            c.hold,
+                        )
+                    }),
+            };
+            let (response, hold) = chosen.unwrap_or_else(|e| panic!("{}", e.message));
+            let relay = RelayBody::new(
+                response.into_body(),
+                false,
+                Endpoint::ChatCompletions,
+                Duration::from_secs(60),
+                hold,
+                Noted(log.clone()),
+            );
+            let mut relay = Box::pin(relay);
+            while let Some(frame) = relay.frame().await {
+                let passed = match frame {
+                    Ok(f) => format!("passed {}", f.into_data().map_or(0, |d| d.len())),
+                    Err(e) => format!("failed: {e}"),
+                };
+                log.lock().unwrap().push(passed);
+                // The answer is one frame: dropped before the poll that would find its end.
+                if !last_poll {
+                    break;
+                }
+            }
+        });
+        let noted = log.lock().unwrap().clone();
+        noted
+    };
+    let answer = || Some(Step::Body(200, r#"{"usage":{"prompt_tokens":1}}"#));
+    let whole = ["arrived 29", "passed 29", "read 29", "ended Complete"];
+    assert_eq!(through(true, &answer), whole);
+    assert_eq!(
+        through(false, &answer),
+        whole,
+        "dropped without a last poll"
+    );
+    assert_eq!(
+        through(true, &|| None),
+        [
+            "arrived 10",
+            "passed 10",
+            "read 10",
+            "ended UpstreamBroke",
+            "failed: the backend went away"
+        ]
+    );
+}

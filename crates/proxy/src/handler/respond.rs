@@ -163,10 +163,13 @@ struct Remember {
 }
 
 impl EndObserver for Finish {
-    fn frame(&mut self, data: &Bytes) {
+    fn arrived(&mut self, data: &Bytes) {
         if self.first_byte.is_none() && !data.is_empty() {
             self.first_byte = Some(crate::clock::since(self.started));
         }
+    }
+
+    fn frame(&mut self, data: &Bytes) {
         self.usage.feed(data);
         if let Some(f) = &mut self.fields {
             f.feed(data);

@@ -1,8 +1,9 @@
 //! A response as the connection writes it (RFC 9112): the status line, the handler's headers
 //! without framing ones, `date`, and the framing the body's size gives (`content-length` when it
 //! is known, else chunked; for an HTTP/1.0 client, the connection's close). Body frames are
-//! gathered while they are ready and written when none is, so a whole answer is one write with
-//! its head and a stream's event is written as soon as it comes.
+//! gathered while they are ready and written when none is, or as soon as the body's whole
+//! length is there (before its end is asked for, which runs the relay's accounting), so a whole
+//! answer is one write with its head and a stream's event is written as soon as it comes.
 
 use std::cell::RefCell;
 use std::future::poll_fn;
@@ -206,6 +207,14 @@ async fn body_frames(
         }
         if chunked {
             out.put_slice(b"\r\n");
+        }
+        // The body's whole length is here: the client gets it before the body is asked for its
+        // end (what ends it, the relay's reading and accounting, comes after).
+        if left == Some(0) && !out.is_empty() {
+            if write_all(socket, &out, &[], stall).await.is_err() {
+                return false;
+            }
+            out.clear();
         }
     }
 }

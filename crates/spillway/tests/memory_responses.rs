@@ -98,6 +98,22 @@ fn asking(kib: u64) -> serde_json::Value {
     body
 }
 
+/// Returns once the flood is stopped.
+async fn until_stopped(stop: &AtomicBool) {
+    while !stop.load(Ordering::Relaxed) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// At least 150 of the flood's 200 requests (after the warm-up's 20) reached `backend`.
+fn most_reached(backend: &LargeAnswers, which: &str) {
+    let answering = backend.started.load(Ordering::Relaxed) - 20;
+    assert!(
+        answering >= 150,
+        "only {answering} of 200 {which} requests reached the backend"
+    );
+}
+
 /// Each in-flight request's response is as large as a stalled client lets the gateway hold: the
 /// client sends its request and never reads, so the gateway's write queue to it, the frame in
 /// its relay and its upstream connection's read buffer all fill.
@@ -127,19 +143,13 @@ async fn memory_stays_within_the_bound_when_clients_never_read_large_answers() {
                     let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
                     s.write_all(request.as_bytes()).await.unwrap();
                     // Never read: hold the connection until the flood ends.
-                    while !stop.load(Ordering::Relaxed) {
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                    }
+                    until_stopped(&stop).await;
                 })
             })
             .collect()
     })
     .await;
-    let answering = backend.started.load(Ordering::Relaxed) - 20;
-    assert!(
-        answering >= 150,
-        "only {answering} of 200 stalled requests reached the backend"
-    );
+    most_reached(&backend, "stalled");
     assert_within(
         "200 clients never reading 8 MiB answers",
         measured,
@@ -192,20 +202,14 @@ async fn memory_stays_within_the_bound_when_http2_clients_never_read_large_answe
                             kept.push(r);
                         }
                     }
-                    while !stop.load(Ordering::Relaxed) {
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                    }
+                    until_stopped(&stop).await;
                     drop(kept);
                 })
             })
             .collect()
     })
     .await;
-    let answering = backend.started.load(Ordering::Relaxed) - 20;
-    assert!(
-        answering >= 150,
-        "only {answering} of 200 unread requests reached the backend"
-    );
+    most_reached(&backend, "unread");
     assert_within(
         "20 HTTP/2 clients of 10 streams never reading 8 MiB answers",
         measured,

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::HeaderMap;
+use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full, StreamBody};
 use proptest::prelude::*;
 use spillway_config::{BackendKind, Config};
@@ -18,7 +19,7 @@ use crate::auth::{Tenant, TenantLimits};
 use crate::call::Call;
 use crate::endpoint::Endpoint;
 use crate::metrics::RequestLabels;
-use crate::pool::{Backend, Models};
+use crate::pool::{Backend, InFlight, Models};
 use crate::relay::{BodyEnd, EndObserver, RelayBody};
 use crate::upstream::{Attempt, Upstream};
 
@@ -465,6 +466,17 @@ impl EndObserver for Noted {
     }
 }
 
+/// The chosen answer, its body boxed so that those of different upstreams relay alike.
+fn boxed<B>(chosen: super::Chosen<B>) -> (http::Response<UnsyncBoxBody<Bytes, String>>, InFlight)
+where
+    B: http_body::Body<Data = Bytes, Error: std::fmt::Display> + Send + Unpin + 'static,
+{
+    let response = chosen
+        .response
+        .map(|b| b.map_err(|e| e.to_string()).boxed_unsync());
+    (response, chosen.hold)
+}
+
 /// An answer is read by the relay's observer (the usage scan) only after it was passed on, so
 /// the client connection writes it first; yet every frame is read before the end is told:
 /// asked to its end, dropped once its length was passed on (no last poll), or broken off.
@@ -479,23 +491,11 @@ fn the_observer_reads_each_frame_after_it_was_passed_on_and_before_the_end() {
                 Some(step) => run(&call, &retries, &Scripted::new([step]), &models)
                     .await
                     .result
-                    .map(|c| {
-                        (
-                            c.response
-                                .map(|b| b.map_err(|e| e.to_string()).boxed_unsync()),
-                            c.hold,
-                        )
-                    }),
+                    .map(boxed),
                 None => run(&call, &retries, &BreaksMidStream::default(), &models)
                     .await
                     .result
-                    .map(|c| {
-                        (
-                            c.response
-                                .map(|b| b.map_err(|e| e.to_string()).boxed_unsync()),
-                            c.hold,
-                        )
-                    }),
+                    .map(boxed),
             };
             let (response, hold) = chosen.unwrap_or_else(|e| panic!("{}", e.message));
             let relay = RelayBody::new(

@@ -17,8 +17,9 @@ use crate::metrics::RequestLabels;
 use crate::pool::{ModelPool, ThrottlePass};
 use crate::request::{BodyHold, RequestSummary};
 
-/// The header that carries a request's id, to the backend and back to the caller.
-pub(crate) const X_REQUEST_ID: http::HeaderName = http::HeaderName::from_static("x-request-id");
+/// The header that carries a request's id, to the backend and back to the caller (one of the
+/// names the HTTP/1 readers know, where it is defined).
+pub(crate) use crate::upstream::h1::names::X_REQUEST_ID;
 /// The Messages API's name for it: a backend's is kept aside, the caller gets spillway's.
 pub(crate) const REQUEST_ID: http::HeaderName = http::HeaderName::from_static("request-id");
 

@@ -191,3 +191,174 @@ fn replay_shared_modules_never_import_a_scenario_nor_scenarios_each_other() {
         "these replay modules import a scenario or the list of them: {offending:#?}"
     );
 }
+
+/// The module path (`["upstream", "h1", "names"]`) of a source file under `src`.
+fn module_of(src: &Path, file: &Path) -> Vec<String> {
+    let rel = file.strip_prefix(src).unwrap().with_extension("");
+    let mut path: Vec<String> = rel
+        .components()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .collect();
+    if matches!(path.last().map(String::as_str), Some("mod" | "lib")) {
+        path.pop();
+    }
+    path
+}
+
+/// The paths a file's code names through `crate::`, `super::` and `self::` (comments and its
+/// inline test module left out), each as a module path from the crate's root, `use` trees
+/// (`crate::a::{b, c::d}`) taken apart.
+fn named_paths(text: &str, module: &[String]) -> Vec<Vec<String>> {
+    let code: String = text
+        .split("#[cfg(test)]\nmod tests")
+        .next()
+        .unwrap()
+        .lines()
+        .map(|l| l.split("//").next().unwrap())
+        .collect::<Vec<_>>()
+        .join("\n");
+    // `super` from a file is its module's parent (a `mod.rs` is its folder's module).
+    let up = |levels: usize| module[..module.len().saturating_sub(levels)].to_vec();
+    let bytes = code.as_bytes();
+    let mut found = Vec::new();
+    let mut at = 0;
+    while at < bytes.len() {
+        let rest = &code[at..];
+        let (base, skip) = if rest.starts_with("crate::") {
+            (Vec::new(), "crate::".len())
+        } else if rest.starts_with("self::") {
+            (module.to_vec(), "self::".len())
+        } else if rest.starts_with("super::") {
+            let mut levels = 0;
+            let mut skip = 0;
+            while code[at + skip..].starts_with("super::") {
+                levels += 1;
+                skip += "super::".len();
+            }
+            (up(levels), skip)
+        } else {
+            at += 1;
+            continue;
+        };
+        let word_before =
+            at > 0 && (bytes[at - 1].is_ascii_alphanumeric() || bytes[at - 1] == b'_');
+        if word_before {
+            at += 1;
+            continue;
+        }
+        let end = use_tree(&code[at + skip..], base, &mut found);
+        at += skip + end;
+    }
+    found
+}
+
+/// Reads a path (or a `use` tree) at the start of `text` below `base` into `found`; returns how
+/// many bytes it took.
+fn use_tree(text: &str, base: Vec<String>, found: &mut Vec<Vec<String>>) -> usize {
+    let mut path = base;
+    let mut at = 0;
+    let b = text.as_bytes();
+    loop {
+        let start = at;
+        while at < b.len() && (b[at].is_ascii_alphanumeric() || b[at] == b'_') {
+            at += 1;
+        }
+        if at > start {
+            path.push(text[start..at].to_owned());
+        }
+        if text[at..].starts_with("::{") {
+            at += 3;
+            loop {
+                while at < b.len() && (b[at] == b' ' || b[at] == b'\n' || b[at] == b',') {
+                    at += 1;
+                }
+                if at >= b.len() || b[at] == b'}' {
+                    return at + 1;
+                }
+                let before = at;
+                at += use_tree(&text[at..], path.clone(), found);
+                if at == before {
+                    at += 1;
+                }
+            }
+        }
+        if text[at..].starts_with("::") && at > start {
+            at += 2;
+            continue;
+        }
+        found.push(path);
+        return at;
+    }
+}
+
+/// The modules of crate `name` (its folder under `crates/`) that import each other in a loop, a
+/// file that names another through a path importing it; `(files, imports)` read too.
+fn import_loops(name: &str) -> (Vec<String>, (usize, usize)) {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(name)
+        .join("src");
+    let mut files = Vec::new();
+    rust_sources(&src, &mut files);
+    files.retain(|p| {
+        let name = p.file_name().unwrap().to_string_lossy();
+        !(name == "tests.rs" || name.ends_with("_tests.rs"))
+    });
+    let modules: Vec<Vec<String>> = files.iter().map(|f| module_of(&src, f)).collect();
+    let index_of = |path: &[String]| -> Option<usize> {
+        (0..=path.len())
+            .rev()
+            .find_map(|n| modules.iter().position(|m| m.as_slice() == &path[..n]))
+    };
+    let edges: Vec<Vec<usize>> = files
+        .iter()
+        .enumerate()
+        .map(|(i, f)| {
+            let text = std::fs::read_to_string(f).unwrap();
+            let mut to: Vec<usize> = named_paths(&text, &modules[i])
+                .iter()
+                .filter_map(|p| index_of(p))
+                .filter(|&j| j != i && !modules[j].is_empty())
+                .collect();
+            to.sort_unstable();
+            to.dedup();
+            to
+        })
+        .collect();
+    // A file is in a loop when it reaches itself.
+    let in_loops = (0..files.len())
+        .filter(|&start| {
+            let mut seen = vec![false; files.len()];
+            let mut stack = edges[start].clone();
+            while let Some(n) = stack.pop() {
+                if n == start {
+                    return true;
+                }
+                if !std::mem::replace(&mut seen[n], true) {
+                    stack.extend(&edges[n]);
+                }
+            }
+            false
+        })
+        .map(|i| modules[i].join("::"))
+        .collect();
+    let imports = edges.iter().map(Vec::len).sum();
+    (in_loops, (files.len(), imports))
+}
+
+/// Architecture invariant of ARCHITECTURE.md: no import loops between the files of
+/// `crates/proxy` nor of `crates/replay`.
+#[test]
+fn no_import_loops_between_the_files_of_the_proxy_and_replay_crates() {
+    for name in ["proxy", "replay"] {
+        let (in_loops, (files, imports)) = import_loops(name);
+        assert!(
+            files > 20 && imports > 40,
+            "read too little of crates/{name}: {files} files, {imports} imports"
+        );
+        assert!(
+            in_loops.is_empty(),
+            "these modules of crates/{name} import each other in a loop: {in_loops:#?}"
+        );
+    }
+}

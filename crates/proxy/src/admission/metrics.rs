@@ -2,6 +2,8 @@
 //! tenant, class and reason; tokens reserved against what backends reported; and the global
 //! caps against their use.
 
+use std::sync::Arc;
+
 use metrics::{counter, describe_counter, describe_gauge, gauge, histogram, Counter, Histogram};
 use spillway_policy::Priority;
 
@@ -143,8 +145,18 @@ fn queue_wait(tenant: &str, class: Priority, waited: std::time::Duration) {
         .record(waited.as_secs_f64());
 }
 
+/// One queue's figures, for the gauges.
+pub(crate) struct QueueFigures {
+    pub model: Arc<str>,
+    pub bulkhead: Option<Arc<str>>,
+    /// Waiting, by class: critical, standard, batch.
+    pub queued: [usize; 3],
+    pub in_use: usize,
+    pub seats: usize,
+}
+
 /// Sets the queue gauges when `/metrics` is rendered; the shared backends' pool is `shared`.
-pub(crate) fn queues(figures: &[super::QueueFigures]) {
+pub(crate) fn queues(figures: &[QueueFigures]) {
     for f in figures {
         let model = f.model.to_string();
         let pool = f.bulkhead.as_deref().unwrap_or("shared").to_owned();

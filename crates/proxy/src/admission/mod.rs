@@ -49,6 +49,7 @@ use crate::traffic::{Refused, TenantTraffic};
 
 use gate::{Entered, Gate, Slot};
 pub(crate) use headers::insert_rate_headers;
+pub(crate) use metrics::QueueFigures;
 use queue::PoolQueue;
 pub(crate) use queue::Shed;
 use rate::{Rates, Ruling};
@@ -89,16 +90,6 @@ pub(crate) struct Admission {
 
 /// A model's name, and the bulkhead of the backends a queue seats (`None`: shared ones).
 type QueueKey = (Arc<str>, Option<Arc<str>>);
-
-/// One queue's figures, for the gauges.
-pub(crate) struct QueueFigures {
-    pub model: Arc<str>,
-    pub bulkhead: Option<Arc<str>>,
-    /// Waiting, by class: critical, standard, batch.
-    pub queued: [usize; 3],
-    pub in_use: usize,
-    pub seats: usize,
-}
 
 /// What an admission needs to know about the request.
 pub(crate) struct Ask<'a> {

@@ -9,6 +9,10 @@
 
 use http::header::{self, HeaderName, InvalidHeaderName};
 
+/// The header that carries a request's id, to the backend and back to the caller
+/// (`crate::call` names it too).
+pub(crate) const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
 const X_STAINLESS_OS: HeaderName = HeaderName::from_static("x-stainless-os");
 const X_STAINLESS_LANG: HeaderName = HeaderName::from_static("x-stainless-lang");
 const X_STAINLESS_ARCH: HeaderName = HeaderName::from_static("x-stainless-arch");
@@ -42,7 +46,7 @@ fn known(bytes: &[u8]) -> Option<HeaderName> {
         10 if is(b"user-agent") => header::USER_AGENT,
         10 if is(b"connection") => header::CONNECTION,
         12 if is(b"content-type") => header::CONTENT_TYPE,
-        12 if is(b"x-request-id") => crate::call::X_REQUEST_ID,
+        12 if is(b"x-request-id") => X_REQUEST_ID,
         13 if is(b"authorization") => header::AUTHORIZATION,
         13 if is(b"cache-control") => header::CACHE_CONTROL,
         14 if is(b"content-length") => header::CONTENT_LENGTH,

@@ -372,8 +372,8 @@ async fn an_answer_in_frames_of_every_size_arrives_whole_in_well_formed_chunks()
     assert_eq!(until_closed(&mut s).await, Some(Vec::new()));
 }
 
-/// Answers each request on `stream` with `body` in chunks of many sizes, each written (and
-/// flushed) on its own after a moment, so the gateway reads them as separate frames.
+/// Answers each request on `stream` with `body` in chunks of many sizes, each written on its
+/// own: the gateway's decoder makes each chunk (or the part of it one read holds) a frame.
 fn answer_in_pieces(stream: std::net::TcpStream, body: &[u8]) {
     use std::io::Write;
     let mut writer = stream.try_clone().unwrap();
@@ -400,8 +400,6 @@ fn answer_in_pieces(stream: std::net::TcpStream, body: &[u8]) {
             if writer.write_all(&chunk).is_err() {
                 return;
             }
-            // Shapes what the gateway reads at once; nothing waits on it.
-            std::thread::sleep(Duration::from_millis(2));
         }
         if writer.write_all(b"0\r\n\r\n").is_err() {
             return;

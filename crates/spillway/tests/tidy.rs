@@ -217,72 +217,66 @@ fn named_paths(text: &str, module: &[String]) -> Vec<Vec<String>> {
         .map(|l| l.split("//").next().unwrap())
         .collect::<Vec<_>>()
         .join("\n");
-    // `super` from a file is its module's parent (a `mod.rs` is its folder's module).
-    let up = |levels: usize| module[..module.len().saturating_sub(levels)].to_vec();
-    let bytes = code.as_bytes();
+    // Read as bytes: a path is ASCII, and no slice then falls inside a character.
+    let code = code.as_bytes();
     let mut found = Vec::new();
     let mut at = 0;
-    while at < bytes.len() {
+    while at < code.len() {
+        let word_before = at > 0 && is_word(code[at - 1]);
         let rest = &code[at..];
-        let (base, skip) = if rest.starts_with("crate::") {
-            (Vec::new(), "crate::".len())
-        } else if rest.starts_with("self::") {
-            (module.to_vec(), "self::".len())
-        } else if rest.starts_with("super::") {
-            let mut levels = 0;
-            let mut skip = 0;
-            while code[at + skip..].starts_with("super::") {
-                levels += 1;
-                skip += "super::".len();
-            }
-            (up(levels), skip)
+        let (base, skip) = if word_before {
+            (None, 0)
+        } else if rest.starts_with(b"crate::") {
+            (Some(Vec::new()), b"crate::".len())
+        } else if rest.starts_with(b"self::") {
+            (Some(module.to_vec()), b"self::".len())
         } else {
-            at += 1;
-            continue;
+            // `super` from a file is its module's parent (a `mod.rs` is its folder's module).
+            let levels = rest
+                .chunks(b"super::".len())
+                .take_while(|c| *c == b"super::")
+                .count();
+            let up = module[..module.len().saturating_sub(levels)].to_vec();
+            ((levels > 0).then_some(up), levels * b"super::".len())
         };
-        let word_before =
-            at > 0 && (bytes[at - 1].is_ascii_alphanumeric() || bytes[at - 1] == b'_');
-        if word_before {
-            at += 1;
-            continue;
+        match base {
+            Some(base) => at += skip + use_tree(&code[at + skip..], base, &mut found),
+            None => at += 1,
         }
-        let end = use_tree(&code[at + skip..], base, &mut found);
-        at += skip + end;
     }
     found
 }
 
+fn is_word(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b == b'_'
+}
+
 /// Reads a path (or a `use` tree) at the start of `text` below `base` into `found`; returns how
 /// many bytes it took.
-fn use_tree(text: &str, base: Vec<String>, found: &mut Vec<Vec<String>>) -> usize {
-    let mut path = base;
+fn use_tree(text: &[u8], mut path: Vec<String>, found: &mut Vec<Vec<String>>) -> usize {
     let mut at = 0;
-    let b = text.as_bytes();
     loop {
         let start = at;
-        while at < b.len() && (b[at].is_ascii_alphanumeric() || b[at] == b'_') {
+        while at < text.len() && is_word(text[at]) {
             at += 1;
         }
         if at > start {
-            path.push(text[start..at].to_owned());
+            path.push(String::from_utf8_lossy(&text[start..at]).into_owned());
         }
-        if text[at..].starts_with("::{") {
+        if text[at..].starts_with(b"::{") {
             at += 3;
             loop {
-                while at < b.len() && (b[at] == b' ' || b[at] == b'\n' || b[at] == b',') {
+                while at < text.len() && matches!(text[at], b' ' | b'\n' | b',') {
                     at += 1;
                 }
-                if at >= b.len() || b[at] == b'}' {
+                if at >= text.len() || text[at] == b'}' {
                     return at + 1;
                 }
-                let before = at;
-                at += use_tree(&text[at..], path.clone(), found);
-                if at == before {
-                    at += 1;
-                }
+                // At least a byte a turn, so text that is no path cannot hold the reader.
+                at += use_tree(&text[at..], path.clone(), found).max(1);
             }
         }
-        if text[at..].starts_with("::") && at > start {
+        if text[at..].starts_with(b"::") && at > start {
             at += 2;
             continue;
         }

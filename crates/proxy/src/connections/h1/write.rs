@@ -309,4 +309,83 @@ mod tests {
         assert_eq!(hex(0x1f2e, &mut b), b"1f2e");
         assert_eq!(hex(usize::MAX, &mut b), b"ffffffffffffffff");
     }
+
+    /// A body of one frame of known length whose end, when it is asked for, notes what the
+    /// client has received by then.
+    struct EndLooks {
+        frame: Option<Bytes>,
+        answer: Bytes,
+        client: std::net::TcpStream,
+        seen: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+    }
+
+    impl http_body::Body for EndLooks {
+        type Data = Bytes;
+        type Error = std::convert::Infallible;
+
+        fn poll_frame(
+            mut self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+            if let Some(frame) = self.frame.take() {
+                return Poll::Ready(Some(Ok(Frame::data(frame))));
+            }
+            // What has arrived, up to the answer's last byte, waiting at most the read timeout
+            // for more.
+            let mut got = Vec::new();
+            let mut buf = [0u8; 4096];
+            while !got.ends_with(&self.answer) {
+                match std::io::Read::read(&mut self.client, &mut buf) {
+                    Ok(n @ 1..) => got.extend_from_slice(&buf[..n]),
+                    _ => break,
+                }
+            }
+            *self.seen.lock().unwrap() = got;
+            Poll::Ready(None)
+        }
+
+        fn size_hint(&self) -> http_body::SizeHint {
+            http_body::SizeHint::with_exact(self.answer.len() as u64)
+        }
+    }
+
+    /// The body's end is asked for (in the relay, that runs the usage scan and the request's
+    /// accounting) only once the client has the whole answer.
+    #[tokio::test]
+    async fn an_answer_of_known_length_is_written_before_its_end_is_asked_for() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        // Long enough for bytes already sent over loopback to arrive; the body of a writer
+        // that has not written waits this long and sees nothing.
+        client
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        let (server, _) = listener.accept().unwrap();
+        server.set_nonblocking(true).unwrap();
+        let (read, write) = tokio::net::TcpStream::from_std(server)
+            .unwrap()
+            .into_split();
+        let socket = super::super::body::Socket::new(read, write);
+        let answer = Bytes::from_static(br#"{"usage":{"prompt_tokens":1}}"#);
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let body = EndLooks {
+            frame: Some(answer.clone()),
+            answer: answer.clone(),
+            client,
+            seen: seen.clone(),
+        };
+        let asked = Asked {
+            head: false,
+            version: Version::HTTP_11,
+            close: false,
+            stall: Duration::from_secs(5),
+        };
+        assert!(response(&socket, Response::new(Body::new(body)), asked).await);
+        let seen = seen.lock().unwrap();
+        assert!(
+            seen.starts_with(b"HTTP/1.1 200 OK\r\n") && seen.ends_with(&answer),
+            "the client had {:?} when the end was asked for",
+            String::from_utf8_lossy(&seen)
+        );
+    }
 }

@@ -40,8 +40,10 @@ pub enum BodyEnd {
 /// A frame is shown twice: [`arrived`](EndObserver::arrived) as it comes, before it is passed
 /// on (for its time), and [`frame`](EndObserver::frame) once it has been passed on, when the
 /// body is next asked for a frame or ends (for what reads its bytes: the usage scan). So the
-/// client connection writes an answer before the gateway reads it, and every frame is read
-/// before [`ended`](EndObserver::ended), however the body ends.
+/// client connection, which writes an answer of known length once it has all of it, writes it
+/// before the gateway reads it (a stream's event is read when the next one is asked for, which
+/// may come before it is written); every frame is read before [`ended`](EndObserver::ended),
+/// however the body ends.
 pub trait EndObserver: Send + Sync + Unpin + 'static {
     fn arrived(&mut self, _data: &Bytes) {}
     fn frame(&mut self, _data: &Bytes) {}

@@ -12,16 +12,17 @@
 //! The hash is `spillway_policy`'s `stable_hash`: it must be the same in every gateway instance
 //! and release, which `std`'s hasher does not promise.
 
-use http::HeaderMap;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::Value;
 use spillway_config::{Balance, BalanceConfig};
 use spillway_policy::balance::affinity::stable_hash;
 
+use crate::lines::Lines;
+
 /// The key a request's affinity hashes to, or `None` when it has none (no prompt, no session)
 /// or the model does not use affinity: the balancer then uses least load.
-pub fn key(balance: &BalanceConfig, headers: &HeaderMap, body: &[u8]) -> Option<u64> {
+pub(crate) fn key(balance: &BalanceConfig, headers: &Lines, body: &[u8]) -> Option<u64> {
     match balance.strategy {
         Balance::LeastLoad | Balance::RoundRobin => None,
         Balance::PrefixAffinity => {
@@ -29,7 +30,7 @@ pub fn key(balance: &BalanceConfig, headers: &HeaderMap, body: &[u8]) -> Option<
         }
         Balance::SessionAffinity => {
             if let Some(id) = headers.get(&balance.session_header) {
-                return (!id.is_empty()).then(|| stable_hash(id.as_bytes()));
+                return (!id.is_empty()).then(|| stable_hash(id));
             }
             if !balance.session_from_user {
                 return None;
@@ -198,7 +199,7 @@ mod tests {
     fn requests_sharing_a_long_system_prompt_share_a_key() {
         let c = config(Balance::PrefixAffinity, 64);
         let system = "You are a careful assistant for the billing team. ".repeat(4);
-        let h = HeaderMap::new();
+        let h = Lines::default();
         let a = key(&c, &h, &chat(&system, "first question")).unwrap();
         let b = key(&c, &h, &chat(&system, "another question entirely")).unwrap();
         let other = key(
@@ -214,7 +215,7 @@ mod tests {
     #[test]
     fn a_messages_or_responses_system_prompt_keys_like_a_chat_system_message() {
         let c = config(Balance::PrefixAffinity, 64);
-        let h = HeaderMap::new();
+        let h = Lines::default();
         let system = "You are a careful assistant for the billing team. ".repeat(4);
         let as_chat = key(&c, &h, &chat(&system, "q")).unwrap();
         let messages = serde_json::json!({
@@ -233,7 +234,7 @@ mod tests {
     #[test]
     fn the_prefix_covers_later_turns_when_it_is_long_enough() {
         let c = config(Balance::PrefixAffinity, 4096);
-        let h = HeaderMap::new();
+        let h = Lines::default();
         assert_ne!(
             key(&c, &h, &chat("short system", "question one")),
             key(&c, &h, &chat("short system", "question two"))
@@ -243,7 +244,7 @@ mod tests {
     #[test]
     fn completions_prompts_and_content_parts_are_read() {
         let c = config(Balance::PrefixAffinity, 5);
-        let h = HeaderMap::new();
+        let h = Lines::default();
         let plain = key(&c, &h, br#"{"model":"m","prompt":"hello world"}"#);
         let listed = key(&c, &h, br#"{"model":"m","prompt":["hello there","x"]}"#);
         assert_eq!(plain, listed);
@@ -258,7 +259,7 @@ mod tests {
         let c = config(Balance::PrefixAffinity, 2);
         assert!(key(
             &c,
-            &HeaderMap::new(),
+            &Lines::default(),
             r#"{"model":"m","prompt":"éé"}"#.as_bytes()
         )
         .is_some());
@@ -267,16 +268,19 @@ mod tests {
     #[test]
     fn session_affinity_keys_on_the_header_then_the_user_field() {
         let c = config(Balance::SessionAffinity, 64);
-        let mut h = HeaderMap::new();
-        h.insert("x-session-id", "s-1".parse().unwrap());
+        let mut h = Lines::default();
+        h.insert(
+            http::HeaderName::from_static("x-session-id"),
+            "s-1".parse().unwrap(),
+        );
         let body = br#"{"model":"m","user":"u-9"}"#;
         assert_eq!(key(&c, &h, body), Some(stable_hash(b"s-1")));
-        assert_eq!(key(&c, &HeaderMap::new(), body), Some(stable_hash(b"u-9")));
+        assert_eq!(key(&c, &Lines::default(), body), Some(stable_hash(b"u-9")));
         let no_user = BalanceConfig {
             session_from_user: false,
             ..c
         };
-        assert_eq!(key(&no_user, &HeaderMap::new(), body), None);
+        assert_eq!(key(&no_user, &Lines::default(), body), None);
     }
 
     #[test]
@@ -291,13 +295,13 @@ mod tests {
         let long =
             serde_json::to_vec(&serde_json::json!({"model": "m", "messages": messages})).unwrap();
         let short = chat(&system, "turn 0");
-        let h = HeaderMap::new();
+        let h = Lines::default();
         assert_eq!(key(&c, &h, &long), key(&c, &h, &short));
     }
 
     #[test]
     fn least_load_has_no_key() {
         let c = config(Balance::LeastLoad, 64);
-        assert_eq!(key(&c, &HeaderMap::new(), &chat("s", "u")), None);
+        assert_eq!(key(&c, &Lines::default(), &chat("s", "u")), None);
     }
 }

@@ -8,10 +8,11 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use http::HeaderMap;
+use http::HeaderName;
 use spillway_config::key_digest;
 
 use crate::error::{ApiError, ErrorKind};
+use crate::lines::Lines;
 
 /// A caller as the request path needs it.
 #[derive(Debug)]
@@ -70,6 +71,11 @@ pub trait TenantDirectory: Send + Sync + 'static {
     }
 }
 
+/// Azure's name for the key's header.
+static API_KEY: HeaderName = HeaderName::from_static("api-key");
+/// Anthropic's.
+static X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
+
 /// Longest key accepted; anything longer is refused before hashing.
 const MAX_KEY_LEN: usize = 512;
 
@@ -79,17 +85,14 @@ const MAX_KEY_LEN: usize = 512;
 /// A key that is there but not printable ASCII (what a header value must be to be read as text)
 /// is refused as invalid, not as missing: the caller did send one, and being told to send one
 /// would mislead them.
-pub fn presented_key(headers: &HeaderMap) -> Result<KeyDigest, ApiError> {
-    let bearer = headers
-        .get(http::header::AUTHORIZATION)
-        .map(http::HeaderValue::as_bytes)
-        .and_then(|v| {
-            v.strip_prefix(b"Bearer ")
-                .or_else(|| v.strip_prefix(b"bearer "))
-        });
+pub(crate) fn presented_key(headers: &Lines) -> Result<KeyDigest, ApiError> {
+    let bearer = headers.get(&http::header::AUTHORIZATION).and_then(|v| {
+        v.strip_prefix(b"Bearer ")
+            .or_else(|| v.strip_prefix(b"bearer "))
+    });
     let key = bearer
-        .or_else(|| headers.get("api-key").map(http::HeaderValue::as_bytes))
-        .or_else(|| headers.get("x-api-key").map(http::HeaderValue::as_bytes))
+        .or_else(|| headers.get(&API_KEY))
+        .or_else(|| headers.get(&X_API_KEY))
         .map(<[u8]>::trim_ascii)
         .filter(|k| !k.is_empty())
         .ok_or_else(|| {
@@ -117,7 +120,7 @@ pub fn presented_key(headers: &HeaderMap) -> Result<KeyDigest, ApiError> {
 mod tests {
     use super::*;
 
-    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+    fn headers(pairs: &[(&'static str, &str)]) -> Lines {
         pairs
             .iter()
             .map(|(k, v)| (http::HeaderName::from_static(k), v.parse().unwrap()))

@@ -7,12 +7,13 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
-use http::{HeaderMap, HeaderValue};
+use http::HeaderValue;
 use spillway_policy::Priority;
 
 use crate::admission::gate::Entered;
 use crate::auth::Tenant;
 use crate::endpoint::Endpoint;
+use crate::lines::Lines;
 use crate::metrics::RequestLabels;
 use crate::pool::{ModelPool, ThrottlePass};
 use crate::request::{BodyHold, RequestSummary};
@@ -30,14 +31,12 @@ const MAX_REQUEST_ID_LEN: usize = 128;
 /// printable, else a new one, put in `headers` so it travels upstream. The connection layer puts
 /// it on the response too (`connections`, HTTP/1 and HTTP/2 alike), with no middleware of its
 /// own per request.
-pub(crate) fn request_id(headers: &mut HeaderMap) -> HeaderValue {
-    let valid = headers.get(X_REQUEST_ID).filter(|v| {
-        !v.is_empty()
-            && v.len() <= MAX_REQUEST_ID_LEN
-            && v.as_bytes().iter().all(|b| b.is_ascii_graphic())
+pub(crate) fn request_id(headers: &mut Lines) -> HeaderValue {
+    let valid = headers.get(&X_REQUEST_ID).is_some_and(|v| {
+        !v.is_empty() && v.len() <= MAX_REQUEST_ID_LEN && v.iter().all(|b| b.is_ascii_graphic())
     });
-    if let Some(id) = valid {
-        return id.clone();
+    if let Some(id) = valid.then(|| headers.value(&X_REQUEST_ID)).flatten() {
+        return id;
     }
     let id = new_request_id();
     headers.insert(X_REQUEST_ID, id.clone());
@@ -71,7 +70,7 @@ pub(crate) struct Call {
     pub tenant: Arc<Tenant>,
     /// Its headers as they came but for the region header, spillway's own; those that cross are
     /// chosen as each attempt is written (`upstream::hop::write_request_headers`).
-    pub headers: HeaderMap,
+    pub headers: Lines,
     pub body: Bytes,
     pub summary: RequestSummary,
     /// The caller named the model (rather than leaving it to the stored response it continues

@@ -29,6 +29,7 @@ mod health;
 mod histograms;
 pub mod homes;
 mod json_scan;
+mod lines;
 mod live;
 pub mod metrics;
 mod mocks;

@@ -18,7 +18,7 @@ use crate::live::Live;
 use crate::metrics::RequestLabels;
 
 pub(crate) async fn list(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
-    let tenant = match caller(&gw, &headers).await {
+    let tenant = match caller(&gw, headers).await {
         Ok(t) => t,
         Err(response) => return response,
     };
@@ -39,7 +39,7 @@ pub(crate) async fn one(
     Path(id): Path<String>,
     headers: HeaderMap,
 ) -> Response {
-    let tenant = match caller(&gw, &headers).await {
+    let tenant = match caller(&gw, headers).await {
         Ok(t) => t,
         Err(response) => return response,
     };
@@ -59,8 +59,8 @@ pub(crate) async fn one(
 }
 
 /// The caller's tenant; or the refusal, counted.
-async fn caller(gw: &Gateway, headers: &HeaderMap) -> Result<Arc<Tenant>, Response> {
-    crate::handler::authenticate(gw, headers)
+async fn caller(gw: &Gateway, headers: HeaderMap) -> Result<Arc<Tenant>, Response> {
+    crate::handler::authenticate(gw, &crate::lines::Lines::from_map(headers))
         .await
         .map_err(|e| counted(e, Dialect::OpenAi))
 }

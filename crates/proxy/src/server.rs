@@ -28,6 +28,7 @@ use crate::endpoint::{Dialect, Endpoint};
 use crate::error::{ApiError, ErrorKind};
 use crate::gateway::{Gateway, StartError};
 use crate::handler;
+use crate::lines::Lines;
 use crate::mocks::MockFleet;
 
 /// How long the spans still queued at shutdown may take to be exported.
@@ -199,15 +200,15 @@ struct Api {
 }
 
 impl crate::connections::Serve for Api {
-    async fn serve(&self, req: http::Request<axum::body::Body>) -> Response {
+    async fn serve(&self, req: http::Request<axum::body::Body>, lines: Lines) -> Response {
         let direct = if req.method() == http::Method::POST {
             Endpoint::of_inference_path(req.uri().path())
         } else {
             None
         };
         match direct {
-            Some(endpoint) => handler::handle(&self.gw, endpoint, req).await,
-            None => self.router.serve(req).await,
+            Some(endpoint) => handler::handle(&self.gw, endpoint, req, lines).await,
+            None => self.router.serve(req, lines).await,
         }
     }
 }

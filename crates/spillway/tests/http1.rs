@@ -1,8 +1,9 @@
 //! HTTP/1.1 as clients speak it, byte by byte over raw TCP on 127.0.0.1: bodies framed by
 //! length or in chunks, requests sent without waiting, HTTP/1.0, `100 Continue`, streams,
 //! answers relayed in frames of every size; heads that two readers could frame differently
-//! (request smuggling) refused; and a client that leaves while its request waits upstream gives
-//! its place back at once.
+//! (request smuggling) refused; a client that leaves while its request waits upstream gives
+//! its place back at once; and the caller's headers reach the backend in their order, over
+//! HTTP/1 and HTTP/2.
 
 // Tests time real processes and sockets on the system clock (see clippy.toml).
 #![allow(clippy::disallowed_methods)]
@@ -447,4 +448,136 @@ async fn read_more(s: &mut tokio::net::TcpStream, buf: &mut Vec<u8>) {
     let n = s.read(&mut more).await.unwrap();
     assert!(n > 0, "the connection closed mid-answer");
     buf.extend_from_slice(&more[..n]);
+}
+
+/// The caller's headers reach the backend in the order the caller sent them, each value byte for
+/// byte (bytes past ASCII too), a repeated name's values each in its place; the hop-by-hop ones,
+/// those `Connection` names and the caller's key stay behind. Over HTTP/1 from the head's own
+/// bytes; over HTTP/2 from hyper's header map, which keeps a name's values together.
+#[tokio::test]
+async fn the_callers_headers_reach_the_backend_in_their_order_and_as_they_were() {
+    let (heads, seen) = std::sync::mpsc::channel::<Vec<u8>>();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/v1", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(stream) = stream else { return };
+            let heads = heads.clone();
+            std::thread::spawn(move || answer_noting_heads(stream, &heads));
+        }
+    });
+    let gw = gateway(&format!(
+        "[health_check]\nenabled = false\n[[models]]\nname = \"m\"\n[[models.backends]]\n\
+         name = \"b\"\nregion = \"r\"\nurl = \"{url}\"\nengine = \"none\"\n"
+    ));
+    let sent: [(&str, &[u8]); 6] = [
+        ("x-order", b"1"),
+        ("accept", b"application/json"),
+        ("x-order", b"2"),
+        ("x-bytes", b"caf\xc3\xa9 \xff\tend"),
+        ("x-hop", b"stays"),
+        ("x-order", b"3"),
+    ];
+    let expected: Vec<Vec<u8>> = sent
+        .iter()
+        .filter(|(name, _)| *name != "x-hop")
+        .map(|(name, value)| [name.as_bytes(), b": ", value].concat())
+        .collect();
+    let ours = |head: Vec<u8>| -> Vec<Vec<u8>> {
+        head.split(|&b| b == b'\n')
+            .map(|line| line.strip_suffix(b"\r").unwrap_or(line).to_vec())
+            .filter(|line| {
+                sent.iter()
+                    .any(|(name, _)| line.starts_with(name.as_bytes()))
+            })
+            .collect()
+    };
+    let body = chat_json(false);
+
+    let mut s = connect(&gw).await;
+    let mut head = chat_head(body.len(), "connection: keep-alive, X-Hop\r\n").into_bytes();
+    head.truncate(head.len() - 2);
+    for (name, value) in sent {
+        head.extend_from_slice(&[name.as_bytes(), b": ", value, b"\r\n"].concat());
+    }
+    head.extend_from_slice(b"\r\n");
+    s.write_all(&[head, body.clone()].concat()).await.unwrap();
+    let (status, answer, _) = response(&mut s).await;
+    assert_eq!(status, 200, "{answer}");
+    let got = seen.recv_timeout(PATIENCE).expect("the backend's request");
+    assert_eq!(
+        ours(got.clone()),
+        expected,
+        "{}",
+        String::from_utf8_lossy(&got)
+    );
+    let lower = String::from_utf8_lossy(&got).to_lowercase();
+    assert!(!lower.contains(KEY), "the caller's key crossed: {lower}");
+
+    let (mut h2, conn) = h2::client::handshake(connect(&gw).await).await.unwrap();
+    tokio::spawn(conn);
+    let mut req = http::Request::post("http://x/v1/chat/completions")
+        .header("authorization", format!("Bearer {KEY}"))
+        .header("content-type", "application/json");
+    for (name, value) in sent {
+        req = req.header(name, http::HeaderValue::from_bytes(value).unwrap());
+    }
+    let (answer, mut stream) = h2.send_request(req.body(()).unwrap(), false).unwrap();
+    stream.send_data(body.into(), true).unwrap();
+    let answer = tokio::time::timeout(PATIENCE, answer)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(answer.status(), 200);
+    let got = seen.recv_timeout(PATIENCE).expect("the backend's request");
+    // HTTP/2 has no `Connection` header: `x-hop` is the caller's own there, and crosses. hyper's
+    // map keeps a name's values together, in their order, where the name first came.
+    let grouped: Vec<Vec<u8>> = ["x-order", "accept", "x-bytes", "x-hop"]
+        .iter()
+        .flat_map(|n| sent.iter().filter(move |(name, _)| name == n))
+        .map(|(name, value)| [name.as_bytes(), b": ", value].concat())
+        .collect();
+    assert_eq!(
+        ours(got.clone()),
+        grouped,
+        "{}",
+        String::from_utf8_lossy(&got)
+    );
+}
+
+/// Answers each request on `stream` with a small chat completion, handing its head to `heads`.
+fn answer_noting_heads(stream: std::net::TcpStream, heads: &std::sync::mpsc::Sender<Vec<u8>>) {
+    use std::io::{BufRead, Read, Write};
+    let mut writer = stream.try_clone().unwrap();
+    let mut reader = std::io::BufReader::new(stream);
+    let answer = br#"{"id":"c","object":"chat.completion","created":0,"model":"m","choices":[]}"#;
+    loop {
+        let mut head = Vec::new();
+        while !head.ends_with(b"\r\n\r\n") {
+            match reader.read_until(b'\n', &mut head) {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+        let text = String::from_utf8_lossy(&head).to_lowercase();
+        let length = text
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length:"))
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .unwrap_or(0);
+        let mut body = vec![0; length];
+        if reader.read_exact(&mut body).is_err() || heads.send(head).is_err() {
+            return;
+        }
+        let reply = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+            answer.len()
+        );
+        if writer
+            .write_all(&[reply.as_bytes(), answer].concat())
+            .is_err()
+        {
+            return;
+        }
+    }
 }

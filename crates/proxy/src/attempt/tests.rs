@@ -6,7 +6,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::HeaderMap;
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full, StreamBody};
 use proptest::prelude::*;
@@ -18,6 +17,7 @@ use super::{run, Retries};
 use crate::auth::{Tenant, TenantLimits};
 use crate::call::Call;
 use crate::endpoint::Endpoint;
+use crate::lines::Lines;
 use crate::metrics::RequestLabels;
 use crate::pool::{Backend, InFlight, Models};
 use crate::relay::{BodyEnd, EndObserver, RelayBody};
@@ -204,7 +204,7 @@ pub(super) fn call(models: &Models, retries: &Retries) -> Call {
             pool: None,
             default_model: None,
         }),
-        headers: HeaderMap::new(),
+        headers: Lines::default(),
         body: Bytes::from_static(br#"{"model":"m"}"#),
         summary: crate::request::summarize(br#"{"model":"m"}"#, false).unwrap(),
         pool: models.get("m").unwrap().clone(),

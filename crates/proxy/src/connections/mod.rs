@@ -43,6 +43,8 @@ use tokio::sync::{watch, Semaphore};
 use tower::ServiceExt;
 use tracing::debug;
 
+use crate::lines::Lines;
+
 use activity::{Activity, Busy, Deadlines, Verdict};
 use io::Prefixed;
 
@@ -315,11 +317,17 @@ async fn outstayed(activity: &Activity) -> Verdict {
 /// What answers a listener's requests: an axum `Router`, or a service that answers the busiest
 /// routes itself and leaves the rest to one.
 pub(crate) trait Serve: Clone + Send + Sync + 'static {
-    fn serve(&self, req: Request<Body>) -> impl Future<Output = Response<Body>> + Send;
+    /// Answers `req`, whose header lines are `lines` (its own map is empty).
+    fn serve(
+        &self,
+        req: Request<Body>,
+        lines: Lines,
+    ) -> impl Future<Output = Response<Body>> + Send;
 }
 
 impl Serve for Router {
-    async fn serve(&self, req: Request<Body>) -> Response<Body> {
+    async fn serve(&self, mut req: Request<Body>, lines: Lines) -> Response<Body> {
+        *req.headers_mut() = lines.into_map();
         self.clone()
             .oneshot(req)
             .await
@@ -330,12 +338,13 @@ impl Serve for Router {
 /// Serves one HTTP/2 request, its connection busy until the response's body is done with.
 async fn respond<S: Serve>(
     router: S,
-    mut req: Request<Incoming>,
+    req: Request<Incoming>,
     busy: Busy,
     request_ids: bool,
 ) -> Response<Tracked> {
-    let id = request_ids.then(|| crate::call::request_id(req.headers_mut()));
-    let mut response = router.serve(req.map(Body::new)).await;
+    let (req, mut lines) = crate::lines::taken(req);
+    let id = request_ids.then(|| crate::call::request_id(&mut lines));
+    let mut response = router.serve(req.map(Body::new), lines).await;
     if let Some(id) = id {
         response.headers_mut().insert(crate::call::X_REQUEST_ID, id);
     }

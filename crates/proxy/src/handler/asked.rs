@@ -2,14 +2,16 @@
 //!
 //! The read stage looks for a handful of names, most of them chosen in the config (the region
 //! header, the class header, the caller's retry markers) and none of them standard. Looked up one
-//! by one, each cost a hash of its name (about 180 instructions), and the region header a
-//! `remove` as well: about 1,100 instructions a request on the benchmark. The pass compares every
+//! by one (in a `HeaderMap`, as the headers once were) each cost a hash of its name (about 180
+//! instructions): about 1,100 instructions a request on the benchmark. The pass compares every
 //! header's name with the few looked for (a standard name, which is most of what clients send,
 //! differs from a custom one at its first comparison): about 510. Each value is the first of its
-//! name, as `HeaderMap::get` gives it (a property test holds the pass to that).
+//! name, as `Lines::get` gives it (a property test holds the pass to that).
 
-use http::{HeaderMap, HeaderName, HeaderValue};
+use http::HeaderName;
 use spillway_config::MAX_CLIENT_RETRY_HEADERS;
+
+use crate::lines::Lines;
 
 // The markers seen are kept as bits of a `u64`; the config caps how many there are.
 const _: () = assert!(MAX_CLIENT_RETRY_HEADERS <= 64);
@@ -18,7 +20,6 @@ const _: () = assert!(MAX_CLIENT_RETRY_HEADERS <= 64);
 pub(super) struct Looked<'n> {
     pub region: &'n HeaderName,
     pub class: &'n HeaderName,
-    pub id: &'n HeaderName,
     /// Headers that mark a caller's own retry, with any value but `0` or nothing (at most
     /// [`MAX_CLIENT_RETRY_HEADERS`], as the config allows).
     pub retry_markers: &'n [HeaderName],
@@ -27,29 +28,25 @@ pub(super) struct Looked<'n> {
 /// What the caller sent of them.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub(super) struct Asked<'h> {
-    pub region: Option<&'h HeaderValue>,
-    pub class: Option<&'h HeaderValue>,
-    pub id: Option<&'h HeaderValue>,
+    pub region: Option<&'h [u8]>,
+    pub class: Option<&'h [u8]>,
     /// A retry marker came with a value other than `0` or nothing.
     pub retry: bool,
 }
 
 /// The first value of each name `looked` names, and whether a retry marker says this is a retry.
-pub(super) fn asked<'h>(headers: &'h HeaderMap, looked: &Looked<'_>) -> Asked<'h> {
+pub(super) fn asked<'h>(headers: &'h Lines, looked: &Looked<'_>) -> Asked<'h> {
     let markers = &looked.retry_markers[..looked.retry_markers.len().min(MAX_CLIENT_RETRY_HEADERS)];
     let mut asked = Asked::default();
     // The markers whose first value has been seen: only that one counts, as with `get`.
     let mut marked: u64 = 0;
-    for (name, value) in headers {
+    for (name, value) in headers.iter() {
         // Not `else if`: a config may give two of them one name.
         if name == looked.region {
             asked.region = asked.region.or(Some(value));
         }
         if name == looked.class {
             asked.class = asked.class.or(Some(value));
-        }
-        if name == looked.id {
-            asked.id = asked.id.or(Some(value));
         }
         for (i, marker) in markers.iter().enumerate() {
             if name == marker && marked & (1 << i) == 0 {
@@ -61,22 +58,23 @@ pub(super) fn asked<'h>(headers: &'h HeaderMap, looked: &Looked<'_>) -> Asked<'h
     asked
 }
 
-fn is_retry_mark(value: &HeaderValue) -> bool {
-    !value.is_empty() && value.as_bytes() != b"0"
+fn is_retry_mark(value: &[u8]) -> bool {
+    !value.is_empty() && value != b"0"
 }
 
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;
 
+    use http::HeaderValue;
+
     use super::*;
 
     /// The same answer by one hashed lookup per name.
-    fn by_lookups<'h>(headers: &'h HeaderMap, looked: &Looked<'_>) -> Asked<'h> {
+    fn by_lookups<'h>(headers: &'h Lines, looked: &Looked<'_>) -> Asked<'h> {
         Asked {
             region: headers.get(looked.region),
             class: headers.get(looked.class),
-            id: headers.get(looked.id),
             retry: looked
                 .retry_markers
                 .iter()
@@ -106,11 +104,9 @@ mod tests {
     fn looked(markers: &[HeaderName]) -> Looked<'_> {
         static REGION: HeaderName = HeaderName::from_static("x-spillway-region");
         static CLASS: HeaderName = HeaderName::from_static("x-spillway-class");
-        static ID: HeaderName = HeaderName::from_static("x-request-id");
         Looked {
             region: &REGION,
             class: &CLASS,
-            id: &ID,
             retry_markers: markers,
         }
     }
@@ -121,7 +117,7 @@ mod tests {
             pairs in prop::collection::vec((0..NAMES.len(), 0..VALUES.len()), 0..24),
             marker_names in prop::collection::vec(0..NAMES.len(), 0..4),
         ) {
-            let mut headers = HeaderMap::new();
+            let mut headers = Lines::default();
             for (n, v) in pairs {
                 headers.append(name(NAMES[n]), HeaderValue::from_static(VALUES[v]));
             }
@@ -133,7 +129,7 @@ mod tests {
 
     #[test]
     fn only_the_first_value_of_a_name_counts() {
-        let mut headers = HeaderMap::new();
+        let mut headers = Lines::default();
         headers.append(name("x-retry-attempt"), HeaderValue::from_static("0"));
         headers.append(name("x-retry-attempt"), HeaderValue::from_static("2"));
         headers.append(name("x-spillway-region"), HeaderValue::from_static("eu"));
@@ -141,6 +137,6 @@ mod tests {
         let markers = [name("x-retry-attempt")];
         let found = asked(&headers, &looked(&markers));
         assert!(!found.retry, "the first value, 0, says no retry");
-        assert_eq!(found.region.unwrap(), "eu");
+        assert_eq!(found.region.unwrap(), b"eu");
     }
 }

@@ -87,7 +87,8 @@ pub(super) async fn answered(
     call: impl for<'a> FnOnce(&'a Gateway, &'a Caller, Request, &'a mut RequestLabels) -> Call<'a>,
 ) -> Response {
     let mut labels = RequestLabels::unrouted();
-    let response = match super::authenticate(gw, req.headers()).await {
+    let headers = crate::lines::Lines::from_map(req.headers().clone());
+    let response = match super::authenticate(gw, &headers).await {
         Ok(tenant) => {
             labels.tenant = tenant.name.clone();
             match gw.live().admission.enter(&tenant) {
@@ -149,9 +150,10 @@ pub(super) async fn send(
     backend: &Backend,
     method: Method,
     uri: http::Uri,
-    mut headers: http::HeaderMap,
+    headers: http::HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
+    let mut headers = crate::lines::Lines::from_map(headers);
     upstream::hop::take_request_headers(
         &mut headers,
         Some(&gw.live().config.server.region_header),

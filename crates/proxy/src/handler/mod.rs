@@ -29,6 +29,7 @@ use crate::call::Call;
 use crate::endpoint::{Dialect, Endpoint};
 use crate::error::ApiError;
 use crate::gateway::Gateway;
+use crate::lines::Lines;
 use crate::live::Live;
 use crate::metrics::RequestLabels;
 use crate::trace::CallTrace;
@@ -41,44 +42,58 @@ pub(crate) const X_SPILLWAY_MODEL: http::HeaderName =
     http::HeaderName::from_static("x-spillway-model");
 
 pub(crate) async fn chat_completions(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
-    handle(&gw, Endpoint::ChatCompletions, req).await
+    let (req, lines) = crate::lines::taken(req);
+    handle(&gw, Endpoint::ChatCompletions, req, lines).await
 }
 
 pub(crate) async fn completions(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
-    handle(&gw, Endpoint::Completions, req).await
+    let (req, lines) = crate::lines::taken(req);
+    handle(&gw, Endpoint::Completions, req, lines).await
 }
 
 pub(crate) async fn embeddings(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
-    handle(&gw, Endpoint::Embeddings, req).await
+    let (req, lines) = crate::lines::taken(req);
+    handle(&gw, Endpoint::Embeddings, req, lines).await
 }
 
 pub(crate) async fn responses(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
-    handle(&gw, Endpoint::Responses, req).await
+    let (req, lines) = crate::lines::taken(req);
+    handle(&gw, Endpoint::Responses, req, lines).await
 }
 
 pub(crate) async fn compact(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
-    handle(&gw, Endpoint::ResponsesCompact, req).await
+    let (req, lines) = crate::lines::taken(req);
+    handle(&gw, Endpoint::ResponsesCompact, req, lines).await
 }
 
 pub(crate) async fn messages(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
-    handle(&gw, Endpoint::Messages, req).await
+    let (req, lines) = crate::lines::taken(req);
+    handle(&gw, Endpoint::Messages, req, lines).await
 }
 
 pub(crate) async fn count_tokens(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
-    handle(&gw, Endpoint::CountTokens, req).await
+    let (req, lines) = crate::lines::taken(req);
+    handle(&gw, Endpoint::CountTokens, req, lines).await
 }
 
-pub(crate) async fn handle(gw: &Gateway, endpoint: Endpoint, req: Request) -> Response {
+/// Serves one inference call: `req`, whose header lines come apart in `lines` (its own map is
+/// not read).
+pub(crate) async fn handle(
+    gw: &Gateway,
+    endpoint: Endpoint,
+    req: Request,
+    lines: Lines,
+) -> Response {
     let dialect = endpoint.dialect();
     let started = crate::clock::now();
     // The Messages API names its request id `request-id`: the same id as `x-request-id`.
     let anthropic_id = (dialect == Dialect::Anthropic)
-        .then(|| req.headers().get(crate::call::X_REQUEST_ID).cloned())
+        .then(|| lines.value(&crate::call::X_REQUEST_ID))
         .flatten();
-    let trace = gw.tracing.start(req.headers(), endpoint);
+    let trace = gw.tracing.start(&lines, endpoint);
     // The config this request runs on, to its end, whatever a reload does meanwhile.
     let live = gw.live();
-    let mut response = match read::read(gw, &live, endpoint, (req, started)).await {
+    let mut response = match read::read(gw, &live, endpoint, (req, lines, started)).await {
         Ok(mut call) => {
             call.trace = trace;
             call.trace

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use axum::extract::Request;
-use http::{HeaderMap, HeaderName, HeaderValue};
+use http::HeaderName;
 use spillway_policy::Priority;
 use tracing::warn;
 
@@ -20,6 +20,7 @@ use crate::call::Call;
 use crate::endpoint::Endpoint;
 use crate::error::{ApiError, ErrorKind};
 use crate::gateway::Gateway;
+use crate::lines::Lines;
 use crate::live::Live;
 use crate::metrics::RequestLabels;
 use crate::pool::ModelPool;
@@ -31,10 +32,10 @@ pub(super) async fn read(
     gw: &Gateway,
     live: &Live,
     endpoint: Endpoint,
-    (req, started): (Request, Instant),
+    (req, headers, started): (Request, Lines, Instant),
 ) -> Result<Call, (ApiError, RequestLabels)> {
     let mut labels = RequestLabels::unrouted();
-    match build(gw, live, endpoint, (req, started), &mut labels).await {
+    match build(gw, live, endpoint, (req, headers, started), &mut labels).await {
         Ok(call) => Ok(call),
         Err(e) => Err((e, labels)),
     }
@@ -44,11 +45,11 @@ async fn build(
     gw: &Gateway,
     live: &Live,
     endpoint: Endpoint,
-    (req, started): (Request, Instant),
+    (req, mut headers, started): (Request, Lines, Instant),
     labels: &mut RequestLabels,
 ) -> Result<Call, ApiError> {
     let (parts, body) = req.into_parts();
-    let tenant = authenticate(gw, &parts.headers).await?;
+    let tenant = authenticate(gw, &headers).await?;
     labels.tenant = tenant.name.clone();
     let entered = live.admission.enter(&tenant)?;
     let limits = BodyLimits {
@@ -90,15 +91,13 @@ async fn build(
         ));
     }
     let rewrite_room = rewrite_room(gw, &entered, &pool, endpoint, &summary, &body)?;
-    let mut headers = parts.headers;
     let looked = Looked {
         region: &live.config.server.region_header,
         class: &live.config.server.priority_header,
-        id: &crate::call::X_REQUEST_ID,
         retry_markers: &live.client_retry_headers,
     };
     let asked = asked(&headers, &looked);
-    let region = match asked.region.and_then(|v| v.to_str().ok()) {
+    let region = match asked.region.and_then(crate::lines::text) {
         Some(asked) => Some(Arc::from(asked)),
         None => live.home_region.clone(),
     };
@@ -106,7 +105,7 @@ async fn build(
         .map_or(tenant.limits.priority, |asked| {
             tenant.limits.priority.lowered_to(asked)
         });
-    let id = asked.id.cloned();
+    let id = headers.value(&crate::call::X_REQUEST_ID);
     let client_retry = asked.retry;
     let sent_region = asked.region.is_some();
     let affinity_key = crate::affinity::key(&pool.balance, &headers, &body);
@@ -143,10 +142,7 @@ async fn build(
 }
 
 /// The caller's tenant, from the key it presents.
-pub(crate) async fn authenticate(
-    gw: &Gateway,
-    headers: &HeaderMap,
-) -> Result<Arc<Tenant>, ApiError> {
+pub(crate) async fn authenticate(gw: &Gateway, headers: &Lines) -> Result<Arc<Tenant>, ApiError> {
     let digest = presented_key(headers)?;
     // A cache hit is answered without the boxed future a lookup that may wait needs.
     let looked = match gw.directory.cached(&digest) {
@@ -293,15 +289,13 @@ fn shown(model: &str) -> std::borrow::Cow<'_, str> {
 /// The class a request asks for in `header` (`critical`, `standard` or `batch`), if any. It can
 /// only lower the tenant's class (see `Priority::lowered_to`).
 fn requested_class(
-    value: Option<&HeaderValue>,
+    value: Option<&[u8]>,
     header: &HeaderName,
 ) -> Result<Option<Priority>, ApiError> {
     let Some(value) = value else {
         return Ok(None);
     };
-    value
-        .to_str()
-        .ok()
+    crate::lines::text(value)
         .and_then(|v| v.trim().parse::<Priority>().ok())
         .map(Some)
         .ok_or_else(|| {

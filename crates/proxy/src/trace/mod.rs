@@ -23,10 +23,11 @@ use std::borrow::Cow;
 use std::time::Duration;
 
 use http::HeaderMap;
+use opentelemetry::propagation::Extractor;
 use opentelemetry::propagation::TextMapPropagator;
 use opentelemetry::trace::{SpanKind, Status, TraceContextExt, Tracer, TracerProvider};
 use opentelemetry::{Context, KeyValue};
-use opentelemetry_http::{HeaderExtractor, HeaderInjector};
+use opentelemetry_http::HeaderInjector;
 use opentelemetry_otlp::{Protocol, WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{Sampler, SdkTracer, SdkTracerProvider};
@@ -35,11 +36,29 @@ use spillway_config::TelemetryConfig;
 use spillway_policy::{Class, Outcome};
 
 use crate::endpoint::{Dialect, Endpoint};
+use crate::lines::Lines;
 use crate::pool::Backend;
 use crate::usage::Usage;
 use fields::Fields;
 
 pub(crate) use export::describe;
+
+/// A request's header lines as the propagator reads them (`traceparent`, `tracestate`).
+struct LinesExtractor<'a>(&'a Lines);
+
+impl Extractor for LinesExtractor<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        let (_, value) = self
+            .0
+            .iter()
+            .find(|(name, _)| name.as_str().eq_ignore_ascii_case(key))?;
+        crate::lines::text(value)
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        self.0.iter().map(|(name, _)| name.as_str()).collect()
+    }
+}
 
 /// The process's tracing: a tracer when `[telemetry]` names an endpoint.
 pub(crate) struct Tracing {
@@ -105,11 +124,11 @@ impl Tracing {
     }
 
     /// The trace of a call to `endpoint` whose request carries `headers`.
-    pub(crate) fn start(&self, headers: &HeaderMap, endpoint: Endpoint) -> CallTrace {
+    pub(crate) fn start(&self, headers: &Lines, endpoint: Endpoint) -> CallTrace {
         let Some((tracer, _)) = &self.on else {
             return CallTrace(None);
         };
-        let parent = TraceContextPropagator::new().extract(&HeaderExtractor(headers));
+        let parent = TraceContextPropagator::new().extract(&LinesExtractor(headers));
         let operation = crate::genai::operation(endpoint);
         let span = tracer
             .span_builder(operation)

@@ -7,7 +7,9 @@
 //! 64 KiB, and tens of thousands of nominated names, each compared with each header present,
 //! would cost milliseconds. Real clients and servers nominate one or two.
 
-use http::{header, HeaderMap, HeaderName, HeaderValue};
+use http::{header, HeaderName, HeaderValue};
+
+use crate::lines::Lines;
 
 /// The most header names a message's `Connection` headers may nominate. A request that
 /// nominates more is refused (400); a backend's answer that does is not a valid head (502).
@@ -60,10 +62,10 @@ pub(crate) fn list_items(value: &[u8]) -> impl Iterator<Item = &[u8]> {
 
 /// The names `headers`' `Connection` headers nominate. Empty list items are not counted; the
 /// work is one pass over the values, stopping at the first name past the bound.
-pub(crate) fn nominated(headers: &HeaderMap) -> Result<Nominated<'_>, TooManyNominated> {
+pub(crate) fn nominated(headers: &Lines) -> Result<Nominated<'_>, TooManyNominated> {
     let mut found = Nominated::default();
-    for value in headers.get_all(header::CONNECTION) {
-        for name in list_items(value.as_bytes()) {
+    for value in headers.get_all(&header::CONNECTION) {
+        for name in list_items(value) {
             if found.0.len() == MAX_NOMINATED {
                 return Err(TooManyNominated);
             }
@@ -109,7 +111,7 @@ fn hop_by_hop(name: &str) -> bool {
 /// header the caller told spillway its region in (`None` when it sent none). Those that must
 /// not cross are left out as each attempt is written ([`write_request_headers`]).
 pub(crate) fn take_request_headers(
-    headers: &mut HeaderMap,
+    headers: &mut Lines,
     ours: Option<&HeaderName>,
 ) -> Result<(), TooManyNominated> {
     nominated(headers)?;
@@ -119,18 +121,19 @@ pub(crate) fn take_request_headers(
     Ok(())
 }
 
-/// Hands `write` the caller's request `headers` that travel upstream: neither those that must
+/// Hands `write` the caller's request `headers` that travel upstream, in the order they came:
+/// neither those that must
 /// not cross (hop-by-hop ones, those its `Connection` header names among them, the caller's
 /// credentials, framing) nor any named in `own`; then `own`, the gateway's, which take the place
 /// of the caller's of those names. A request naming too many headers ([`take_request_headers`]) would
 /// cross with none of the caller's.
 pub(crate) fn write_request_headers(
-    headers: &HeaderMap,
+    headers: &Lines,
     own: &[(&HeaderName, &HeaderValue)],
-    mut write: impl FnMut(&HeaderName, &HeaderValue),
+    mut write: impl FnMut(&HeaderName, &[u8]),
 ) {
     if let Ok(nominated) = nominated(headers) {
-        for (name, value) in headers {
+        for (name, value) in headers.iter() {
             let stays = stripped_request_header(name.as_str())
                 || nominated.names(name)
                 || own.iter().any(|(n, _)| *n == name);
@@ -140,7 +143,7 @@ pub(crate) fn write_request_headers(
         }
     }
     for (name, value) in own {
-        write(name, value);
+        write(name, value.as_bytes());
     }
 }
 
@@ -156,8 +159,8 @@ pub(crate) fn stays_behind(name: &HeaderName, nominated: &Nominated<'_>) -> bool
 mod tests {
     use super::*;
 
-    fn map(pairs: &[(&str, &str)]) -> HeaderMap {
-        let mut h = HeaderMap::new();
+    fn map(pairs: &[(&str, &str)]) -> Lines {
+        let mut h = Lines::default();
         for (name, value) in pairs {
             h.append(
                 HeaderName::from_bytes(name.as_bytes()).unwrap(),
@@ -169,10 +172,10 @@ mod tests {
 
     /// The header lines a request with the caller's `headers` is written with, the gateway's
     /// `own` added, in the order written.
-    fn written(headers: &HeaderMap, own: &[(&HeaderName, &HeaderValue)]) -> Vec<String> {
+    fn written(headers: &Lines, own: &[(&HeaderName, &HeaderValue)]) -> Vec<String> {
         let mut lines = Vec::new();
         write_request_headers(headers, own, |name, value| {
-            lines.push(format!("{}: {}", name, value.to_str().unwrap()));
+            lines.push(format!("{}: {}", name, std::str::from_utf8(value).unwrap()));
         });
         lines
     }
@@ -201,8 +204,8 @@ mod tests {
             written(&h, &own),
             [
                 "accept: application/json",
-                "accept: text/event-stream",
                 "x-custom: kept",
+                "accept: text/event-stream",
                 "host: b:8000",
                 "content-type: application/json",
             ]

@@ -28,6 +28,7 @@ use tower::ServiceExt;
 use tracing::{debug, warn};
 
 use crate::endpoint::Endpoint;
+use crate::lines::Lines;
 use crate::metrics::UpstreamFailure;
 use crate::pool::idle::{IdleConns, Keep};
 use crate::pool::Backend;
@@ -51,7 +52,7 @@ pub(crate) struct Attempt<'a> {
     pub query: Option<&'a str>,
     /// The caller's request headers as they came but for spillway's own; those that cross are
     /// chosen as each attempt is written ([`hop::write_request_headers`]).
-    pub headers: &'a HeaderMap,
+    pub headers: &'a Lines,
     /// Its span, whose `traceparent` goes upstream.
     pub trace: &'a crate::trace::Attempt,
     /// The body as this backend gets it (renamed model, priority field).
@@ -238,7 +239,7 @@ impl HttpUpstream {
         backend: &Backend,
         method: Method,
         uri: http::Uri,
-        headers: HeaderMap,
+        headers: Lines,
         body: Bytes,
     ) -> Result<http::Response<UpstreamBody>, crate::error::ApiError> {
         use crate::error::{ApiError, ErrorKind};
@@ -391,7 +392,7 @@ pub(crate) fn keep_upstream_request_id(headers: &mut HeaderMap) -> Option<Header
 fn request(
     backend: &Backend,
     (endpoint, query): (Endpoint, Option<&str>),
-    (headers, trace): (&HeaderMap, &crate::trace::Attempt),
+    (headers, trace): (&Lines, &crate::trace::Attempt),
     body: Bytes,
 ) -> Outgoing {
     let queried = query.and_then(|q| with_query(backend.uri(endpoint), q));

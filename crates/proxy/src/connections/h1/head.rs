@@ -13,10 +13,11 @@
 use std::mem::MaybeUninit;
 
 use bytes::BytesMut;
-use http::header::{self, HeaderName, HeaderValue};
-use http::{HeaderMap, Method, Request, Uri, Version};
+use http::header::{self, HeaderName};
+use http::{Method, Request, Uri, Version};
 use smallvec::SmallVec;
 
+use crate::lines::Lines;
 use crate::upstream::h1::decode::Framing;
 
 /// The most header lines one head may have.
@@ -27,7 +28,9 @@ pub(crate) const MAX_TARGET: usize = 16 * 1024;
 /// A request head read whole.
 #[derive(Debug)]
 pub(crate) struct Head {
+    /// The request line; its headers are in `lines`.
     pub request: Request<()>,
+    pub lines: Lines,
     /// A request's body is never delimited by the connection's close: a length (0 without
     /// either header) or chunked.
     pub framing: Framing,
@@ -94,14 +97,9 @@ pub(crate) fn parse(buf: &mut BytesMut) -> Result<Option<Head>, Refusal> {
     let head = buf.split_to(len).freeze();
     let uri = Uri::from_maybe_shared(head.slice(target_at))
         .map_err(|_| Refusal::Malformed("invalid request target"))?;
-    // Room for the `x-request-id` the connection adds when the caller sent none, so adding it
-    // does not grow the map (which moves every entry).
-    let mut headers = HeaderMap::with_capacity(names.len() + 1);
-    for (name, at) in names {
-        let value = HeaderValue::from_maybe_shared(head.slice(at))
-            .map_err(|_| Refusal::Malformed("invalid header value"))?;
-        headers.append(name, value);
-    }
+    // httparse has refused every value with a byte a field value may not hold. Room for the
+    // `x-request-id` the connection adds when the caller sent none.
+    let lines = Lines::in_head(head, names.drain(..), 1);
     let framing = facts.framing(version)?;
     let keep_alive = match version {
         Version::HTTP_11 => !facts.close,
@@ -111,9 +109,9 @@ pub(crate) fn parse(buf: &mut BytesMut) -> Result<Option<Head>, Refusal> {
     *request.method_mut() = method;
     *request.uri_mut() = uri;
     *request.version_mut() = version;
-    *request.headers_mut() = headers;
     Ok(Some(Head {
         request,
+        lines,
         framing,
         keep_alive,
         expect_continue: facts.expect_continue && version == Version::HTTP_11,
@@ -221,8 +219,13 @@ mod tests {
         assert_eq!(head.request.uri().path(), "/v1/chat/completions");
         assert_eq!(head.request.uri().query(), Some("x=1"));
         assert_eq!(head.request.version(), Version::HTTP_11);
-        assert_eq!(head.request.headers()["authorization"], "Bearer k");
-        assert_eq!(head.request.headers()["x-custom"], "a b");
+        let line = |name: &str| {
+            head.lines
+                .get(&HeaderName::from_bytes(name.as_bytes()).unwrap())
+        };
+        assert_eq!(line("authorization"), Some(&b"Bearer k"[..]));
+        assert_eq!(line("x-custom"), Some(&b"a b"[..]));
+        assert!(head.request.headers().is_empty());
         assert_eq!(head.framing, Framing::Length(4));
         assert!(head.keep_alive && !head.expect_continue);
         assert_eq!(&buf[..], b"body");
@@ -318,6 +321,27 @@ mod tests {
                 "read: {:?}",
                 String::from_utf8_lossy(head)
             );
+        }
+    }
+
+    /// The lines keep their values as the head has them, unchecked: the reader must refuse
+    /// every byte a field value may not hold, as `HeaderValue` does, and take every other.
+    #[test]
+    fn a_value_is_refused_for_exactly_the_bytes_a_header_value_may_not_hold() {
+        for b in 0..=255u8 {
+            let mut bytes = b"POST / HTTP/1.1\r\nX-A: a".to_vec();
+            bytes.extend_from_slice(&[b, b'z']);
+            bytes.extend_from_slice(b"\r\n\r\n");
+            let valid = http::HeaderValue::from_bytes(&[b'a', b, b'z']).is_ok();
+            match read(&bytes) {
+                Ok(Some(head)) => {
+                    assert!(valid, "byte {b} was taken");
+                    let value = head.lines.get(&HeaderName::from_static("x-a")).unwrap();
+                    assert_eq!(value, [b'a', b, b'z'], "byte {b}");
+                }
+                Err(Refusal::Malformed(_)) => assert!(!valid, "byte {b} was refused"),
+                other => panic!("byte {b}: {other:?}"),
+            }
         }
     }
 

@@ -157,6 +157,7 @@ impl<S: Serve> Conn<S> {
         let busy = self.activity.begin();
         let Head {
             request,
+            mut lines,
             framing,
             keep_alive,
             expect_continue,
@@ -165,13 +166,13 @@ impl<S: Serve> Conn<S> {
         let asked_head = request.method() == Method::HEAD;
         let version = request.version();
         let body = RequestBody::new(self.socket.clone(), number, framing);
-        let mut req = request.map(|()| Body::new(body));
+        let req = request.map(|()| Body::new(body));
         let id = self
             .request_ids
-            .then(|| crate::call::request_id(req.headers_mut()));
+            .then(|| crate::call::request_id(&mut lines));
         // The response, unless the client closes the connection first. The handler's future
         // is made in place here, not passed on: it is large, and every move copies it.
-        let mut served = pin!(self.router.serve(req));
+        let mut served = pin!(self.router.serve(req, lines));
         let answered = poll_fn(|cx| {
             if let Poll::Ready(response) = served.as_mut().poll(cx) {
                 return Poll::Ready(Some(response));

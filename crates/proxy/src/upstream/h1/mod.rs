@@ -350,13 +350,13 @@ pub(crate) struct HeadLines(Vec<u8>);
 
 impl HeadLines {
     /// Writes `name: value`, unless it is framing: the body's own is written, never a header's.
-    pub(crate) fn header(&mut self, name: &HeaderName, value: &HeaderValue) {
+    pub(crate) fn header(&mut self, name: &HeaderName, value: &[u8]) {
         if name == header::CONTENT_LENGTH || name == header::TRANSFER_ENCODING {
             return;
         }
         self.0.extend_from_slice(name.as_str().as_bytes());
         self.0.extend_from_slice(b": ");
-        self.0.extend_from_slice(value.as_bytes());
+        self.0.extend_from_slice(value);
         self.0.extend_from_slice(b"\r\n");
     }
 }
@@ -403,7 +403,7 @@ impl Outgoing {
         let target = req.uri().path_and_query().map_or("/", |p| p.as_str());
         let headers = |lines: &mut HeadLines| {
             for (name, value) in req.headers() {
-                lines.header(name, value);
+                lines.header(name, value.as_bytes());
             }
         };
         Outgoing::new(req.method().clone(), target, headers, req.body().clone())

@@ -46,9 +46,10 @@ impl<'a> Nominated<'a> {
     }
 
     /// Whether `name` (lower case, as `HeaderName`s are) is one of them.
-    fn names(&self, name: &HeaderName) -> bool {
-        let name = name.as_str().as_bytes();
-        self.0.iter().any(|n| n.eq_ignore_ascii_case(name))
+    fn names(&self, name: &str) -> bool {
+        self.0
+            .iter()
+            .any(|n| n.eq_ignore_ascii_case(name.as_bytes()))
     }
 }
 
@@ -134,8 +135,9 @@ pub(crate) fn write_request_headers(
 ) {
     if let Ok(nominated) = nominated(headers) {
         for (name, value) in headers.iter() {
-            let stays = stripped_request_header(name.as_str())
-                || nominated.names(name)
+            let text = name.as_str();
+            let stays = stripped_request_header(text)
+                || nominated.names(text)
                 || own.iter().any(|(n, _)| *n == name);
             if !stays {
                 write(name, value);
@@ -152,7 +154,8 @@ pub(crate) fn write_request_headers(
 /// (`h1::Conn`), so these never enter its header map; a head that nominates more than
 /// [`MAX_NOMINATED`] names is refused there.
 pub(crate) fn stays_behind(name: &HeaderName, nominated: &Nominated<'_>) -> bool {
-    hop_by_hop(name.as_str()) || nominated.names(name)
+    let name = name.as_str();
+    hop_by_hop(name) || nominated.names(name)
 }
 
 #[cfg(test)]

@@ -3,10 +3,10 @@
 # and spillway with bench/spillway.toml as bench/profile.sh starts them (127.0.0.1 only), spillway
 # under callgrind, and one keep-alive client sending the benchmark's chat request one at a time.
 # The counters are zeroed after a warm-up and read after N more requests, so the figure is the
-# request path's alone. Unlike CPU time it does not move with what else the machine is doing:
-# the same binary gives nearly the same count (within about 1 %: work driven by time, such as the
-# metrics exporter's upkeep thread, falls in it), which makes small changes comparable (`A B`
-# below). It counts instructions, not cycles: cache misses and system-call time are not in it.
+# request path's alone. On a quiet machine the same binary gives nearly the same count (within
+# about 1 %: work driven by time, such as the metrics exporter's upkeep, falls in it, and grows
+# by up to 2 % while other work, a test run, slows the count), so small changes are comparable
+# (`A B` below). It counts instructions, not cycles: cache misses and system calls are not in it.
 #
 # Usage: bench/instructions.sh BINARY [BINARY_B]   (a BINARY of `nginx`: the NGINX reference, one
 #   worker process serving in the foreground, counted the same way: the instructions nginx

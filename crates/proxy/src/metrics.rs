@@ -4,14 +4,15 @@
 //! sets (status, reason): a name a client made up is reported as `unknown`, so no caller can grow
 //! the series count without bound.
 
-use foldhash::HashMap;
-use std::sync::{Arc, LazyLock, OnceLock, RwLock};
+use std::sync::{Arc, LazyLock, OnceLock};
 use std::time::Duration;
 
 use metrics::{counter, gauge, histogram, Counter, Gauge, Histogram, Label};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 
 use crate::histograms::{Histograms, MetricsHandle, SplitRecorder};
+
+mod series;
 
 use spillway_policy::{AffinityOutcome, Class, Refusal};
 
@@ -327,30 +328,6 @@ impl std::fmt::Debug for BackendMetrics {
     }
 }
 
-/// A counter series by metric name, (tenant, model, backend) and status (0 where unused).
-type SeriesKey = (&'static str, Arc<str>, Arc<str>, Arc<str>, u16);
-
-/// The per-tenant counter series seen so far, so that the request path does not build, hash
-/// and look up a label set for each request. Every part of the key comes from configuration or
-/// is a status code, so the map is bounded.
-static COUNTERS: LazyLock<RwLock<HashMap<SeriesKey, Counter>>> = LazyLock::new(Default::default);
-
-fn cached_counter(key: SeriesKey, make: impl FnOnce(&SeriesKey) -> Counter) -> Counter {
-    let known = COUNTERS
-        .read()
-        .unwrap_or_else(|e| e.into_inner())
-        .get(&key)
-        .cloned();
-    known.unwrap_or_else(|| {
-        let counter = make(&key);
-        COUNTERS
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(key, counter.clone());
-        counter
-    })
-}
-
 fn label_value(text: &'static str) -> Arc<str> {
     Arc::from(text)
 }
@@ -376,28 +353,23 @@ impl RequestLabels {
     }
 
     pub fn answered(self, status: u16) {
-        let key = (REQUESTS, self.tenant, self.model, self.backend, status);
-        cached_counter(key, |k| {
+        let labels = [&self.tenant, &self.model, &self.backend];
+        series::count(REQUESTS, labels, status, 1, |k| {
             counter!(REQUESTS, "tenant" => k.1.clone(), "model" => k.2.clone(),
                 "backend" => k.3.clone(), "status" => status.to_string())
-        })
-        .increment(1);
+        });
     }
 
     /// Upstream attempts made for this request (all of them, at its end).
     pub fn attempted(&self, attempts: u32) {
-        let key = (
+        let labels = [&self.tenant, &self.model, &*NO_BACKEND];
+        series::count(
             UPSTREAM_ATTEMPTS,
-            self.tenant.clone(),
-            self.model.clone(),
-            NO_BACKEND.clone(),
+            labels,
             0,
-        );
-        cached_counter(
-            key,
+            u64::from(attempts),
             |k| counter!(UPSTREAM_ATTEMPTS, "tenant" => k.1.clone(), "model" => k.2.clone()),
-        )
-        .increment(u64::from(attempts));
+        );
     }
 
     /// The caller marked this request as its own retry; `shed` when it was refused for it.
@@ -407,18 +379,14 @@ impl RequestLabels {
         } else {
             CLIENT_RETRIES
         };
-        let key = (
+        let labels = [&self.tenant, &self.model, &*NO_BACKEND];
+        series::count(
             name,
-            self.tenant.clone(),
-            self.model.clone(),
-            NO_BACKEND.clone(),
+            labels,
             0,
-        );
-        cached_counter(
-            key,
+            1,
             |k| counter!(name, "tenant" => k.1.clone(), "model" => k.2.clone()),
-        )
-        .increment(1);
+        );
     }
 }
 

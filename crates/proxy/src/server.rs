@@ -18,6 +18,7 @@ use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
+use futures_util::future::Either;
 use http::StatusCode;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -200,15 +201,21 @@ struct Api {
 }
 
 impl crate::connections::Serve for Api {
-    async fn serve(&self, req: http::Request<axum::body::Body>, lines: Lines) -> Response {
+    /// The handler's own future, not one awaiting it: the connection makes it in place, where a
+    /// future around it would take a copy of it.
+    fn serve(
+        &self,
+        req: http::Request<axum::body::Body>,
+        lines: Lines,
+    ) -> impl Future<Output = Response> + Send {
         let direct = if req.method() == http::Method::POST {
             Endpoint::of_inference_path(req.uri().path())
         } else {
             None
         };
         match direct {
-            Some(endpoint) => handler::handle(&self.gw, endpoint, req, lines).await,
-            None => self.router.serve(req, lines).await,
+            Some(endpoint) => Either::Left(handler::handle(&self.gw, endpoint, req, lines)),
+            None => Either::Right(self.router.serve(req, lines)),
         }
     }
 }

@@ -145,33 +145,32 @@ impl TenantTraffic {
 
     /// A request for `model` reached admission.
     pub(crate) fn offered_to(&self, model: &Arc<str>) {
-        self.model(model).offered.fetch_add(1, Ordering::Relaxed);
+        self.model(model, |m| {
+            m.offered.fetch_add(1, Ordering::Relaxed);
+        });
     }
 
     /// A request for `model` ended its attempts after `attempts` of them.
     pub(crate) fn attempted(&self, model: &Arc<str>, attempts: u32) {
-        let cell = self.model(model);
-        cell.attempts
-            .fetch_add(u64::from(attempts), Ordering::Relaxed);
-        cell.retries
-            .fetch_add(u64::from(attempts.saturating_sub(1)), Ordering::Relaxed);
+        self.model(model, |m| {
+            m.attempts.fetch_add(u64::from(attempts), Ordering::Relaxed);
+            m.retries
+                .fetch_add(u64::from(attempts.saturating_sub(1)), Ordering::Relaxed);
+        });
     }
 
-    fn model(&self, model: &Arc<str>) -> Arc<ModelTraffic> {
-        let known = self
+    /// Counts in `model`'s counters with `count`, under the read lock once they exist.
+    fn model(&self, model: &Arc<str>, count: impl Fn(&ModelTraffic)) {
+        if let Some(m) = self
             .models
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .get(model)
-            .cloned();
-        known.unwrap_or_else(|| {
-            self.models
-                .write()
-                .unwrap_or_else(|e| e.into_inner())
-                .entry(model.clone())
-                .or_default()
-                .clone()
-        })
+        {
+            return count(m);
+        }
+        let mut models = self.models.write().unwrap_or_else(|e| e.into_inner());
+        count(models.entry(model.clone()).or_default());
     }
 
     /// The counters now, models by name.

@@ -32,10 +32,12 @@ const MAX_REQUEST_ID_LEN: usize = 128;
 /// it on the response too (`connections`, HTTP/1 and HTTP/2 alike), with no middleware of its
 /// own per request.
 pub(crate) fn request_id(headers: &mut Lines) -> HeaderValue {
-    let valid = headers.get(&X_REQUEST_ID).is_some_and(|v| {
-        !v.is_empty() && v.len() <= MAX_REQUEST_ID_LEN && v.iter().all(|b| b.is_ascii_graphic())
+    let theirs = headers.value(&X_REQUEST_ID).filter(|v| {
+        !v.is_empty()
+            && v.len() <= MAX_REQUEST_ID_LEN
+            && v.as_bytes().iter().all(|b| b.is_ascii_graphic())
     });
-    if let Some(id) = valid.then(|| headers.value(&X_REQUEST_ID)).flatten() {
+    if let Some(id) = theirs {
         return id;
     }
     let id = new_request_id();

@@ -86,10 +86,7 @@ impl Lines {
 
     /// The first value of `name`.
     pub(crate) fn get(&self, name: &HeaderName) -> Option<&[u8]> {
-        self.list
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| self.bytes(v))
+        self.first(name).map(|v| self.bytes(v))
     }
 
     /// Every value of `name`, in order.
@@ -102,10 +99,11 @@ impl Lines {
 
     /// The first value of `name`, as a value of its own (which shares the head's buffer).
     pub(crate) fn value(&self, name: &HeaderName) -> Option<HeaderValue> {
-        self.list
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| self.owned(v))
+        self.first(name).map(|v| self.owned(v))
+    }
+
+    fn first(&self, name: &HeaderName) -> Option<&Value> {
+        self.list.iter().find(|(n, _)| n == name).map(|(_, v)| v)
     }
 
     /// Every line, in order.
@@ -118,10 +116,11 @@ impl Lines {
         match self.list.iter().position(|(n, _)| *n == name) {
             Some(first) => {
                 self.list[first].1 = Value::Own(value);
-                let mut at = 0;
+                let mut index = 0;
                 self.list.retain(|(n, _)| {
-                    at += 1;
-                    at - 1 <= first || *n != name
+                    let keep = index <= first || *n != name;
+                    index += 1;
+                    keep
                 });
             }
             None => self.list.push((name, Value::Own(value))),

@@ -456,20 +456,7 @@ async fn read_more(s: &mut tokio::net::TcpStream, buf: &mut Vec<u8>) {
 /// bytes; over HTTP/2 from hyper's header map, which keeps a name's values together.
 #[tokio::test]
 async fn the_callers_headers_reach_the_backend_in_their_order_and_as_they_were() {
-    let (heads, seen) = std::sync::mpsc::channel::<Vec<u8>>();
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let url = format!("http://{}/v1", listener.local_addr().unwrap());
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(stream) = stream else { return };
-            let heads = heads.clone();
-            std::thread::spawn(move || answer_noting_heads(stream, &heads));
-        }
-    });
-    let gw = gateway(&format!(
-        "[health_check]\nenabled = false\n[[models]]\nname = \"m\"\n[[models.backends]]\n\
-         name = \"b\"\nregion = \"r\"\nurl = \"{url}\"\nengine = \"none\"\n"
-    ));
+    let (gw, seen) = gateway_noting_heads();
     let sent: [(&str, &[u8]); 6] = [
         ("x-order", b"1"),
         ("accept", b"application/json"),
@@ -543,6 +530,66 @@ async fn the_callers_headers_reach_the_backend_in_their_order_and_as_they_were()
         "{}",
         String::from_utf8_lossy(&got)
     );
+}
+
+/// The most header lines a head may have, sixteen of them nominated by its `Connection` header
+/// (the most it may nominate), every other a repeat of one of a few names: the gateway's passes
+/// over the lines, each compared with every nominated name, are at their longest. The request is
+/// answered, and the lines that cross reach the backend in their order.
+#[tokio::test]
+async fn a_head_of_the_most_lines_with_the_most_nominated_crosses_in_order() {
+    let (gw, seen) = gateway_noting_heads();
+    let body = chat_json(false);
+    let nominated: Vec<String> = (0..16).map(|i| format!("x-hop-{i}")).collect();
+    let mut lines = vec![format!("connection: {}", nominated.join(", "))];
+    // The head's own four lines (`chat_head`) and the Connection line count within the 100.
+    for i in 0..100 - 5 {
+        lines.push(match i % 3 {
+            0 => format!("x-hop-{}: h{i}", i % 16),
+            1 => format!("x-kept: k{i}"),
+            _ => format!("x-other-{}: o{i}", i % 5),
+        });
+    }
+    let extra: String = lines.iter().map(|l| format!("{l}\r\n")).collect();
+    let mut s = connect(&gw).await;
+    s.write_all(&[chat_head(body.len(), &extra).into_bytes(), body].concat())
+        .await
+        .unwrap();
+    let (status, answer, _) = response(&mut s).await;
+    assert_eq!(status, 200, "{answer}");
+    let got = seen.recv_timeout(PATIENCE).expect("the backend's request");
+    let got = String::from_utf8(got).unwrap();
+    let crossed: Vec<&str> = got
+        .lines()
+        .filter(|l| l.starts_with("x-"))
+        .filter(|l| !l.starts_with("x-request-id"))
+        .collect();
+    let expected: Vec<&str> = lines[1..]
+        .iter()
+        .map(String::as_str)
+        .filter(|l| !l.starts_with("x-hop-"))
+        .collect();
+    assert_eq!(crossed, expected, "{got}");
+}
+
+/// A gateway whose one backend answers every request with a small chat completion and hands
+/// the request's head to the receiver.
+fn gateway_noting_heads() -> (Proc, std::sync::mpsc::Receiver<Vec<u8>>) {
+    let (heads, seen) = std::sync::mpsc::channel::<Vec<u8>>();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/v1", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(stream) = stream else { return };
+            let heads = heads.clone();
+            std::thread::spawn(move || answer_noting_heads(stream, &heads));
+        }
+    });
+    let gw = gateway(&format!(
+        "[health_check]\nenabled = false\n[[models]]\nname = \"m\"\n[[models.backends]]\n\
+         name = \"b\"\nregion = \"r\"\nurl = \"{url}\"\nengine = \"none\"\n"
+    ));
+    (gw, seen)
 }
 
 /// Answers each request on `stream` with a small chat completion, handing its head to `heads`.

@@ -21,6 +21,7 @@ use crate::auth::Tenant;
 use crate::endpoint::Endpoint;
 use crate::error::{ApiError, ErrorKind};
 use crate::gateway::Gateway;
+use crate::lines::Lines;
 use crate::metrics::RequestLabels;
 use crate::pool::{Backend, ModelPool};
 use crate::upstream;
@@ -64,11 +65,16 @@ async fn lifecycle(
     suffix: &'static str,
     req: Request,
 ) -> Response {
-    answered(gw, req, move |gw, caller, req, labels| {
-        Box::pin(async move { forward(gw, &caller.tenant, method, &id, suffix, req, labels).await })
+    answered(gw, req, move |gw, caller, asked, labels| {
+        Box::pin(
+            async move { forward(gw, &caller.tenant, method, &id, suffix, asked, labels).await },
+        )
     })
     .await
 }
+
+/// A call on a stored object as it came: its request, whose header lines come apart.
+pub(super) type Asked = (Request, Lines);
 
 pub(super) type Call<'a> =
     std::pin::Pin<Box<dyn std::future::Future<Output = Result<Response, ApiError>> + Send + 'a>>;
@@ -84,17 +90,17 @@ pub(super) struct Caller {
 pub(super) async fn answered(
     gw: &Gateway,
     req: Request,
-    call: impl for<'a> FnOnce(&'a Gateway, &'a Caller, Request, &'a mut RequestLabels) -> Call<'a>,
+    call: impl for<'a> FnOnce(&'a Gateway, &'a Caller, Asked, &'a mut RequestLabels) -> Call<'a>,
 ) -> Response {
     let mut labels = RequestLabels::unrouted();
-    let headers = crate::lines::Lines::from_map(req.headers().clone());
-    let response = match super::authenticate(gw, &headers).await {
+    let (req, lines) = crate::lines::taken(req);
+    let response = match super::authenticate(gw, &lines).await {
         Ok(tenant) => {
             labels.tenant = tenant.name.clone();
             match gw.live().admission.enter(&tenant) {
                 Ok(places) => {
                     let caller = Caller { tenant, places };
-                    call(gw, &caller, req, &mut labels).await
+                    call(gw, &caller, (req, lines), &mut labels).await
                 }
                 Err(e) => Err(e),
             }
@@ -112,7 +118,7 @@ async fn forward(
     method: Method,
     id: &str,
     suffix: &str,
-    req: Request,
+    (req, lines): Asked,
     labels: &mut RequestLabels,
 ) -> Result<Response, ApiError> {
     let (parts, _) = req.into_parts();
@@ -128,15 +134,7 @@ async fn forward(
     let path = format!("/{id}{suffix}");
     let uri = upstream::resource_uri(backend.uri(Endpoint::Responses), &path, parts.uri.query())
         .ok_or_else(unknown)?;
-    let response = send(
-        gw,
-        backend,
-        method.clone(),
-        uri,
-        parts.headers,
-        Bytes::new(),
-    )
-    .await?;
+    let response = send(gw, backend, method.clone(), uri, lines, Bytes::new()).await?;
     if method == Method::DELETE && response.status().is_success() {
         gw.homes.forget(id);
     }
@@ -150,10 +148,9 @@ pub(super) async fn send(
     backend: &Backend,
     method: Method,
     uri: http::Uri,
-    headers: http::HeaderMap,
+    mut headers: Lines,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let mut headers = crate::lines::Lines::from_map(headers);
     upstream::hop::take_request_headers(
         &mut headers,
         Some(&gw.live().config.server.region_header),

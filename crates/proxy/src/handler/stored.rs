@@ -18,7 +18,7 @@ use axum::response::Response;
 use bytes::Bytes;
 use http::Method;
 
-use super::lifecycle::{answered, home_of, send, Caller};
+use super::lifecycle::{answered, home_of, send, Asked, Caller};
 use crate::auth::Tenant;
 use crate::endpoint::Surface;
 use crate::error::{ApiError, ErrorKind};
@@ -32,8 +32,8 @@ use crate::upstream;
 const MAX_UPDATE_BYTES: usize = 64 * 1024;
 
 pub(crate) async fn list(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
-    answered(&gw, req, |gw, caller, req, labels| {
-        Box::pin(list_on(gw, caller.tenant.clone(), req, labels))
+    answered(&gw, req, |gw, caller, asked, labels| {
+        Box::pin(list_on(gw, caller.tenant.clone(), asked, labels))
     })
     .await
 }
@@ -77,8 +77,8 @@ async fn by_id(
     suffix: &'static str,
     req: Request,
 ) -> Response {
-    answered(gw, req, move |gw, caller, req, labels| {
-        Box::pin(async move { on_id(gw, caller, method, &id, suffix, req, labels).await })
+    answered(gw, req, move |gw, caller, asked, labels| {
+        Box::pin(async move { on_id(gw, caller, method, &id, suffix, asked, labels).await })
     })
     .await
 }
@@ -90,7 +90,7 @@ async fn on_id(
     method: Method,
     id: &str,
     suffix: &str,
-    req: Request,
+    (req, lines): Asked,
     labels: &mut RequestLabels,
 ) -> Result<Response, ApiError> {
     let tenant = &caller.tenant;
@@ -129,7 +129,7 @@ async fn on_id(
         parts.uri.query(),
     )
     .ok_or_else(unknown)?;
-    let response = send(gw, backend, method.clone(), uri, parts.headers, body).await?;
+    let response = send(gw, backend, method.clone(), uri, lines, body).await?;
     if method == Method::DELETE && response.status().is_success() {
         gw.homes.forget(id);
     }
@@ -142,7 +142,7 @@ async fn on_id(
 async fn list_on(
     gw: &Gateway,
     tenant: Arc<Tenant>,
-    req: Request,
+    (req, lines): Asked,
     labels: &mut RequestLabels,
 ) -> Result<Response, ApiError> {
     let query = req.uri().query().unwrap_or("");
@@ -184,8 +184,7 @@ async fn list_on(
             "the query string cannot be passed on",
         )
     })?;
-    let (parts, _) = req.into_parts();
-    send(gw, &backend, Method::GET, uri, parts.headers, Bytes::new()).await
+    send(gw, &backend, Method::GET, uri, lines, Bytes::new()).await
 }
 
 /// The caller's list query, with the tenant's tag as the one `metadata[spillway_tenant]` filter:

@@ -377,3 +377,44 @@ impl Answer<'_> {
 fn millis(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
+
+#[cfg(test)]
+mod tests {
+    use http::{HeaderName, HeaderValue};
+
+    use super::*;
+
+    fn parent_of(lines: &[(&'static str, &'static [u8])]) -> String {
+        let lines: Lines = lines
+            .iter()
+            .map(|(n, v)| {
+                (
+                    HeaderName::from_static(n),
+                    HeaderValue::from_bytes(v).unwrap(),
+                )
+            })
+            .collect();
+        let cx = TraceContextPropagator::new().extract(&LinesExtractor(&lines));
+        cx.span().span_context().trace_id().to_string()
+    }
+
+    /// The caller's `traceparent` is read from its lines, its first value as a map would give
+    /// it; one that is not text is no parent.
+    #[test]
+    fn the_callers_traceparent_is_read_from_its_lines() {
+        const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+        let sent = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let other = b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+        let none = opentelemetry::trace::TraceId::INVALID.to_string();
+        assert_eq!(
+            parent_of(&[("accept", b"*/*"), ("traceparent", sent)]),
+            TRACE
+        );
+        assert_eq!(
+            parent_of(&[("traceparent", sent), ("traceparent", other)]),
+            TRACE
+        );
+        assert_eq!(parent_of(&[("accept", b"*/*")]), none);
+        assert_eq!(parent_of(&[("traceparent", b"00-\xff-01")]), none);
+    }
+}

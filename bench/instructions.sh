@@ -14,13 +14,17 @@
 # Env (defaults): REQUESTS=2000 (counted), WARMUP=300, TOP=25 (functions listed, by
 #   instructions of their own; 0 for none), KEEP= (a directory to keep the callgrind files in),
 #   BENCH_HEADERS= (more request headers, "Name: value" separated by '|', as lib/chat.lua
-#   takes them; `SDK_HEADERS=1` adds those the official OpenAI Python SDK sends).
+#   takes them; `SDK_HEADERS=1` adds those the official OpenAI Python SDK sends), LOCKED=0 (1: also
+#   count the locked read-modify-writes, atomic additions, swaps and compare-and-swaps, a request
+#   runs, and where: lib/locked.py; each costs some 20 cycles or more here, one instruction in the
+#   count).
 # Output: per binary, instructions per request and the top functions.
 set -euo pipefail
 BENCH_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO_DIR="$(cd "$BENCH_DIR/.." && pwd)"
 case "${1:-}" in -h|--help|"") sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0;; esac
-REQUESTS="${REQUESTS:-2000}"; WARMUP="${WARMUP:-300}"; TOP="${TOP:-25}"
+REQUESTS="${REQUESTS:-2000}"; WARMUP="${WARMUP:-300}"; TOP="${TOP:-25}"; LOCKED="${LOCKED:-0}"
+DUMP_INSTR=no; [ "$LOCKED" = 1 ] && DUMP_INSTR=yes
 BENCH_HEADERS="${BENCH_HEADERS:-}"
 if [ "${SDK_HEADERS:-0}" = 1 ]; then
   # As openai 3.56.0 (Python) sends them with a chat completion.
@@ -52,12 +56,12 @@ for bin in "$@"; do
   if [ "$bin" = nginx ]; then
     # No master process: the one process under callgrind is the worker.
     (cd "$BENCH_DIR" && exec setsid valgrind --tool=callgrind --callgrind-out-file="$file" \
-      --dump-instr=no nginx -p "$BENCH_DIR/" -c nginx/proxy.conf -e run/nginx-proxy.error.log \
+      --dump-instr=$DUMP_INSTR nginx -p "$BENCH_DIR/" -c nginx/proxy.conf -e run/nginx-proxy.error.log \
       -g "daemon off; master_process off; pid run/nginx-proxy.pid;") >"$RUN/callgrind-nginx.log" 2>&1 9>&- &
     port=18081; probe=/health
   else
     (cd "$REPO_DIR" && SPILLWAY_LOG=warn exec setsid valgrind --tool=callgrind --callgrind-out-file="$file" \
-      --dump-instr=no "$bin" serve --config bench/spillway.toml) >"$RUN/callgrind-spillway.log" 2>&1 9>&- &
+      --dump-instr=$DUMP_INSTR "$bin" serve --config bench/spillway.toml) >"$RUN/callgrind-spillway.log" 2>&1 9>&- &
     port=18090; probe=/readyz
   fi
   SPILLWAY_PID=$!
@@ -92,6 +96,9 @@ PY
   total="$(callgrind_annotate "$file.1" 2>/dev/null | sed -n 's/^ *\([0-9,]*\) .*PROGRAM TOTALS.*/\1/p' | tr -d ,)"
   [ -n "$total" ] || { echo "no callgrind totals for $bin" >&2; exit 1; }
   echo "$bin: $((total / REQUESTS)) instructions per request ($total over $REQUESTS requests)"
+  if [ "$LOCKED" = 1 ]; then
+    python3 "$BENCH_DIR/lib/locked.py" "$file.1" "$REQUESTS" "$TOP"
+  fi
   if [ "$TOP" != 0 ]; then
     callgrind_annotate --threshold=100 --auto=no "$file.1" 2>/dev/null \
       | grep -E '^ *[0-9,]+ \(' | grep -v -E 'PROGRAM TOTALS|libc-start|below main|spillway::main|__rust_begin_short_backtrace|\?\?\?:main|0x0000' \

@@ -1,0 +1,105 @@
+#!/usr/bin/env python3
+"""Locked read-modify-writes (x86 `lock`-prefixed instructions and `xchg` with memory) a callgrind
+profile executed, per request, and the functions that ran them.
+
+Instruction counts treat an atomic addition like any other instruction; on this kind of machine
+one costs some 20 cycles or more (perf's samples pile up on them), so they are counted apart.
+
+Usage: locked.py CALLGRIND_OUT REQUESTS [TOP [SITES]]   (CALLGRIND_OUT written with
+  --dump-instr=yes; SITES: also the SITES instructions run most, each with its source lines,
+  inlined callers included)
+"""
+import collections
+import re
+import subprocess
+import sys
+
+
+def locked_addresses(path):
+    """Addresses (as the ELF file gives them, as callgrind writes them) of the locked
+    instructions in `path`."""
+    out = subprocess.run(["objdump", "-d", "--no-show-raw-insn", path],
+                         capture_output=True, text=True).stdout
+    pattern = re.compile(r"^\s*([0-9a-f]+):\s+(lock\b|xchg\s+\S*\(|xchg\s+%\w+,\S*\()")
+    return {int(m.group(1), 16) for m in map(pattern.match, out.splitlines()) if m}
+
+
+def number(text):
+    """A callgrind number: hexadecimal after `0x`, decimal otherwise."""
+    return int(text, 16) if text.startswith("0x") else int(text)
+
+
+def costs(path):
+    """(object, instruction address, function, Ir) of each cost line, call lines' inclusive
+    costs left out."""
+    names = {}
+    objects = {}
+    ob = fn = None
+    addr = 0
+    skip_next = False
+    with open(path) as f:
+        for line in f:
+            if line.startswith(("ob=", "cob=")):
+                m = re.match(r"c?ob=\((\d+)\)(?: (.*))?", line.rstrip("\n"))
+                if m.group(2) is not None:
+                    objects[m.group(1)] = m.group(2)
+                if line.startswith("ob="):
+                    ob = objects[m.group(1)]
+                continue
+            if line.startswith(("fn=", "cfn=")):
+                m = re.match(r"c?fn=\((\d+)\)(?: (.*))?", line.rstrip("\n"))
+                if m.group(2) is not None:
+                    names[m.group(1)] = m.group(2)
+                if line.startswith("fn="):
+                    fn = names[m.group(1)]
+                continue
+            if line.startswith("calls="):
+                skip_next = True
+                continue
+            if not line or not (line[0].isdigit() or line[0] in "+-*"):
+                continue
+            parts = line.split()
+            a = parts[0]
+            if a == "*":
+                pass
+            elif a[0] in "+-":
+                addr += number(a[1:]) * (1 if a[0] == "+" else -1)
+            else:
+                addr = number(a)
+            if skip_next:
+                skip_next = False
+                continue
+            if len(parts) >= 3:
+                yield ob, addr, fn, int(parts[2])
+
+
+def main():
+    out, requests = sys.argv[1], int(sys.argv[2])
+    top = int(sys.argv[3]) if len(sys.argv) > 3 else 15
+    sites = int(sys.argv[4]) if len(sys.argv) > 4 else 0
+    locked = {}
+    total = 0
+    by_fn = collections.Counter()
+    by_site = collections.Counter()
+    for ob, addr, fn, n in costs(out):
+        if ob not in locked:
+            locked[ob] = locked_addresses(ob) if ob and ob.startswith("/") else set()
+        if addr in locked[ob]:
+            total += n
+            by_fn[fn] += n
+            by_site[(ob, addr)] += n
+    print(f"{total / requests:.1f} locked instructions per request")
+    for fn, n in by_fn.most_common(top):
+        print(f"  {n / requests:6.2f}  {fn[:150]}")
+    for (ob, addr), n in by_site.most_common(sites):
+        lines = subprocess.run(["addr2line", "-e", ob, "-i", hex(addr)],
+                               capture_output=True, text=True).stdout.split()
+        # The innermost line, then the first two in this repository's crates.
+        ours = [line for line in lines if "/crates/" in line and "/registry/" not in line]
+        shown = lines[:1] + ours[:2]
+        where = " < ".join("/".join(line.split("/")[-2:]) for line in shown)
+        print(f"  {n / requests:6.2f}  {ob.split('/')[-1]} {where}")
+
+
+if __name__ == "__main__":
+    main()

@@ -335,25 +335,36 @@ fn label_value(text: &'static str) -> Arc<str> {
 static UNKNOWN: LazyLock<Arc<str>> = LazyLock::new(|| label_value("unknown"));
 static NO_BACKEND: LazyLock<Arc<str>> = LazyLock::new(|| label_value("none"));
 
-/// The labels of one answered request, filled in as the request is routed.
-#[derive(Debug, Clone)]
+/// The labels of one answered request, filled in as the request is routed: a label not known
+/// (yet) is `unknown`, a backend `none`. Unknown ones are no string of their own, so labels are
+/// made, moved out of a reader (`std::mem::take`) and dropped without a reference count touched;
+/// a request's labels take one per name it is given, not three.
+#[derive(Debug, Clone, Default)]
 pub struct RequestLabels {
-    pub tenant: Arc<str>,
-    pub model: Arc<str>,
-    pub backend: Arc<str>,
+    pub tenant: Option<Arc<str>>,
+    pub model: Option<Arc<str>>,
+    pub backend: Option<Arc<str>>,
 }
 
 impl RequestLabels {
     pub fn unrouted() -> Self {
-        Self {
-            tenant: UNKNOWN.clone(),
-            model: UNKNOWN.clone(),
-            backend: NO_BACKEND.clone(),
-        }
+        Self::default()
+    }
+
+    pub fn tenant(&self) -> &Arc<str> {
+        self.tenant.as_ref().unwrap_or(&UNKNOWN)
+    }
+
+    pub fn model(&self) -> &Arc<str> {
+        self.model.as_ref().unwrap_or(&UNKNOWN)
+    }
+
+    pub fn backend(&self) -> &Arc<str> {
+        self.backend.as_ref().unwrap_or(&NO_BACKEND)
     }
 
     pub fn answered(self, status: u16) {
-        let labels = [&self.tenant, &self.model, &self.backend];
+        let labels = [self.tenant(), self.model(), self.backend()];
         series::count(REQUESTS, labels, status, 1, |k| {
             counter!(REQUESTS, "tenant" => k.1.clone(), "model" => k.2.clone(),
                 "backend" => k.3.clone(), "status" => status.to_string())
@@ -362,7 +373,7 @@ impl RequestLabels {
 
     /// Upstream attempts made for this request (all of them, at its end).
     pub fn attempted(&self, attempts: u32) {
-        let labels = [&self.tenant, &self.model, &*NO_BACKEND];
+        let labels = [self.tenant(), self.model(), &*NO_BACKEND];
         series::count(
             UPSTREAM_ATTEMPTS,
             labels,
@@ -379,7 +390,7 @@ impl RequestLabels {
         } else {
             CLIENT_RETRIES
         };
-        let labels = [&self.tenant, &self.model, &*NO_BACKEND];
+        let labels = [self.tenant(), self.model(), &*NO_BACKEND];
         series::count(
             name,
             labels,

@@ -67,7 +67,7 @@ async fn caller(gw: &Gateway, headers: HeaderMap) -> Result<Arc<Tenant>, Respons
 
 fn answered(tenant: &Tenant, status: u16) {
     let mut labels = RequestLabels::unrouted();
-    labels.tenant = tenant.name.clone();
+    labels.tenant = Some(tenant.name.clone());
     labels.answered(status);
 }
 

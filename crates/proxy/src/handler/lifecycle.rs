@@ -96,7 +96,7 @@ pub(super) async fn answered(
     let (req, lines) = crate::lines::taken(req);
     let response = match super::authenticate(gw, &lines).await {
         Ok(tenant) => {
-            labels.tenant = tenant.name.clone();
+            labels.tenant = Some(tenant.name.clone());
             match gw.live().admission.enter(&tenant) {
                 Ok(places) => {
                     let caller = Caller { tenant, places };
@@ -180,8 +180,8 @@ pub(super) fn home_of(
     let home = gw.homes.find(id, &tenant.name)?;
     let pool = gw.live().models.get(&home.model)?.clone();
     let at = pool.backends.iter().position(|b| b.name == home.backend)?;
-    labels.model = pool.name.clone();
-    labels.backend = home.backend;
+    labels.model = Some(pool.name.clone());
+    labels.backend = Some(home.backend);
     Some((pool, at))
 }
 

@@ -127,7 +127,7 @@ async fn admit_attempt_respond(
     call.trace.admitted(ticket.waited());
     let attempted = crate::attempt::run(call, &live.retries, &gw.upstream, &live.models).await;
     if let Some(backend) = attempted.backend {
-        call.labels.backend = backend;
+        call.labels.backend = Some(backend);
     }
     let chosen = attempted.result?;
     // The call's span now ends with the relayed body.
@@ -156,7 +156,7 @@ fn not_relayed(
     trace.refused(status, code);
     crate::genai::failed(
         crate::genai::operation(endpoint),
-        &labels.model,
+        labels.model(),
         crate::genai::status_error(status),
         crate::clock::since(started),
     );

@@ -50,7 +50,7 @@ async fn build(
 ) -> Result<Call, ApiError> {
     let (parts, body) = req.into_parts();
     let tenant = authenticate(gw, &headers).await?;
-    labels.tenant = tenant.name.clone();
+    labels.tenant = Some(tenant.name.clone());
     let entered = live.admission.enter(&tenant)?;
     let limits = BodyLimits {
         cap: live.config.server.max_body_bytes,
@@ -70,7 +70,7 @@ async fn build(
             format!("the model {:?} does not exist", shown(&summary.model)),
         )
     })?;
-    labels.model = pool.name.clone();
+    labels.model = Some(pool.name.clone());
     if !tenant.may_use(&summary.model) {
         return Err(ApiError::new(
             ErrorKind::ModelNotAllowed,
@@ -125,7 +125,7 @@ async fn build(
         home,
         client_retry,
         model_named,
-        labels: labels.clone(),
+        labels: std::mem::take(labels),
         tenant,
         headers,
         body,

@@ -171,8 +171,8 @@ async fn list_on(
             "no model this key may use has a backend that stores chat completions",
         ));
     };
-    labels.model = model;
-    labels.backend = backend.name.clone();
+    labels.model = Some(model);
+    labels.backend = Some(backend.name.clone());
     let uri = upstream::resource_uri(
         &backend.stored_chat,
         "",

@@ -87,12 +87,28 @@ impl Reading {
         read
     }
 
-    /// The next request's body is framed so; returns the request's number for its body.
-    pub(crate) fn begin(&mut self, framing: Framing, expect_continue: bool) -> u64 {
-        self.decoder = Decoder::new(framing);
+    /// The next request's body is framed so; returns the request's number for its body, and
+    /// the body itself when it is all in the buffer already (its length given and every byte
+    /// of it read with the head, as a small request's is): taken out, and the body read, so the
+    /// handler reads it without this lock. `100 Continue` is not owed for a body already sent.
+    pub(crate) fn begin(
+        &mut self,
+        framing: Framing,
+        expect_continue: bool,
+    ) -> (u64, Option<Bytes>) {
         self.request += 1;
+        let length = match framing {
+            Framing::Length(n) => usize::try_from(n).ok(),
+            Framing::Chunked | Framing::UntilClose => None,
+        };
+        if let Some(n) = length.filter(|&n| n <= self.buf.len()) {
+            self.decoder = Decoder::new(Framing::Length(0));
+            self.continue_owed = false;
+            return (self.request, Some(self.buf.split_to(n).freeze()));
+        }
+        self.decoder = Decoder::new(framing);
         self.continue_owed = expect_continue && !self.decoder.is_done();
-        self.request
+        (self.request, None)
     }
 
     /// Whether the buffer may hold a whole head: a blank line after what was looked at before.

@@ -162,11 +162,14 @@ impl<S: Serve> Conn<S> {
             keep_alive,
             expect_continue,
         } = head;
-        let number = self.socket.lock().begin(framing, expect_continue);
+        let (number, whole) = self.socket.lock().begin(framing, expect_continue);
         let asked_head = request.method() == Method::HEAD;
         let version = request.version();
-        let body = RequestBody::new(self.socket.clone(), number, framing);
-        let req = request.map(|()| Body::new(body));
+        let req = request.map(|()| match whole {
+            Some(whole) if whole.is_empty() => Body::empty(),
+            Some(whole) => Body::from(whole),
+            None => Body::new(RequestBody::new(self.socket.clone(), number, framing)),
+        });
         let id = self
             .request_ids
             .then(|| crate::call::request_id(&mut lines));

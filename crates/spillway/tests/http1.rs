@@ -172,6 +172,33 @@ async fn a_client_expecting_100_continue_gets_it_before_it_sends_the_body() {
     assert_eq!(status, 200, "{head}");
 }
 
+/// A body that came whole with its head is taken with it: no `100 Continue` is owed for it, and
+/// a request refused before its body is read (a key the gateway does not know) leaves the
+/// connection fit for the next request, which is answered.
+#[tokio::test]
+async fn a_body_sent_with_its_head_is_read_with_it_and_the_connection_goes_on() {
+    let (gw, _m) = gateway_and_mock(&["--model", "m"]);
+    let body = chat_json(false);
+    let mut s = connect(&gw).await;
+    let mut sent = chat_head(body.len(), "expect: 100-continue\r\n").into_bytes();
+    sent.extend_from_slice(&body);
+    s.write_all(&sent).await.unwrap();
+    let (status, head, _) = response(&mut s).await;
+    assert_eq!(status, 200, "{head}");
+    let unknown = chat_head(body.len(), "").replace(KEY, "sk-unknown-0000");
+    let mut sent = unknown.into_bytes();
+    sent.extend_from_slice(&body);
+    s.write_all(&sent).await.unwrap();
+    let (status, head, _) = response(&mut s).await;
+    assert_eq!(status, 401, "{head}");
+    assert!(!head.contains("connection: close"), "{head}");
+    let mut sent = chat_head(body.len(), "").into_bytes();
+    sent.extend_from_slice(&body);
+    s.write_all(&sent).await.unwrap();
+    let (status, head, _) = response(&mut s).await;
+    assert_eq!(status, 200, "{head}");
+}
+
 #[tokio::test]
 async fn a_stream_is_sent_in_chunks_that_end_with_the_last_chunk() {
     let (gw, _m) = gateway_and_mock(&["--model", "m"]);

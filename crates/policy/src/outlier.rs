@@ -264,6 +264,25 @@ impl Outlier {
         recent_run || by_rate
     }
 
+    /// Whether the backend is calm: healthy, not degraded and admitted at `now` and at every
+    /// later instant until the next outcome or check is recorded. It is so while healthy with
+    /// no failure left in the window (none recorded at any time in it, later ones included) and
+    /// no run of failures still recent: time alone only takes failures out of the window and
+    /// makes a run older, and an outcome while healthy is the only thing that changes the
+    /// state. A caller that keeps this answer may read the backend as `Healthy`, not degraded
+    /// and admitted without asking again until it records something; a backend that is not
+    /// calm is asked each time.
+    pub fn calm(&self, now: Instant) -> bool {
+        if self.state != State::Healthy {
+            return false;
+        }
+        let recent_run = self.consecutive >= self.config.consecutive_failures
+            && self
+                .last_failure
+                .is_some_and(|at| now.saturating_duration_since(at) < self.config.window);
+        !recent_run && !self.window.failures_from(now)
+    }
+
     /// Times ejected so far (for metrics), as of the last call that took `&mut self`.
     pub fn ejections(&self) -> u32 {
         self.ejections
@@ -426,6 +445,18 @@ impl Window {
         };
         let elapsed = now.saturating_duration_since(origin).as_nanos() / self.step_nanos;
         self.sum(u64::try_from(elapsed).unwrap_or(u64::MAX))
+    }
+
+    /// Whether a failure lies in the window ending at `now` or in any step after it.
+    fn failures_from(&self, now: Instant) -> bool {
+        let Some(origin) = self.origin else {
+            return false;
+        };
+        let elapsed = now.saturating_duration_since(origin).as_nanos() / self.step_nanos;
+        let step = u64::try_from(elapsed).unwrap_or(u64::MAX);
+        self.buckets
+            .iter()
+            .any(|b| b.failures > 0 && b.step.saturating_add(BUCKETS as u64) > step)
     }
 
     fn sum(&self, step: u64) -> (u32, u32) {

@@ -7,7 +7,7 @@
 //! harder. The decisions themselves are the pure ones in `spillway_policy`; this module holds
 //! their state behind short locks and runs the probe tasks.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -27,6 +27,10 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 #[derive(Debug)]
 pub struct BackendHealth {
     outlier: Option<Mutex<Outlier>>,
+    /// The outlier state was calm ([`Outlier::calm`]) when last recorded into: healthy, not
+    /// degraded and admitted until the next outcome or check, so a pick reads that without the
+    /// lock (a balancer looks at every backend of the pool, twice a request).
+    calm: AtomicBool,
     aimd: Option<Mutex<Aimd>>,
     /// The concurrency limit in force: the adaptive one, or `max_concurrency` without it.
     limit: AtomicU32,
@@ -46,6 +50,7 @@ impl BackendHealth {
         let limit = aimd.as_ref().map_or(max_concurrency, Aimd::limit);
         Self {
             outlier: outlier.map(|c| Mutex::new(Outlier::new(c))),
+            calm: AtomicBool::new(true),
             aimd: aimd.map(Mutex::new),
             limit: AtomicU32::new(limit),
             recover_at_ms: AtomicU64::new(u64::MAX),
@@ -89,16 +94,27 @@ impl BackendHealth {
         }
     }
 
-    pub fn health(&self, now: Instant) -> Health {
+    /// The outlier state, when it is not known to be calm.
+    fn unsettled(&self) -> Option<&Mutex<Outlier>> {
         self.outlier
             .as_ref()
+            .filter(|_| !self.calm.load(Ordering::Relaxed))
+    }
+
+    /// Notes whether `outlier`, just recorded into, is calm.
+    fn settle(&self, outlier: &Outlier, now: Instant) {
+        self.calm.store(outlier.calm(now), Ordering::Relaxed);
+    }
+
+    pub fn health(&self, now: Instant) -> Health {
+        self.unsettled()
             .map_or(Health::Healthy, |o| lock(o).health(now))
     }
 
     /// The health, and whether the backend is degraded (failing while the ejection cap keeps it
     /// in rotation), in one look.
     pub fn state(&self, now: Instant) -> (Health, bool) {
-        self.outlier.as_ref().map_or((Health::Healthy, false), |o| {
+        self.unsettled().map_or((Health::Healthy, false), |o| {
             let o = lock(o);
             (o.health(now), o.degraded(now))
         })
@@ -106,7 +122,7 @@ impl BackendHealth {
 
     /// Whether a request may go to this backend now (one probe at a time once an ejection ends).
     pub fn admit(&self, now: Instant) -> bool {
-        self.outlier.as_ref().is_none_or(|o| lock(o).admit(now))
+        self.unsettled().is_none_or(|o| lock(o).admit(now))
     }
 
     /// Records an attempt's outcome; `in_flight` is the backend's outstanding requests when it
@@ -134,14 +150,74 @@ impl BackendHealth {
             // Says nothing about the backend either way.
             return None;
         }
-        self.outlier
-            .as_ref()
-            .and_then(|o| lock(o).record(now, !failed, may_eject))
+        self.outlier.as_ref().and_then(|o| {
+            let mut o = lock(o);
+            let ejected = o.record(now, !failed, may_eject);
+            self.settle(&o, now);
+            ejected
+        })
     }
 
     pub(crate) fn health_check(&self, now: Instant, ok: bool, may_eject: bool) -> Option<Instant> {
-        self.outlier
-            .as_ref()
-            .and_then(|o| lock(o).health_check(now, ok, may_eject))
+        self.outlier.as_ref().and_then(|o| {
+            let mut o = lock(o);
+            let ejected = o.health_check(now, ok, may_eject);
+            self.settle(&o, now);
+            ejected
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    /// What the lock-free reads answer is what the outlier state itself answers, through a
+    /// failure, the degraded spell the ejection cap holds it in, an ejection and its probe.
+    #[test]
+    fn the_reads_without_the_lock_answer_as_the_state_does() {
+        let config = OutlierConfig {
+            consecutive_failures: 2,
+            ..OutlierConfig::default()
+        };
+        let health = BackendHealth::new(8, Some(config.clone()), None);
+        let mut shadow = Outlier::new(config);
+        let t0 = crate::clock::now();
+        let agree = |health: &BackendHealth, shadow: &Outlier, at: Instant| {
+            let (h, degraded) = health.state(at);
+            assert_eq!(
+                (h, degraded),
+                (shadow.health(at), shadow.degraded(at)),
+                "at {at:?}"
+            );
+            assert_eq!(health.health(at), shadow.health(at));
+        };
+        agree(&health, &shadow, t0);
+        // Two failures the cap keeps from ejecting: degraded, read through the lock.
+        for _ in 0..2 {
+            health.record(t0, Class::Transient, 1, false);
+            shadow.record(t0, false, false);
+        }
+        agree(&health, &shadow, t0);
+        assert!(health.state(t0).1, "degraded");
+        // A success and the window past: calm again, and read so.
+        let later = t0 + Duration::from_secs(11);
+        health.record(later, Class::Success, 1, true);
+        shadow.record(later, true, true);
+        agree(&health, &shadow, later);
+        assert!(health.calm.load(Ordering::Relaxed));
+        // Two failures that may eject: ejected, not admitted, then one probe.
+        for _ in 0..2 {
+            health.record(later, Class::Transient, 1, true);
+            shadow.record(later, false, true);
+        }
+        agree(&health, &shadow, later);
+        assert!(!health.admit(later));
+        let probing = later + Duration::from_secs(6);
+        agree(&health, &shadow, probing);
+        assert!(health.admit(probing));
+        assert!(!health.admit(probing), "one probe at a time");
     }
 }

@@ -15,6 +15,25 @@ fn fail(o: &mut Outlier, now: Instant, n: u32) -> Option<Instant> {
 }
 
 #[test]
+fn a_failure_ends_calm_until_it_leaves_the_window_and_a_success_is_recorded() {
+    let t0 = Instant::now();
+    let mut o = Outlier::new(OutlierConfig::default());
+    assert!(o.calm(t0));
+    o.record(t0, true, true);
+    assert!(o.calm(t0));
+    o.record(t0, false, true);
+    assert!(!o.calm(t0));
+    // Still healthy: only calm is lost, while the failure is in the window.
+    assert_eq!(o.health(t0), Health::Healthy);
+    assert!(!o.calm(t0 + secs(5)));
+    assert!(o.calm(t0 + secs(11)));
+    // A failure recorded at a later instant than the one asked about counts too.
+    let mut o = Outlier::new(OutlierConfig::default());
+    o.record(t0 + secs(3), false, true);
+    assert!(!o.calm(t0));
+}
+
+#[test]
 fn defaults_are_the_documented_ones() {
     let c = OutlierConfig::default();
     assert_eq!(c.consecutive_failures, 5);
@@ -439,6 +458,42 @@ fn small_config() -> impl Strategy<Value = OutlierConfig> {
 }
 
 proptest! {
+    /// Calm holds what it promises: at any later instant, with nothing recorded meanwhile, the
+    /// backend reads healthy, not degraded, and is admitted; and a backend never failed is calm.
+    #[test]
+    fn a_calm_backend_stays_healthy_and_admitted_until_something_is_recorded(
+        config in small_config(),
+        ops in prop::collection::vec(arb_op(true), 0..200),
+        later in prop::collection::vec(0u64..60_000, 1..8),
+    ) {
+        let mut o = Outlier::new(config);
+        let mut now = Instant::now();
+        prop_assert!(o.calm(now));
+        for op in ops {
+            match op {
+                Op::Wait(d) => now += d,
+                Op::Admit => {
+                    o.admit(now);
+                }
+                Op::Record { ok, may_eject } => {
+                    o.record(now, ok, may_eject);
+                }
+                Op::Check { ok, may_eject } => {
+                    o.health_check(now, ok, may_eject);
+                }
+            }
+            if o.calm(now) {
+                for &m in &later {
+                    let t = now + ms(m);
+                    prop_assert_eq!(o.health(t), Health::Healthy);
+                    prop_assert!(!o.degraded(t));
+                    prop_assert!(o.clone().admit(t));
+                    prop_assert!(o.calm(t));
+                }
+            }
+        }
+    }
+
     #[test]
     fn never_admitted_while_ejected_and_one_probe_at_a_time(
         config in small_config(),

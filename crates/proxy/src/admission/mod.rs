@@ -88,6 +88,9 @@ pub(crate) struct Admission {
     queue_wait: Duration,
 }
 
+/// The line everyone waits in when tenants have no lines of their own (`admission.naive`).
+static ONE_LINE: std::sync::LazyLock<Arc<str>> = std::sync::LazyLock::new(|| Arc::from(""));
+
 /// A model's name, and the bulkhead of the backends a queue seats (`None`: shared ones).
 type QueueKey = (Arc<str>, Option<Arc<str>>);
 
@@ -229,14 +232,13 @@ impl Admission {
             )
             .retry_after(OVERLOADED_RETRY_AFTER));
         }
-        let line = if self.fair_lines {
-            tenant.name.clone()
-        } else {
-            Arc::from("")
+        let line = match self.fair_lines {
+            true => &tenant.name,
+            false => &*ONE_LINE,
         };
-        let waiting = traffic.queued();
-        let entered = queue.enter(now, seats, class, line).await;
-        drop(waiting);
+        let entered = queue
+            .enter(now, seats, class, line, || traffic.queued())
+            .await;
         match entered {
             Ok((seat, waited)) => {
                 admitted.seated(seat, &tenant.name, class, waited);

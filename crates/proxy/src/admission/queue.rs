@@ -86,24 +86,28 @@ impl PoolQueue {
         (queued, q.in_use(), q.seats())
     }
 
-    /// A seat at once, or after waiting at most `queue_wait`; `seats` is the pool's capacity
-    /// at `now` (it follows the backends' adaptive limits). Returns the seat and how long it
-    /// waited.
-    pub(crate) async fn enter(
+    /// A seat at once, or after waiting at most `queue_wait` in `line`; `seats` is the pool's
+    /// capacity at `now` (it follows the backends' adaptive limits). `waiting` is called when
+    /// the request must wait, and what it returns is held while it does. Returns the seat and
+    /// how long it waited.
+    pub(crate) async fn enter<W>(
         self: &Arc<Self>,
         now: Instant,
         seats: usize,
         priority: Priority,
-        tenant: Arc<str>,
+        line: &Arc<str>,
+        waiting: impl FnOnce() -> W,
     ) -> Result<(Seat, Duration), Shed> {
         let offered = {
             let mut queue = self.lock();
             let released = queue.set_seats(now, seats);
             hand_out(&mut queue, released);
-            // A free seat is taken without the channel a waiter would be woken through.
+            // A free seat is taken without the channel a waiter would be woken through, and
+            // without a place in a line.
             (!queue.try_admit()).then(|| {
                 let (tx, rx) = oneshot::channel();
-                (queue.offer(now, priority, tenant, tx, now + self.wait), rx)
+                let line = Arc::clone(line);
+                (queue.offer(now, priority, line, tx, now + self.wait), rx)
             })
         };
         let Some((offer, rx)) = offered else {
@@ -119,6 +123,7 @@ impl PoolQueue {
                 ticket
             }
         };
+        let _waiting = waiting();
         let mut waiting = Waiting {
             queue: self.clone(),
             ticket,

@@ -208,21 +208,21 @@ mod queue {
     async fn a_freed_seat_goes_to_the_waiter_and_a_gone_waiter_passes_it_on() {
         let q = queue(8, 8, 5_000);
         let (held, waited) = q
-            .enter(Instant::now(), 1, Priority::Standard, "a".into())
+            .enter(Instant::now(), 1, Priority::Standard, &"a".into(), || ())
             .await
             .unwrap();
         assert_eq!(waited, Duration::ZERO);
         // A waiter whose client goes away leaves nothing behind.
         let gone = tokio::time::timeout(
             Duration::from_millis(20),
-            q.enter(Instant::now(), 1, Priority::Standard, "b".into()),
+            q.enter(Instant::now(), 1, Priority::Standard, &"b".into(), || ()),
         )
         .await;
         assert!(gone.is_err());
         assert_eq!(q.figures().0, [0, 0, 0]);
         let q2 = q.clone();
         let next = tokio::spawn(async move {
-            q2.enter(Instant::now(), 1, Priority::Standard, "c".into())
+            q2.enter(Instant::now(), 1, Priority::Standard, &"c".into(), || ())
                 .await
         });
         while q.figures().0[1] == 0 {
@@ -240,19 +240,19 @@ mod queue {
     async fn waiters_time_out_and_queues_are_bounded_per_tenant() {
         let q = queue(8, 1, 50);
         let _held = q
-            .enter(Instant::now(), 1, Priority::Standard, "a".into())
+            .enter(Instant::now(), 1, Priority::Standard, &"a".into(), || ())
             .await
             .unwrap();
         let q2 = q.clone();
         let waiting = tokio::spawn(async move {
-            q2.enter(Instant::now(), 1, Priority::Standard, "b".into())
+            q2.enter(Instant::now(), 1, Priority::Standard, &"b".into(), || ())
                 .await
         });
         while q.figures().0[1] == 0 {
             tokio::task::yield_now().await;
         }
         let full = q
-            .enter(Instant::now(), 1, Priority::Standard, "b".into())
+            .enter(Instant::now(), 1, Priority::Standard, &"b".into(), || ())
             .await
             .err();
         assert_eq!(full, Some(Shed::TenantQueueFull));
@@ -264,12 +264,12 @@ mod queue {
     async fn a_full_queue_sheds_its_lowest_class_for_a_higher_one() {
         let q = queue(1, 1, 5_000);
         let held = q
-            .enter(Instant::now(), 1, Priority::Critical, "a".into())
+            .enter(Instant::now(), 1, Priority::Critical, &"a".into(), || ())
             .await
             .unwrap();
         let q2 = q.clone();
         let batch = tokio::spawn(async move {
-            q2.enter(Instant::now(), 1, Priority::Batch, "b".into())
+            q2.enter(Instant::now(), 1, Priority::Batch, &"b".into(), || ())
                 .await
         });
         while q.figures().0[2] == 0 {
@@ -277,7 +277,7 @@ mod queue {
         }
         let q3 = q.clone();
         let critical = tokio::spawn(async move {
-            q3.enter(Instant::now(), 1, Priority::Critical, "c".into())
+            q3.enter(Instant::now(), 1, Priority::Critical, &"c".into(), || ())
                 .await
         });
         assert_eq!(batch.await.unwrap().err(), Some(Shed::Evicted));

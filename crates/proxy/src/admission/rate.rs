@@ -55,35 +55,57 @@ impl Rates {
 
     pub(super) async fn decide(&self, gate: &Gate, limits: &TenantLimits, estimate: u64) -> Ruling {
         if let Some(shared) = &self.shared {
-            let (requests, tokens) = full(limits);
-            if requests.is_some() || tokens.is_some() {
-                match shared.admit(&gate.tenant, requests, tokens, estimate).await {
-                    Ok(d) => {
-                        metrics::shared_up(true);
-                        return match d.refused {
-                            None if d.admitted => Ruling::Admitted {
-                                tokens: estimate,
-                                headers: d.headers,
-                                shared: true,
-                            },
-                            refused => {
-                                let (which, retry_after) =
-                                    refused.unwrap_or((Dimension::Requests, None));
-                                Ruling::Refused {
-                                    which,
-                                    retry_after,
-                                    headers: d.headers,
-                                }
-                            }
-                        };
-                    }
-                    Err(_) => {
-                        metrics::shared_up(false);
-                        metrics::shared_fallback();
-                    }
-                }
+            // Boxed: the exchange with Redis is a large future, and without shared limits (or
+            // with Redis failing) the ruling is the local one, made without waiting.
+            let ruled = Box::pin(Self::shared_ruling(shared, gate, limits, estimate)).await;
+            if let Some(ruling) = ruled {
+                return ruling;
             }
         }
+        self.local_ruling(gate, limits, estimate)
+    }
+
+    /// The ruling of the limits shared through Redis; `None` when the tenant has none, or Redis
+    /// did not answer (then the local limits rule).
+    async fn shared_ruling(
+        shared: &SharedLimits,
+        gate: &Gate,
+        limits: &TenantLimits,
+        estimate: u64,
+    ) -> Option<Ruling> {
+        let (requests, tokens) = full(limits);
+        if requests.is_none() && tokens.is_none() {
+            return None;
+        }
+        match shared.admit(&gate.tenant, requests, tokens, estimate).await {
+            Ok(d) => {
+                metrics::shared_up(true);
+                Some(match d.refused {
+                    None if d.admitted => Ruling::Admitted {
+                        tokens: estimate,
+                        headers: d.headers,
+                        shared: true,
+                    },
+                    refused => {
+                        let (which, retry_after) = refused.unwrap_or((Dimension::Requests, None));
+                        Ruling::Refused {
+                            which,
+                            retry_after,
+                            headers: d.headers,
+                        }
+                    }
+                })
+            }
+            Err(_) => {
+                metrics::shared_up(false);
+                metrics::shared_fallback();
+                None
+            }
+        }
+    }
+
+    /// The ruling of the gateway's own limits.
+    fn local_ruling(&self, gate: &Gate, limits: &TenantLimits, estimate: u64) -> Ruling {
         let now = crate::clock::now();
         let mut rate = gate.rate.lock().unwrap_or_else(|e| e.into_inner());
         if rate.0 != *limits {

@@ -93,29 +93,32 @@ pub(crate) async fn handle(
     let trace = gw.tracing.start(&lines, endpoint);
     // The config this request runs on, to its end, whatever a reload does meanwhile.
     let live = gw.live();
-    let mut response = match read::read(gw, &live, endpoint, (req, lines, started)).await {
-        Ok(mut call) => {
-            call.trace = trace;
-            call.trace
-                .read(&call.tenant.name, &call.pool.name, call.summary.stream);
-            let response = match admit_attempt_respond(gw, &live, &mut call).await {
-                Ok(response) => response,
-                Err(e) => {
-                    not_relayed(&call.trace, &e, endpoint, &call.labels, started);
-                    refused(e, dialect)
-                }
-            };
-            answered(response, call.labels)
+    let with_id = |mut response: Response| {
+        if let Some(id) = anthropic_id {
+            response.headers_mut().insert(crate::call::REQUEST_ID, id);
         }
+        response
+    };
+    // The call is bound apart from the result it came in, which is gone before the next await:
+    // a future holding both would be larger by a call, and be copied so.
+    let mut call = match read::read(gw, &live, endpoint, (req, lines, started)).await {
+        Ok(call) => call,
         Err((e, labels)) => {
             not_relayed(&trace, &e, endpoint, &labels, started);
-            answered(refused(e, dialect), labels)
+            return with_id(answered(refused(e, dialect), labels));
         }
     };
-    if let Some(id) = anthropic_id {
-        response.headers_mut().insert(crate::call::REQUEST_ID, id);
-    }
-    response
+    call.trace = trace;
+    call.trace
+        .read(&call.tenant.name, &call.pool.name, call.summary.stream);
+    let response = match admit_attempt_respond(gw, &live, &mut call).await {
+        Ok(response) => response,
+        Err(e) => {
+            not_relayed(&call.trace, &e, endpoint, &call.labels, started);
+            refused(e, dialect)
+        }
+    };
+    with_id(answered(response, call.labels))
 }
 
 async fn admit_attempt_respond(

@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::task::Poll;
 
 use axum::body::Body;
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 use http::Method;
 use tokio::net::TcpStream;
 use tokio::sync::watch;
@@ -67,7 +67,9 @@ pub(crate) struct Conn<S> {
 // Returned once per request and never stored: boxing the head would cost an allocation each.
 #[allow(clippy::large_enum_variant)]
 enum Next {
-    Head(Head),
+    /// A head, with its request's number and its body when that came whole with it
+    /// ([`body::Reading::begin`]).
+    Head(Head, (u64, Option<Bytes>)),
     Closed,
     Refused(Refusal),
     Http2,
@@ -78,8 +80,8 @@ impl<S: Serve> Conn<S> {
     pub(crate) async fn run(self) -> Ended {
         let mut first = true;
         loop {
-            let head = match self.next_head(first).await {
-                Next::Head(head) => head,
+            let (head, begun) = match self.next_head(first).await {
+                Next::Head(head, begun) => (head, begun),
                 Next::Closed => return Ended::Closed,
                 Next::Refused(refusal) => {
                     return match Socket::into_parts(self.socket) {
@@ -96,7 +98,7 @@ impl<S: Serve> Conn<S> {
                 }
             };
             first = false;
-            if !self.exchange(head).await {
+            if !self.exchange(head, begun).await {
                 // A body the client may still be sending is read away for a moment before the
                 // close: closing with it unread would reset the connection, and the answer with
                 // it, before the client has read it.
@@ -129,7 +131,9 @@ impl<S: Serve> Conn<S> {
                     match head::parse(&mut r.buf) {
                         Ok(Some(head)) => {
                             r.head_taken();
-                            return Poll::Ready(Next::Head(head));
+                            // Begun under this lock: its body may be in the buffer already.
+                            let begun = r.begin(head.framing, head.expect_continue);
+                            return Poll::Ready(Next::Head(head, begun));
                         }
                         Ok(None) if r.buf.len() >= MAX_BUFFER => {
                             return Poll::Ready(Next::Refused(Refusal::TooLarge))
@@ -153,16 +157,16 @@ impl<S: Serve> Conn<S> {
     }
 
     /// Serves one request and writes its response; true when the connection goes on.
-    async fn exchange(&self, head: Head) -> bool {
+    async fn exchange(&self, head: Head, (number, whole): (u64, Option<Bytes>)) -> bool {
         let busy = self.activity.begin();
         let Head {
             request,
             mut lines,
             framing,
             keep_alive,
-            expect_continue,
+            expect_continue: _,
         } = head;
-        let (number, whole) = self.socket.lock().begin(framing, expect_continue);
+        let read_whole = whole.is_some();
         let asked_head = request.method() == Method::HEAD;
         let version = request.version();
         let req = request.map(|()| match whole {
@@ -191,7 +195,8 @@ impl<S: Serve> Conn<S> {
         };
         // The body left unread (an answer given before it came) ends the connection: the next
         // head would be read from the middle of it.
-        let close = !keep_alive || !self.socket.lock().body_done() || *self.shutdown.borrow();
+        let body_done = read_whole || self.socket.lock().body_done();
+        let close = !keep_alive || !body_done || *self.shutdown.borrow();
         if let Some(id) = id {
             response.headers_mut().insert(crate::call::X_REQUEST_ID, id);
         }

@@ -24,6 +24,9 @@ def locked_addresses(path):
     return {int(m.group(1), 16) for m in map(pattern.match, out.splitlines()) if m}
 
 
+NAMED = re.compile(r"c?(ob|fn)=\((\d+)\)(?: (.*))?$")
+
+
 def number(text):
     """A callgrind number: hexadecimal after `0x`, decimal otherwise."""
     return int(text, 16) if text.startswith("0x") else int(text)
@@ -39,19 +42,19 @@ def costs(path):
     skip_next = False
     with open(path) as f:
         for line in f:
-            if line.startswith(("ob=", "cob=")):
-                m = re.match(r"c?ob=\((\d+)\)(?: (.*))?", line.rstrip("\n"))
-                if m.group(2) is not None:
-                    objects[m.group(1)] = m.group(2)
-                if line.startswith("ob="):
-                    ob = objects[m.group(1)]
-                continue
-            if line.startswith(("fn=", "cfn=")):
-                m = re.match(r"c?fn=\((\d+)\)(?: (.*))?", line.rstrip("\n"))
-                if m.group(2) is not None:
-                    names[m.group(1)] = m.group(2)
-                if line.startswith("fn="):
-                    fn = names[m.group(1)]
+            m = NAMED.match(line)
+            if m:
+                # A name is given with its number the first time; `cob=`/`cfn=` name a call's
+                # target, `ob=`/`fn=` the lines that follow.
+                kind, index, name = m.groups()
+                table = objects if kind == "ob" else names
+                if name is not None:
+                    table[index] = name
+                if not line.startswith("c"):
+                    if kind == "ob":
+                        ob = table[index]
+                    else:
+                        fn = table[index]
                 continue
             if line.startswith("calls="):
                 skip_next = True

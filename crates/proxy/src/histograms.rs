@@ -34,12 +34,15 @@ const OWNED: usize = 8;
 /// Each of the first [`OWNED`] threads to record a histogram counts into a set of its own, made
 /// when it first records into this one, with a plain load and store (one writer, so no update is
 /// lost); later threads share one set and count with atomic additions. A locked addition costs
-/// some 20 cycles here and a request records eight values, two additions each; a worker thread
-/// counts with none. The page adds the sets up.
+/// some 20 cycles here (8 ns back to back) and a request records eight values, two additions
+/// each; a worker thread counts with none. A set is allocated by its own thread, apart from the
+/// others, so two threads counting never write to one cache line. The page adds the sets up. A
+/// series thus holds one set (about 170 bytes with the most bounds, 17) per thread that records
+/// into it, at most nine.
 pub(crate) struct Fixed {
     bounds: &'static [f64],
     /// The owning threads' counts by their number, then the shared ones.
-    sets: [OnceLock<Counts>; OWNED + 1],
+    sets: [OnceLock<Box<Counts>>; OWNED + 1],
 }
 
 struct Counts {
@@ -106,7 +109,7 @@ impl Fixed {
             true => self.bounds.len(),
             false => self.bounds.partition_point(|&bound| bound < value),
         };
-        let counts = self.sets[writer].get_or_init(|| Counts::new(self.bounds.len() + 1));
+        let counts = self.sets[writer].get_or_init(|| Box::new(Counts::new(self.bounds.len() + 1)));
         match writer < OWNED {
             true => counts.count_owned(at, value),
             false => counts.count_shared(at, value),
@@ -115,7 +118,11 @@ impl Fixed {
 
     /// The cumulative count at each bound (`value <= bound`), the total and the sum.
     fn snapshot(&self) -> (Vec<(f64, u64)>, u64, f64) {
-        let sets: Vec<&Counts> = self.sets.iter().filter_map(OnceLock::get).collect();
+        let sets: Vec<&Counts> = self
+            .sets
+            .iter()
+            .filter_map(|set| set.get().map(|b| &**b))
+            .collect();
         let in_bucket = |i: usize| -> u64 {
             let counts = sets.iter().map(|set| set.counts[i].load(Ordering::Relaxed));
             counts.sum()

@@ -339,7 +339,7 @@ static NO_BACKEND: LazyLock<Arc<str>> = LazyLock::new(|| label_value("none"));
 /// (yet) is `unknown`, a backend `none`. Unknown ones are no string of their own, so labels are
 /// made, moved out of a reader (`std::mem::take`) and dropped without a reference count touched;
 /// a request's labels take one per name it is given, not three.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Default)]
 pub struct RequestLabels {
     pub tenant: Option<Arc<str>>,
     pub model: Option<Arc<str>>,

@@ -253,11 +253,7 @@ impl Outlier {
         if self.state != State::Healthy || self.last_failure.is_none() {
             return false;
         }
-        let window = self.config.window;
-        let recent_run = self.consecutive >= self.config.consecutive_failures
-            && self
-                .last_failure
-                .is_some_and(|at| now.saturating_duration_since(at) < window);
+        let recent_run = self.recent_run(now);
         let (total, failures) = self.window.totals(now);
         let by_rate = total >= self.config.min_requests
             && f64::from(failures) > self.config.failure_rate * f64::from(total);
@@ -276,11 +272,15 @@ impl Outlier {
         if self.state != State::Healthy {
             return false;
         }
-        let recent_run = self.consecutive >= self.config.consecutive_failures
+        !self.recent_run(now) && !self.window.failures_from(now)
+    }
+
+    /// A run of `consecutive_failures` whose last failure is less than a window old at `now`.
+    fn recent_run(&self, now: Instant) -> bool {
+        self.consecutive >= self.config.consecutive_failures
             && self
                 .last_failure
-                .is_some_and(|at| now.saturating_duration_since(at) < self.config.window);
-        !recent_run && !self.window.failures_from(now)
+                .is_some_and(|at| now.saturating_duration_since(at) < self.config.window)
     }
 
     /// Times ejected so far (for metrics), as of the last call that took `&mut self`.
@@ -421,9 +421,8 @@ impl Window {
 
     /// Adds one outcome and returns (outcomes, failures) in the window ending at `now`.
     fn add(&mut self, now: Instant, ok: bool) -> (u32, u32) {
-        let origin = *self.origin.get_or_insert(now);
-        let elapsed = now.saturating_duration_since(origin).as_nanos() / self.step_nanos;
-        let step = u64::try_from(elapsed).unwrap_or(u64::MAX);
+        self.origin.get_or_insert(now);
+        let step = self.step_at(now).unwrap_or(0);
         let bucket = &mut self.buckets[(step % BUCKETS as u64) as usize];
         if bucket.step != step {
             *bucket = Bucket {
@@ -440,20 +439,20 @@ impl Window {
 
     /// (outcomes, failures) in the window ending at `now`.
     fn totals(&self, now: Instant) -> (u32, u32) {
-        let Some(origin) = self.origin else {
-            return (0, 0);
-        };
-        let elapsed = now.saturating_duration_since(origin).as_nanos() / self.step_nanos;
-        self.sum(u64::try_from(elapsed).unwrap_or(u64::MAX))
+        self.step_at(now).map_or((0, 0), |step| self.sum(step))
+    }
+
+    /// The step `now` falls in; `None` before the first outcome.
+    fn step_at(&self, now: Instant) -> Option<u64> {
+        let elapsed = now.saturating_duration_since(self.origin?).as_nanos() / self.step_nanos;
+        Some(u64::try_from(elapsed).unwrap_or(u64::MAX))
     }
 
     /// Whether a failure lies in the window ending at `now` or in any step after it.
     fn failures_from(&self, now: Instant) -> bool {
-        let Some(origin) = self.origin else {
+        let Some(step) = self.step_at(now) else {
             return false;
         };
-        let elapsed = now.saturating_duration_since(origin).as_nanos() / self.step_nanos;
-        let step = u64::try_from(elapsed).unwrap_or(u64::MAX);
         self.buckets
             .iter()
             .any(|b| b.failures > 0 && b.step.saturating_add(BUCKETS as u64) > step)

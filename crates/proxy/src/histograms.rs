@@ -1,19 +1,20 @@
-//! Histograms counted into their buckets as each value is recorded, and the recorder that hands
-//! them out in front of the Prometheus exporter's.
+//! The series the gateway counts itself: every counter, and the histograms whose buckets are
+//! known, each counted per thread (`per_thread.rs`); and the recorder that hands them out in
+//! front of the Prometheus exporter's, which keeps the gauges.
 //!
 //! The exporter keeps every histogram sample in a lock-free queue until it is folded into buckets
 //! (at a scrape, or by a thread that folds every second): a push through an epoch-based
 //! collector per sample, eight per request, and memory held in proportion to the request rate.
 //! A histogram whose buckets are known needs neither: a value is counted in its bucket at once,
-//! by a worker thread with no atomic read-modify-write at all (each has counts of its own), and
-//! the page is written from the counts (the total is the buckets' sum). Counters, gauges and
-//! histograms without buckets stay the exporter's, and the page is its page with these
-//! histograms after it, in the exposition format the exporter writes.
+//! and the page is written from the counts (the total is the buckets' sum). Its counters take two
+//! locked additions an increment (the value and a generation, for expiring idle series, which
+//! the gateway does not do); a worker thread here adds with none. Gauges and histograms without
+//! buckets stay the exporter's, and the page is its page with these series after it, in the
+//! exposition format the exporter writes.
 
-use std::cell::Cell;
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use metrics::{
     Counter, Gauge, Histogram, HistogramFn, Key, KeyName, Metadata, Recorder, SharedString, Unit,
@@ -23,26 +24,20 @@ use metrics_exporter_prometheus::formatting::{
 };
 use metrics_exporter_prometheus::{Matcher, PrometheusHandle, PrometheusRecorder};
 
-/// Threads that get counts of their own in each histogram (the first to record one); every later
-/// thread shares one set.
-const OWNED: usize = 8;
+use crate::counters::Tally;
+use crate::per_thread::{writer, PerThread};
 
 /// One histogram's counts: a bucket per bound and one past the last (`+Inf`), and the sum of
 /// the values. The total is the buckets' sum, read with them: a page never shows a `+Inf` count
 /// below a bucket's, as a total counted apart could while a value is being recorded.
 ///
-/// Each of the first [`OWNED`] threads to record a histogram counts into a set of its own, made
-/// when it first records into this one, with a plain load and store (one writer, so no update is
-/// lost); later threads share one set and count with atomic additions. A locked addition costs
-/// some 20 cycles here (8 ns back to back) and a request records eight values, two additions
-/// each; a worker thread counts with none. A set is allocated by its own thread, apart from the
-/// others, so two threads counting never write to one cache line. The page adds the sets up. A
-/// series thus holds one set (about 170 bytes with the most bounds, 17) per thread that records
-/// into it, at most nine.
+/// The counts are kept per thread (`per_thread.rs`): each of the first eight threads to record
+/// a histogram counts into a set of its own with plain loads and stores, later threads share one
+/// set and count with atomic additions; a request records eight values, two additions each. The page adds the sets up. A series thus holds one set (about 170 bytes with the most
+/// bounds, 17) per thread that records into it, at most nine.
 pub(crate) struct Fixed {
     bounds: &'static [f64],
-    /// The owning threads' counts by their number, then the shared ones.
-    sets: [OnceLock<Box<Counts>>; OWNED + 1],
+    sets: PerThread<Counts>,
 }
 
 struct Counts {
@@ -79,26 +74,11 @@ impl Counts {
     }
 }
 
-/// The set of counts this thread writes: its own number below [`OWNED`], or `OWNED` (shared).
-fn writer() -> usize {
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    thread_local! {
-        static WRITER: Cell<Option<usize>> = const { Cell::new(None) };
-    }
-    WRITER.with(|writer| {
-        writer.get().unwrap_or_else(|| {
-            let n = NEXT.fetch_add(1, Ordering::Relaxed).min(OWNED);
-            writer.set(Some(n));
-            n
-        })
-    })
-}
-
 impl Fixed {
     fn new(bounds: &'static [f64]) -> Fixed {
         Fixed {
             bounds,
-            sets: std::array::from_fn(|_| OnceLock::new()),
+            sets: PerThread::new(),
         }
     }
 
@@ -109,20 +89,18 @@ impl Fixed {
             true => self.bounds.len(),
             false => self.bounds.partition_point(|&bound| bound < value),
         };
-        let counts = self.sets[writer].get_or_init(|| Box::new(Counts::new(self.bounds.len() + 1)));
-        match writer < OWNED {
-            true => counts.count_owned(at, value),
-            false => counts.count_shared(at, value),
+        match self
+            .sets
+            .copy(writer, || Counts::new(self.bounds.len() + 1))
+        {
+            (counts, true) => counts.count_owned(at, value),
+            (counts, false) => counts.count_shared(at, value),
         }
     }
 
     /// The cumulative count at each bound (`value <= bound`), the total and the sum.
     fn snapshot(&self) -> (Vec<(f64, u64)>, u64, f64) {
-        let sets: Vec<&Counts> = self
-            .sets
-            .iter()
-            .filter_map(|set| set.get().map(|b| &**b))
-            .collect();
+        let sets: Vec<&Counts> = self.sets.made().collect();
         let in_bucket = |i: usize| -> u64 {
             let counts = sets.iter().map(|set| set.counts[i].load(Ordering::Relaxed));
             counts.sum()
@@ -149,25 +127,100 @@ impl HistogramFn for Fixed {
     }
 }
 
-#[derive(Default)]
-struct Held {
-    /// Each series by name, then by its key.
-    series: BTreeMap<String, BTreeMap<Key, Arc<Fixed>>>,
+/// Series of one kind, by name and then by key, and their descriptions.
+struct Family<T> {
+    series: BTreeMap<String, BTreeMap<Key, Arc<T>>>,
     descriptions: BTreeMap<String, SharedString>,
 }
 
-/// The histograms with buckets, shared by the recorder and the page.
-pub(crate) struct Histograms {
-    /// Which histograms get which buckets: the first whose matcher takes the name.
-    buckets: Vec<(Matcher, &'static [f64])>,
-    held: Mutex<Held>,
+impl<T> Default for Family<T> {
+    fn default() -> Self {
+        Family {
+            series: BTreeMap::new(),
+            descriptions: BTreeMap::new(),
+        }
+    }
 }
 
-impl Histograms {
-    pub(crate) fn new(buckets: Vec<(Matcher, &'static [f64])>) -> Histograms {
-        Histograms {
+impl<T> Family<T> {
+    /// The series of `key`, made by `make` on first use. Handles on the request path are made
+    /// once and kept; a series looked up per call (a failure's, by its error type) is found
+    /// without a copy of its key.
+    fn series(&mut self, key: &Key, make: impl FnOnce() -> T) -> Arc<T> {
+        if let Some(found) = self
+            .series
+            .get(key.name())
+            .and_then(|by_key| by_key.get(key))
+        {
+            return Arc::clone(found);
+        }
+        let made = Arc::new(make());
+        self.series
+            .entry(key.name().to_owned())
+            .or_default()
+            .insert(key.clone(), Arc::clone(&made));
+        made
+    }
+
+    /// The first description of `name` is kept, as the exporter keeps it.
+    fn describe(&mut self, name: &str, description: SharedString) {
+        self.descriptions
+            .entry(name.to_owned())
+            .or_insert(description);
+    }
+}
+
+/// Writes each series of `family` in Prometheus's text format, each name after its `# HELP`
+/// and `# TYPE` lines, each series by `write` (given the page, the name and the label pairs).
+/// The lock is held only to copy the list of series, not while they are written.
+fn render_family<T>(
+    family: &Mutex<Family<T>>,
+    kind: &str,
+    out: &mut String,
+    write: impl Fn(&mut String, &str, &[String], &T),
+) {
+    type Series<T> = Vec<(String, Vec<(Key, Arc<T>)>)>;
+    let (series, descriptions): (Series<T>, BTreeMap<String, SharedString>) = {
+        let family = family.lock().unwrap_or_else(PoisonError::into_inner);
+        let series = family
+            .series
+            .iter()
+            .map(|(name, by_key)| {
+                let by_key = by_key.iter().map(|(k, s)| (k.clone(), Arc::clone(s)));
+                (name.clone(), by_key.collect())
+            })
+            .collect();
+        (series, family.descriptions.clone())
+    };
+    for (name, by_key) in &series {
+        let (name, _) = key_to_parts(&Key::from_name(name.clone()), None);
+        if let Some(description) = descriptions.get(&name) {
+            write_help_line(out, &name, description);
+        }
+        write_type_line(out, &name, kind);
+        for (key, one) in by_key {
+            let (_, labels) = key_to_parts(key, None);
+            write(out, &name, &labels, one);
+        }
+        out.push('\n');
+    }
+}
+
+/// The series the gateway counts itself, shared by the recorder and the page: every counter,
+/// and the histograms with buckets.
+pub(crate) struct Kept {
+    /// Which histograms get which buckets: the first whose matcher takes the name.
+    buckets: Vec<(Matcher, &'static [f64])>,
+    histograms: Mutex<Family<Fixed>>,
+    counters: Mutex<Family<Tally>>,
+}
+
+impl Kept {
+    pub(crate) fn new(buckets: Vec<(Matcher, &'static [f64])>) -> Kept {
+        Kept {
             buckets,
-            held: Mutex::new(Held::default()),
+            histograms: Mutex::default(),
+            counters: Mutex::default(),
         }
     }
 
@@ -176,103 +229,70 @@ impl Histograms {
         rules.find_map(|(matcher, bounds)| matcher.matches(name).then_some(*bounds))
     }
 
-    fn held(&self) -> std::sync::MutexGuard<'_, Held> {
-        self.held.lock().unwrap_or_else(PoisonError::into_inner)
+    fn histograms(&self) -> std::sync::MutexGuard<'_, Family<Fixed>> {
+        self.histograms
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The series of `key`, made on first use; `None` when its name has no buckets. Handles on
-    /// the request path are made once and kept; a series looked up per call (a failure's, by
-    /// its error type) is found without a copy of its key.
-    fn series(&self, key: &Key) -> Option<Arc<Fixed>> {
+    fn counters(&self) -> std::sync::MutexGuard<'_, Family<Tally>> {
+        self.counters.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The histogram series of `key`, made on first use; `None` when its name has no buckets.
+    fn histogram(&self, key: &Key) -> Option<Arc<Fixed>> {
         let bounds = self.bounds(key.name())?;
-        let mut held = self.held();
-        if let Some(found) = held
-            .series
-            .get(key.name())
-            .and_then(|by_key| by_key.get(key))
-        {
-            return Some(Arc::clone(found));
-        }
-        let fixed = Arc::new(Fixed::new(bounds));
-        held.series
-            .entry(key.name().to_owned())
-            .or_default()
-            .insert(key.clone(), Arc::clone(&fixed));
-        Some(fixed)
+        Some(self.histograms().series(key, || Fixed::new(bounds)))
     }
 
-    /// The histograms in Prometheus's text format, each after its `# HELP` and `# TYPE` lines.
-    /// The lock is held only to copy the list of series, not while they are written.
+    /// The counters, then the histograms, in Prometheus's text format.
     pub(crate) fn render(&self, out: &mut String) {
-        type Series = Vec<(String, Vec<(Key, Arc<Fixed>)>)>;
-        let (series, descriptions): (Series, BTreeMap<String, SharedString>) = {
-            let held = self.held();
-            let series = held
-                .series
-                .iter()
-                .map(|(name, by_key)| {
-                    let by_key = by_key.iter().map(|(k, f)| (k.clone(), Arc::clone(f)));
-                    (name.clone(), by_key.collect())
-                })
-                .collect();
-            (series, held.descriptions.clone())
-        };
-        for (name, by_key) in &series {
-            let (name, _) = key_to_parts(&Key::from_name(name.clone()), None);
-            if let Some(description) = descriptions.get(&name) {
-                write_help_line(out, &name, description);
-            }
-            write_type_line(out, &name, "histogram");
-            for (key, fixed) in by_key {
-                let (_, labels) = key_to_parts(key, None);
+        render_family(
+            &self.counters,
+            "counter",
+            out,
+            |out, name, labels, tally| {
+                write_metric_line::<&str, u64>(out, name, None, labels, None, tally.total(), None);
+            },
+        );
+        render_family(
+            &self.histograms,
+            "histogram",
+            out,
+            |out, name, labels, fixed| {
                 let (buckets, count, sum) = fixed.snapshot();
                 for (le, below) in buckets {
                     write_metric_line(
                         out,
-                        &name,
+                        name,
                         Some("bucket"),
-                        &labels,
+                        labels,
                         Some(("le", le)),
                         below,
                         None,
                     );
                 }
-                write_metric_line(
-                    out,
-                    &name,
-                    Some("bucket"),
-                    &labels,
-                    Some(("le", "+Inf")),
-                    count,
-                    None,
-                );
-                write_metric_line::<&str, f64>(out, &name, Some("sum"), &labels, None, sum, None);
-                write_metric_line::<&str, u64>(
-                    out,
-                    &name,
-                    Some("count"),
-                    &labels,
-                    None,
-                    count,
-                    None,
-                );
-            }
-            out.push('\n');
-        }
+                let le = Some(("le", "+Inf"));
+                write_metric_line(out, name, Some("bucket"), labels, le, count, None);
+                write_metric_line::<&str, f64>(out, name, Some("sum"), labels, None, sum, None);
+                write_metric_line::<&str, u64>(out, name, Some("count"), labels, None, count, None);
+            },
+        );
     }
 }
 
-/// The process's recorder: these histograms, and the exporter's recorder for everything else.
+/// The process's recorder: counters and histograms with buckets kept here, gauges and
+/// histograms without buckets the exporter's.
 pub(crate) struct SplitRecorder {
-    pub(crate) histograms: Arc<Histograms>,
+    pub(crate) kept: Arc<Kept>,
     pub(crate) exporter: PrometheusRecorder,
     /// Set once a histogram without buckets is the exporter's ([`fold_samples`]).
     pub(crate) folding: std::sync::Once,
 }
 
 impl Recorder for SplitRecorder {
-    fn describe_counter(&self, key: KeyName, unit: Option<Unit>, description: SharedString) {
-        self.exporter.describe_counter(key, unit, description);
+    fn describe_counter(&self, key: KeyName, _unit: Option<Unit>, description: SharedString) {
+        self.kept.counters().describe(key.as_str(), description);
     }
 
     fn describe_gauge(&self, key: KeyName, unit: Option<Unit>, description: SharedString) {
@@ -280,18 +300,15 @@ impl Recorder for SplitRecorder {
     }
 
     fn describe_histogram(&self, key: KeyName, unit: Option<Unit>, description: SharedString) {
-        if self.histograms.bounds(key.as_str()).is_some() {
-            let mut held = self.histograms.held();
-            held.descriptions
-                .entry(key.as_str().to_owned())
-                .or_insert(description);
+        if self.kept.bounds(key.as_str()).is_some() {
+            self.kept.histograms().describe(key.as_str(), description);
         } else {
             self.exporter.describe_histogram(key, unit, description);
         }
     }
 
-    fn register_counter(&self, key: &Key, metadata: &Metadata<'_>) -> Counter {
-        self.exporter.register_counter(key, metadata)
+    fn register_counter(&self, key: &Key, _metadata: &Metadata<'_>) -> Counter {
+        Counter::from_arc(self.kept.counters().series(key, Tally::new))
     }
 
     fn register_gauge(&self, key: &Key, metadata: &Metadata<'_>) -> Gauge {
@@ -299,7 +316,7 @@ impl Recorder for SplitRecorder {
     }
 
     fn register_histogram(&self, key: &Key, metadata: &Metadata<'_>) -> Histogram {
-        match self.histograms.series(key) {
+        match self.kept.histogram(key) {
             Some(fixed) => Histogram::from_arc(fixed),
             None => {
                 self.folding
@@ -335,14 +352,15 @@ fn fold_samples(handle: PrometheusHandle) {
 #[derive(Clone)]
 pub struct MetricsHandle {
     pub(crate) exporter: PrometheusHandle,
-    pub(crate) histograms: Arc<Histograms>,
+    pub(crate) kept: Arc<Kept>,
 }
 
 impl MetricsHandle {
-    /// The whole page: the exporter's metrics, then these histograms.
+    /// The whole page: the exporter's metrics (gauges), then the counters and histograms kept
+    /// here.
     pub fn render(&self) -> String {
         let mut page = self.exporter.render();
-        self.histograms.render(&mut page);
+        self.kept.render(&mut page);
         page
     }
 
@@ -355,6 +373,7 @@ impl MetricsHandle {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::per_thread::OWNED;
 
     const BOUNDS: &[f64] = &[0.1, 1.0, 10.0];
 
@@ -389,9 +408,7 @@ mod tests {
         assert_eq!(buckets, [(0.1, 1), (1.0, 3), (10.0, 4)]);
         assert_eq!((count, sum), (5, 23.05));
         // Only the writers that recorded have counts.
-        let made: Vec<usize> = (0..=OWNED)
-            .filter(|&w| fixed.sets[w].get().is_some())
-            .collect();
+        let made: Vec<usize> = (0..=OWNED).filter(|&w| fixed.sets.has(w)).collect();
         assert_eq!(made, [0, 3, OWNED]);
     }
 
@@ -418,17 +435,17 @@ mod tests {
         assert_eq!(buckets, [(0.1, 0), (1.0, total), (10.0, total)]);
         assert_eq!((count, sum), (total, total as f64));
         // More threads recorded than own counts: the shared set took the rest.
-        assert!(fixed.sets[OWNED].get().is_some());
+        assert!(fixed.sets.has(OWNED));
     }
 
     #[test]
     fn the_page_holds_each_series_with_its_help_type_buckets_sum_and_count() {
-        let histograms = Arc::new(Histograms::new(vec![
+        let kept = Arc::new(Kept::new(vec![
             (Matcher::Full("h_attempts".into()), BOUNDS),
             (Matcher::Suffix("_seconds".into()), &[0.5]),
         ]));
         let recorder = SplitRecorder {
-            histograms: Arc::clone(&histograms),
+            kept: Arc::clone(&kept),
             exporter: metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder(),
             folding: std::sync::Once::new(),
         };
@@ -448,7 +465,7 @@ mod tests {
             .record(1.0);
         assert!(recorder.folding.is_completed());
         let mut page = String::new();
-        histograms.render(&mut page);
+        kept.render(&mut page);
         assert_eq!(
             page,
             "# TYPE h_attempts histogram\n\
@@ -467,5 +484,57 @@ mod tests {
              h_seconds_count{model=\"m\\\"1\"} 2\n\
              \n"
         );
+    }
+
+    #[test]
+    fn counters_are_written_as_the_exporter_writes_them() {
+        let kept = Arc::new(Kept::new(vec![]));
+        let ours = SplitRecorder {
+            kept: Arc::clone(&kept),
+            exporter: metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder(),
+            folding: std::sync::Once::new(),
+        };
+        let exporter = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+        let metadata = Metadata::new("t", metrics::Level::INFO, None);
+        let labels = vec![
+            metrics::Label::new("tenant", "t\"1"),
+            metrics::Label::new("status", "200"),
+        ];
+        let key = Key::from_parts("c_total", labels);
+        for recorder in [&ours as &dyn Recorder, &exporter] {
+            recorder.describe_counter("c_total".into(), None, "Things done.".into());
+            // A later description does not replace the first.
+            recorder.describe_counter("c_total".into(), None, "Other.".into());
+            recorder.register_counter(&key, &metadata).increment(3);
+            // The same key, registered again, is the same series.
+            recorder.register_counter(&key, &metadata).increment(4);
+            recorder
+                .register_counter(&Key::from_name("c_set"), &metadata)
+                .absolute(9);
+            recorder
+                .register_counter(&Key::from_name("c_set"), &metadata)
+                .absolute(2);
+        }
+        let mut page = String::new();
+        kept.render(&mut page);
+        assert_eq!(
+            page,
+            "# TYPE c_set counter\n\
+             c_set 9\n\
+             \n\
+             # HELP c_total Things done.\n\
+             # TYPE c_total counter\n\
+             c_total{tenant=\"t\\\"1\",status=\"200\"} 7\n\
+             \n"
+        );
+        // The exporter's page holds the same lines (its names in any order).
+        let theirs = exporter.handle().render();
+        let mut lines: Vec<&str> = theirs.lines().collect();
+        let mut mine: Vec<&str> = page.lines().collect();
+        lines.sort_unstable();
+        mine.sort_unstable();
+        assert_eq!(mine, lines);
+        // Counters are no longer the exporter's: its own page has none of them.
+        assert!(!ours.exporter.handle().render().contains("c_total"));
     }
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 use metrics::{counter, gauge, histogram, Counter, Gauge, Histogram, Label};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 
-use crate::histograms::{Histograms, MetricsHandle, SplitRecorder};
+use crate::histograms::{Kept, MetricsHandle, SplitRecorder};
 
 mod series;
 
@@ -49,16 +49,16 @@ const LATENCY_BUCKETS: &[f64] = &[
     120.0, 300.0,
 ];
 
-/// Installs the process-wide recorder once and returns its handle: histograms with buckets
-/// counted as they are recorded (`crate::histograms`), everything else the Prometheus
-/// exporter's.
+/// Installs the process-wide recorder once and returns its handle: counters, and histograms
+/// with buckets counted as they are recorded, kept per thread (`crate::histograms`); gauges the
+/// Prometheus exporter's.
 pub fn recorder() -> MetricsHandle {
     static HANDLE: OnceLock<MetricsHandle> = OnceLock::new();
     HANDLE
         .get_or_init(|| {
             let full = |name: &str| Matcher::Full(name.to_owned());
             // Names before suffixes, as the exporter matched them.
-            let histograms = Arc::new(Histograms::new(vec![
+            let kept = Arc::new(Kept::new(vec![
                 (
                     full(spillway_directory::metrics::KEY_LOOKUP_SECONDS),
                     spillway_directory::metrics::KEY_LOOKUP_BUCKETS,
@@ -82,12 +82,12 @@ pub fn recorder() -> MetricsHandle {
             let exporter = PrometheusBuilder::new().build_recorder();
             let handle = MetricsHandle {
                 exporter: exporter.handle(),
-                histograms: Arc::clone(&histograms),
+                kept: Arc::clone(&kept),
             };
             // Fails only if another recorder is installed (embedding), in which case that one
             // receives the metrics and this handle renders an empty page.
             let _ = metrics::set_global_recorder(SplitRecorder {
-                histograms,
+                kept,
                 exporter,
                 folding: std::sync::Once::new(),
             });

@@ -10,14 +10,20 @@
 //! (counters never go down between two reads of one process); a new one appears with its first
 //! request.
 //!
-//! Each counter is counted once, where its metric is: offered and the refusals at the head in
+//! Each is counted per thread (`per_thread.rs`: a worker thread adds with a plain load and
+//! store, no locked addition), and a model's counters are found through a cache of the thread's
+//! (no lock, no string hashed). Each counter is counted once, where its metric is: offered and the refusals at the head in
 //! `Admission::enter`, the rest of admission's outcomes in `Admission::admit`, upstream attempts
 //! where the attempt loop counts `spillway_upstream_attempts_total`. Cumulative, never windowed:
 //! a reader takes two reads and divides by the gateway's uptime between them.
 
-use foldhash::HashMap;
+use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
+
+use foldhash::HashMap;
+
+use crate::per_thread::{add, writer, PerThread};
 
 /// Why admission refused a request: the outcomes of `spillway_admissions_total` and the
 /// refusals counted in series of their own (a caller's retry shed, adaptive throttling, no
@@ -74,8 +80,20 @@ impl Refused {
 }
 
 /// One tenant's counters.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct TenantTraffic {
+    /// Its number, which no other tenant's counters have had: where a thread finds its models.
+    id: u64,
+    counts: PerThread<Counts>,
+    /// Requests waiting for a seat now.
+    queued: AtomicUsize,
+    /// Per model (names from the config, so bounded).
+    models: RwLock<HashMap<Arc<str>, Arc<ModelTraffic>>>,
+}
+
+/// A tenant's counts, as one thread's copy.
+#[derive(Debug, Default)]
+struct Counts {
     /// Requests its keys authenticated, counted at their head.
     offered: AtomicU64,
     /// Requests that passed every step of admission and took a seat.
@@ -83,21 +101,39 @@ pub(crate) struct TenantTraffic {
     /// Requests its callers marked as their own retries.
     client_retries: AtomicU64,
     shed: [AtomicU64; Refused::ALL.len()],
-    /// Requests waiting for a seat now.
-    queued: AtomicUsize,
-    /// Per model (names from the config, so bounded).
-    models: RwLock<HashMap<Arc<str>, Arc<ModelTraffic>>>,
 }
 
 /// One tenant's counters for one model.
 #[derive(Debug, Default)]
 pub(crate) struct ModelTraffic {
+    counts: PerThread<ModelCopy>,
+}
+
+/// A tenant's counts for one model, as one thread's copy.
+#[derive(Debug, Default)]
+struct ModelCopy {
     /// Requests for the model that reached admission (their body read and their model known).
     offered: AtomicU64,
     /// Attempts sent upstream for them, fallbacks included.
     attempts: AtomicU64,
     /// Attempts after each request's first.
     retries: AtomicU64,
+}
+
+/// The most models a thread keeps at hand; past it they are let go and found again.
+const NEAR_MAX: usize = 1024;
+
+/// A tenant's number and the address of a model's name.
+type Place = (u64, usize);
+
+/// Model counters by [`Place`], each with the name it was found by.
+type Near = HashMap<Place, (Arc<ModelTraffic>, Arc<str>)>;
+
+thread_local! {
+    /// The model counters this thread has counted in, by [`Place`]. An entry holds the name, so
+    /// while it is here no other string can come to lie where it does: one place is always one
+    /// model's counters.
+    static NEAR: RefCell<Near> = RefCell::default();
 }
 
 /// A tenant's counters as read at one moment.
@@ -121,20 +157,36 @@ pub(crate) struct ModelCounts {
 }
 
 impl TenantTraffic {
+    pub(crate) fn new() -> TenantTraffic {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        TenantTraffic {
+            id: NEXT.fetch_add(1, Ordering::Relaxed),
+            counts: PerThread::default(),
+            queued: AtomicUsize::new(0),
+            models: RwLock::default(),
+        }
+    }
+
+    /// Adds one to the count `pick` chooses in this thread's copy.
+    fn count(&self, pick: impl FnOnce(&Counts) -> &AtomicU64) {
+        let (counts, owned) = self.counts.copy(writer(), Counts::default);
+        add(pick(counts), owned, 1);
+    }
+
     pub(crate) fn offered(&self) {
-        self.offered.fetch_add(1, Ordering::Relaxed);
+        self.count(|c| &c.offered);
     }
 
     pub(crate) fn admitted(&self) {
-        self.admitted.fetch_add(1, Ordering::Relaxed);
+        self.count(|c| &c.admitted);
     }
 
     pub(crate) fn client_retry(&self) {
-        self.client_retries.fetch_add(1, Ordering::Relaxed);
+        self.count(|c| &c.client_retries);
     }
 
     pub(crate) fn shed(&self, why: Refused) {
-        self.shed[why as usize].fetch_add(1, Ordering::Relaxed);
+        self.count(|c| &c.shed[why as usize]);
     }
 
     /// Counts a request as waiting for a seat until the guard drops.
@@ -145,37 +197,51 @@ impl TenantTraffic {
 
     /// A request for `model` reached admission.
     pub(crate) fn offered_to(&self, model: &Arc<str>) {
-        self.model(model, |m| {
-            m.offered.fetch_add(1, Ordering::Relaxed);
-        });
+        self.model(model, |m, owned| add(&m.offered, owned, 1));
     }
 
     /// A request for `model` ended its attempts after `attempts` of them.
     pub(crate) fn attempted(&self, model: &Arc<str>, attempts: u32) {
-        self.model(model, |m| {
-            m.attempts.fetch_add(u64::from(attempts), Ordering::Relaxed);
-            m.retries
-                .fetch_add(u64::from(attempts.saturating_sub(1)), Ordering::Relaxed);
+        self.model(model, |m, owned| {
+            add(&m.attempts, owned, u64::from(attempts));
+            add(&m.retries, owned, u64::from(attempts.saturating_sub(1)));
         });
     }
 
-    /// Counts in `model`'s counters with `count`, under the read lock once they exist.
-    fn model(&self, model: &Arc<str>, count: impl Fn(&ModelTraffic)) {
-        if let Some(m) = self
-            .models
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(model)
-        {
-            return count(m);
+    /// Counts in this thread's copy of `model`'s counters with `count`: found in the thread's
+    /// cache, else under the read lock once they exist.
+    fn model(&self, model: &Arc<str>, count: impl FnOnce(&ModelCopy, bool)) {
+        let place = (self.id, Arc::as_ptr(model).cast::<u8>() as usize);
+        NEAR.with_borrow_mut(|near| {
+            let in_copy = |counters: &ModelTraffic| {
+                let (copy, owned) = counters.counts.copy(writer(), ModelCopy::default);
+                count(copy, owned);
+            };
+            if let Some((counters, _)) = near.get(&place) {
+                return in_copy(counters);
+            }
+            let counters = self.model_counters(model);
+            in_copy(&counters);
+            if near.len() >= NEAR_MAX {
+                near.clear();
+            }
+            near.insert(place, (counters, Arc::clone(model)));
+        });
+    }
+
+    /// `model`'s counters, made the first time.
+    fn model_counters(&self, model: &Arc<str>) -> Arc<ModelTraffic> {
+        let models = self.models.read().unwrap_or_else(|e| e.into_inner());
+        if let Some(m) = models.get(model) {
+            return Arc::clone(m);
         }
+        drop(models);
         let mut models = self.models.write().unwrap_or_else(|e| e.into_inner());
-        count(models.entry(model.clone()).or_default());
+        Arc::clone(models.entry(model.clone()).or_default())
     }
 
     /// The counters now, models by name.
     pub(crate) fn read(&self) -> TenantCounts {
-        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
         let mut models: Vec<(Arc<str>, ModelCounts)> = self
             .models
             .read()
@@ -183,19 +249,19 @@ impl TenantTraffic {
             .iter()
             .map(|(name, m)| {
                 let counts = ModelCounts {
-                    offered: load(&m.offered),
-                    attempts: load(&m.attempts),
-                    retries: load(&m.retries),
+                    offered: m.counts.sum(|c| &c.offered),
+                    attempts: m.counts.sum(|c| &c.attempts),
+                    retries: m.counts.sum(|c| &c.retries),
                 };
                 (name.clone(), counts)
             })
             .collect();
         models.sort_by(|a, b| a.0.cmp(&b.0));
         TenantCounts {
-            offered: load(&self.offered),
-            admitted: load(&self.admitted),
-            client_retries: load(&self.client_retries),
-            shed: std::array::from_fn(|i| load(&self.shed[i])),
+            offered: self.counts.sum(|c| &c.offered),
+            admitted: self.counts.sum(|c| &c.admitted),
+            client_retries: self.counts.sum(|c| &c.client_retries),
+            shed: std::array::from_fn(|i| self.counts.sum(|c| &c.shed[i])),
             queued: self.queued.load(Ordering::Relaxed),
             models,
         }
@@ -217,7 +283,7 @@ mod tests {
 
     #[test]
     fn each_counter_counts_apart() {
-        let t = Arc::new(TenantTraffic::default());
+        let t = Arc::new(TenantTraffic::new());
         let m: Arc<str> = Arc::from("m");
         let n: Arc<str> = Arc::from("n");
         t.offered();
@@ -253,6 +319,34 @@ mod tests {
         assert_eq!(models, vec![("m", counts(1, 4, 2)), ("n", counts(1, 0, 0))]);
         drop(waiting);
         assert_eq!(t.read().queued, 0);
+    }
+
+    #[test]
+    fn a_model_is_one_set_of_counters_whatever_string_names_it_and_tenants_stay_apart() {
+        let (a, b) = (TenantTraffic::new(), TenantTraffic::new());
+        let m: Arc<str> = Arc::from("m");
+        // The same name elsewhere, as a reloaded config holds it.
+        let again: Arc<str> = Arc::from("m");
+        a.offered_to(&m);
+        a.offered_to(&again);
+        b.offered_to(&m);
+        // Counted on another thread too: its copy and its cache are its own.
+        std::thread::scope(|s| {
+            s.spawn(|| a.attempted(&again, 2));
+        });
+        a.attempted(&m, 1);
+        let models = |t: &TenantTraffic| -> Vec<(String, ModelCounts)> {
+            let read = t.read().models.into_iter();
+            read.map(|(name, counts)| (name.to_string(), counts))
+                .collect()
+        };
+        let counts = |offered, attempts, retries| ModelCounts {
+            offered,
+            attempts,
+            retries,
+        };
+        assert_eq!(models(&a), [("m".to_string(), counts(2, 3, 1))]);
+        assert_eq!(models(&b), [("m".to_string(), counts(1, 0, 0))]);
     }
 
     #[test]

@@ -555,7 +555,7 @@ impl Admission {
                 Arc::new(Gate {
                     tenant: tenant.name.clone(),
                     series: metrics::TenantSeries::new(&tenant.name, tenant.limits.priority),
-                    traffic: Arc::default(),
+                    traffic: Arc::new(crate::traffic::TenantTraffic::new()),
                     in_flight: Arc::new(AtomicUsize::new(0)),
                     body_held: Arc::default(),
                     rate: Mutex::new((

@@ -219,7 +219,7 @@ pub(super) fn call(models: &Models, retries: &Retries) -> Call {
         trace: crate::trace::CallTrace::none(),
         entered: None,
         _rewrite_room: None,
-        traffic: Arc::default(),
+        traffic: Arc::new(crate::traffic::TenantTraffic::new()),
     }
 }
 

@@ -194,13 +194,22 @@ async fn terminate(mut process: ChildProcess) {
     process.stop().await;
 }
 
-/// A free port on 127.0.0.1 for the gateway to listen on: bound, read and released. The gateway
-/// keeps its ports across restarts, as an instance behind a load balancer does.
-pub(crate) fn free_port() -> Result<SocketAddr, ReplayError> {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map_err(|source| ReplayError::Scratch {
-            what: "a free port on 127.0.0.1".to_owned(),
-            source,
-        })
+/// `N` free ports on 127.0.0.1 for the gateway to listen on: bound together, read and released.
+/// Bound together, they are `N` different ports (one released before the next is bound may be
+/// handed out again). The gateway keeps its ports across restarts, as an instance behind a load
+/// balancer does.
+pub(crate) fn free_ports<const N: usize>() -> Result<[SocketAddr; N], ReplayError> {
+    let failed = |source| ReplayError::Scratch {
+        what: "a free port on 127.0.0.1".to_owned(),
+        source,
+    };
+    let mut held = Vec::with_capacity(N);
+    for _ in 0..N {
+        held.push(std::net::TcpListener::bind("127.0.0.1:0").map_err(failed)?);
+    }
+    let mut ports = [SocketAddr::from(([127, 0, 0, 1], 0)); N];
+    for (port, listener) in ports.iter_mut().zip(&held) {
+        *port = listener.local_addr().map_err(failed)?;
+    }
+    Ok(ports)
 }

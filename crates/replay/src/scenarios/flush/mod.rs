@@ -51,7 +51,7 @@ use crate::timeline::{GatewayReading, Recording, StoreCount, Timeline};
 
 pub use args::CacheFlushArgs;
 use args::{FlushPlan, PHASES};
-use gateway::{free_port, Gateway, Probe};
+use gateway::{free_ports, Gateway, Probe};
 use keyring::Keyring;
 use report::{FlushReport, Mark, RunReport};
 use store_link::StoreLink;
@@ -161,7 +161,7 @@ async fn run_mode(
         .await
         .map_err(|e| ReplayError::Store(format!("cannot reopen the store link: {e}")))?;
     let scratch = Scratch::create(format!("flush-{mode}"))?;
-    let (api, admin) = (free_port()?, free_port()?);
+    let [api, admin] = free_ports::<2>()?;
     let config = scratch.path.join("gateway.toml");
     let toml = gateway_config(
         mode,
@@ -359,6 +359,15 @@ fn admin_token() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_ports_a_gateway_is_given_are_never_one_port_twice() {
+        for _ in 0..200 {
+            let [api, admin] = free_ports::<2>().unwrap();
+            assert_ne!(api, admin);
+            assert!(api.ip().is_loopback() && api.port() != 0);
+        }
+    }
 
     #[test]
     fn the_modes_differ_only_in_their_cache() {

@@ -17,8 +17,8 @@
 //! to enforce both deadlines exactly, at a timer per connection per interval rather than per
 //! request.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// The connection's two timeouts.
@@ -30,21 +30,27 @@ pub(crate) struct Deadlines {
 
 /// One connection's activity, shared by its reader (bytes in), its service (requests begun and
 /// ended) and its watchdog.
+///
+/// An HTTP/1 connection's reader, service and watchdog run in its one task, one after another:
+/// its state is read and written with plain loads and stores, no lock, and a request served
+/// holds the activity by reference ([`Serving`]). HTTP/2's streams are tasks of their own, on any
+/// thread: they change and read the state under `lock`, and a stream holds the activity by
+/// reference count ([`Busy`]).
 #[derive(Debug)]
 pub(crate) struct Activity {
-    state: Mutex<State>,
+    lock: Mutex<()>,
+    /// Requests being served.
+    busy: AtomicUsize,
+    /// When it last became idle, in nanoseconds after `base`.
+    idle_since: AtomicU64,
+    /// When the head being read began, in nanoseconds after `base`, plus one; 0 when none has.
+    head_since: AtomicU64,
+    base: Instant,
     http2: AtomicBool,
     /// Idle with no head begun: the only state in which bytes read change anything, kept apart
-    /// so that a read on a busy connection costs one load and no lock.
+    /// so that a read on a busy connection costs one load.
     awaiting_head: AtomicBool,
     deadlines: Deadlines,
-}
-
-#[derive(Debug)]
-struct State {
-    busy: usize,
-    idle_since: Instant,
-    head_since: Option<Instant>,
 }
 
 /// What the watchdog should do next.
@@ -61,19 +67,37 @@ pub(crate) enum Verdict {
 impl Activity {
     pub(crate) fn new(now: Instant, deadlines: Deadlines) -> Arc<Activity> {
         Arc::new(Activity {
-            state: Mutex::new(State {
-                busy: 0,
-                idle_since: now,
-                head_since: None,
-            }),
+            lock: Mutex::new(()),
+            busy: AtomicUsize::new(0),
+            idle_since: AtomicU64::new(0),
+            head_since: AtomicU64::new(0),
+            base: now,
             http2: AtomicBool::new(false),
             awaiting_head: AtomicBool::new(true),
             deadlines,
         })
     }
 
-    fn state(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    /// The lock, taken on HTTP/2 only.
+    fn hold(&self) -> Option<MutexGuard<'_, ()>> {
+        let lock = || self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        self.is_http2().then(lock)
+    }
+
+    fn nanos(&self, at: Instant) -> u64 {
+        let after = at.saturating_duration_since(self.base).as_nanos();
+        u64::try_from(after).unwrap_or(u64::MAX - 1)
+    }
+
+    fn instant(&self, nanos: u64) -> Instant {
+        self.base + Duration::from_nanos(nanos)
+    }
+
+    fn head_since(&self) -> Option<Instant> {
+        match self.head_since.load(Ordering::Relaxed) {
+            0 => None,
+            plus_one => Some(self.instant(plus_one - 1)),
+        }
     }
 
     /// The connection speaks HTTP/2 (its first bytes were the preface).
@@ -87,7 +111,7 @@ impl Activity {
 
     /// Whether bytes read now would begin a request's head (idle HTTP/1, no head begun).
     pub(crate) fn awaits_head(&self) -> bool {
-        self.awaiting_head.load(Ordering::Acquire) && !self.is_http2()
+        self.awaiting_head.load(Ordering::Relaxed) && !self.is_http2()
     }
 
     /// Bytes arrived: on an idle HTTP/1 connection, a request's head has begun.
@@ -95,44 +119,58 @@ impl Activity {
         if !self.awaits_head() {
             return;
         }
-        let mut s = self.state();
-        if s.busy == 0 && s.head_since.is_none() {
-            s.head_since = Some(now);
-            self.awaiting_head.store(false, Ordering::Release);
+        if self.busy.load(Ordering::Relaxed) == 0 && self.head_since.load(Ordering::Relaxed) == 0 {
+            self.head_since
+                .store(self.nanos(now) + 1, Ordering::Relaxed);
+            self.awaiting_head.store(false, Ordering::Relaxed);
         }
     }
 
     /// Whether a request is being served.
     pub(crate) fn is_busy(&self) -> bool {
-        self.state().busy > 0
+        let _held = self.hold();
+        self.busy.load(Ordering::Relaxed) > 0
     }
 
-    /// A request's head was read; it is served until the returned guard drops.
+    /// A request's head was read; it is served until the returned guard drops. For HTTP/2's
+    /// streams, which may end on another task.
     pub(crate) fn begin(self: &Arc<Self>) -> Busy {
-        let mut s = self.state();
-        s.busy += 1;
-        s.head_since = None;
-        self.awaiting_head.store(false, Ordering::Release);
+        self.begun();
         Busy(self.clone())
     }
 
+    /// [`Activity::begin`] for an HTTP/1 request, served and ended in the connection's task.
+    pub(crate) fn serving(&self) -> Serving<'_> {
+        self.begun();
+        Serving(self)
+    }
+
+    fn begun(&self) {
+        let _held = self.hold();
+        let busy = self.busy.load(Ordering::Relaxed);
+        self.busy.store(busy + 1, Ordering::Relaxed);
+        self.head_since.store(0, Ordering::Relaxed);
+        self.awaiting_head.store(false, Ordering::Relaxed);
+    }
+
     fn end(&self, now: Instant) {
-        let mut s = self.state();
-        s.busy -= 1;
-        if s.busy == 0 {
-            s.idle_since = now;
-            self.awaiting_head.store(true, Ordering::Release);
+        let _held = self.hold();
+        let busy = self.busy.load(Ordering::Relaxed) - 1;
+        self.busy.store(busy, Ordering::Relaxed);
+        if busy == 0 {
+            self.idle_since.store(self.nanos(now), Ordering::Relaxed);
+            self.awaiting_head.store(true, Ordering::Relaxed);
         }
     }
 
     /// Whether the connection has outstayed a deadline at `now`, or when to look again.
     pub(crate) fn verdict(&self, now: Instant) -> Verdict {
-        let s = self.state();
-        if s.busy > 0 {
+        let _held = self.hold();
+        if self.busy.load(Ordering::Relaxed) > 0 {
             // It becomes idle no earlier than now: a look within `idle` sees that in time.
             return Verdict::Until(now + self.deadlines.idle);
         }
-        if let Some(head) = s.head_since {
+        if let Some(head) = self.head_since() {
             let due = head + self.deadlines.header_read;
             return if now >= due {
                 Verdict::SlowHead
@@ -140,7 +178,8 @@ impl Activity {
                 Verdict::Until(due)
             };
         }
-        let due = s.idle_since + self.deadlines.idle;
+        let idle_since = self.instant(self.idle_since.load(Ordering::Relaxed));
+        let due = idle_since + self.deadlines.idle;
         if now >= due {
             return Verdict::Idle;
         }
@@ -149,11 +188,22 @@ impl Activity {
     }
 }
 
-/// A request being served on a connection; dropped when its response has ended.
+/// An HTTP/2 request being served on a connection; dropped when its response has ended.
 #[derive(Debug)]
 pub(crate) struct Busy(Arc<Activity>);
 
 impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.end(crate::clock::now());
+    }
+}
+
+/// An HTTP/1 request being served on a connection; dropped, in the connection's task, when its
+/// response has been written.
+#[derive(Debug)]
+pub(crate) struct Serving<'a>(&'a Activity);
+
+impl Drop for Serving<'_> {
     fn drop(&mut self) {
         self.0.end(crate::clock::now());
     }
@@ -186,7 +236,7 @@ mod tests {
         let first = t0 + Duration::from_secs(50);
         a.bytes_read(first);
         a.bytes_read(first + Duration::from_secs(10));
-        assert!(a.state().head_since.is_some());
+        assert!(a.head_since().is_some());
         assert_eq!(a.verdict(first), Verdict::Until(first + D.header_read));
         assert_eq!(a.verdict(first + D.header_read), Verdict::SlowHead);
     }
@@ -198,7 +248,7 @@ mod tests {
         a.bytes_read(t0);
         let one = a.begin();
         let two = a.begin();
-        assert!(a.state().head_since.is_none());
+        assert!(a.head_since().is_none());
         let hour = t0 + Duration::from_secs(3600);
         assert_eq!(a.verdict(hour), Verdict::Until(hour + D.idle));
         drop(one);
@@ -217,12 +267,48 @@ mod tests {
     }
 
     #[test]
+    fn an_http1_request_served_keeps_the_connection_busy_until_its_guard_drops() {
+        let t0 = Instant::now();
+        let a = Activity::new(t0, D);
+        a.bytes_read(t0);
+        let served = a.serving();
+        assert!(a.is_busy() && a.head_since().is_none() && !a.awaits_head());
+        let hour = t0 + Duration::from_secs(3600);
+        assert_eq!(a.verdict(hour), Verdict::Until(hour + D.idle));
+        drop(served);
+        assert!(!a.is_busy() && a.awaits_head());
+        // The next head begins with its first byte.
+        a.bytes_read(hour);
+        assert_eq!(a.verdict(hour), Verdict::Until(hour + D.header_read));
+    }
+
+    #[test]
+    fn http2_streams_on_many_threads_leave_the_connection_idle_when_the_last_ends() {
+        let a = Activity::new(Instant::now(), D);
+        a.set_http2();
+        std::thread::scope(|s| {
+            for _ in 0..8 {
+                s.spawn(|| {
+                    for _ in 0..2000 {
+                        let busy = a.begin();
+                        assert!(a.is_busy());
+                        drop(busy);
+                    }
+                });
+            }
+        });
+        assert!(!a.is_busy());
+        let now = Instant::now();
+        assert_eq!(a.verdict(now + D.idle), Verdict::Idle);
+    }
+
+    #[test]
     fn bytes_on_an_http2_connection_never_start_a_head() {
         let t0 = Instant::now();
         let a = Activity::new(t0, D);
         a.set_http2();
         a.bytes_read(t0);
-        assert!(a.state().head_since.is_none());
+        assert!(a.head_since().is_none());
         let later = t0 + D.header_read;
         assert_eq!(a.verdict(later), Verdict::Until(later + D.header_read / 2));
     }

@@ -158,7 +158,7 @@ impl<S: Serve> Conn<S> {
 
     /// Serves one request and writes its response; true when the connection goes on.
     async fn exchange(&self, head: Head, (number, whole): (u64, Option<Bytes>)) -> bool {
-        let busy = self.activity.begin();
+        let busy = self.activity.serving();
         let Head {
             request,
             mut lines,

@@ -7,6 +7,7 @@
 //! (revocation, expiry, a disabled tenant), so a cached answer never outlives what it says.
 
 use foldhash::HashMap;
+use std::cell::RefCell;
 use std::sync::{Arc, RwLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -104,6 +105,20 @@ impl Bootstrap {
     }
 }
 
+/// The most answers a thread keeps at hand; past it they are let go and found again.
+const RECENT_MAX: usize = 1024;
+
+/// Directory answers and their tenants, by the answer's address.
+type Recent = HashMap<usize, (Arc<KeyMatch>, Arc<Tenant>)>;
+
+thread_local! {
+    /// The tenants of the directory answers this thread has authenticated with. An entry holds
+    /// its answer, so while it is here no other answer can come to lie where it does; an answer
+    /// is never changed (a changed key or tenant is a new answer), so its tenant is its
+    /// tenant for as long as it lives.
+    static RECENT: RefCell<Recent> = RefCell::default();
+}
+
 fn unix_now() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -136,12 +151,32 @@ impl StoreDirectory {
         &self.store
     }
 
-    /// The request path's tenant of a directory answer: none for a key past its validity.
+    /// The request path's tenant of a directory answer: none for a key past its validity (the
+    /// clock read only for a key that expires).
     fn answer(&self, found: spillway_directory::Lookup) -> Option<Arc<Tenant>> {
         found
             .found
-            .filter(|m| m.key.is_valid_at(unix_now()))
-            .map(|m| self.tenant_of(&m))
+            .filter(|m| m.key.is_valid_then(unix_now))
+            .map(|m| self.tenant_of_answer(m))
+    }
+
+    /// [`StoreDirectory::tenant_of`], found first among this thread's recent answers by the
+    /// answer itself (its address): the directory hands out one shared answer per cached key
+    /// until it changes, so the common case is one hash of a number, no lock and no spec
+    /// compared.
+    fn tenant_of_answer(&self, found: Arc<KeyMatch>) -> Arc<Tenant> {
+        let place = Arc::as_ptr(&found) as usize;
+        RECENT.with_borrow_mut(|recent| {
+            if let Some((_, tenant)) = recent.get(&place) {
+                return Arc::clone(tenant);
+            }
+            let tenant = self.tenant_of(&found);
+            if recent.len() >= RECENT_MAX {
+                recent.clear();
+            }
+            recent.insert(place, (found, Arc::clone(&tenant)));
+            tenant
+        })
     }
 
     fn tenant_of(&self, found: &KeyMatch) -> Arc<Tenant> {
@@ -239,5 +274,70 @@ impl TenantDirectory for StoreDirectory {
         self.cache
             .cached(digest)
             .map(|found| Ok(self.answer(found)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answer(tenant: &str, requests_per_min: Option<u32>) -> Arc<KeyMatch> {
+        let spec = TenantSpec {
+            name: tenant.to_owned(),
+            requests_per_min,
+            tokens_per_min: None,
+            max_concurrency: None,
+            priority: Default::default(),
+            allowed_models: None,
+            pool: None,
+            default_model: None,
+            enabled: true,
+        };
+        let key = spillway_store::ApiKey {
+            id: "key_0000000000000000".to_owned(),
+            tenant: tenant.to_owned(),
+            prefix: "sk-test".to_owned(),
+            description: None,
+            created_at: 0,
+            expires_at: None,
+            revoked_at: None,
+        };
+        let tenant = spillway_store::Tenant {
+            spec,
+            created_at: 0,
+            updated_at: 0,
+        };
+        Arc::new(KeyMatch { key, tenant })
+    }
+
+    #[tokio::test]
+    async fn an_answer_keeps_its_tenant_and_a_changed_tenant_is_a_new_one() {
+        let store: Arc<dyn Store> = Arc::new(spillway_store::DeferredStore::new(1));
+        let cache = Directory::new(store.clone(), Default::default())
+            .await
+            .unwrap();
+        let directory = StoreDirectory::new(store, cache);
+        let first = answer("team", Some(10));
+        let tenant = directory.tenant_of_answer(first.clone());
+        assert_eq!(tenant.limits.requests_per_min, Some(10));
+        // The same answer again: the same tenant, found among this thread's answers.
+        assert!(Arc::ptr_eq(
+            &tenant,
+            &directory.tenant_of_answer(first.clone())
+        ));
+        // Another key's answer with the same tenant as it is: the same tenant.
+        let other = answer("team", Some(10));
+        assert!(Arc::ptr_eq(&tenant, &directory.tenant_of_answer(other)));
+        // The tenant changed: its next answer is a tenant of its own, with the new limits.
+        let changed = directory.tenant_of_answer(answer("team", Some(20)));
+        assert!(!Arc::ptr_eq(&tenant, &changed));
+        assert_eq!(changed.limits.requests_per_min, Some(20));
+        // On another thread the first answer is still the first tenant.
+        let again = std::thread::scope(|s| {
+            s.spawn(|| directory.tenant_of_answer(first.clone()))
+                .join()
+                .unwrap()
+        });
+        assert_eq!(again.limits.requests_per_min, Some(10));
     }
 }

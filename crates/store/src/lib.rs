@@ -124,7 +124,12 @@ impl ApiKey {
     /// Whether the key authenticates at `now` (Unix seconds); the tenant's `enabled` is checked
     /// apart.
     pub fn is_valid_at(&self, now: i64) -> bool {
-        self.revoked_at.is_none() && self.expires_at.is_none_or(|at| now < at)
+        self.is_valid_then(|| now)
+    }
+
+    /// [`ApiKey::is_valid_at`], with the time read only for a key that expires.
+    pub fn is_valid_then(&self, now: impl FnOnce() -> i64) -> bool {
+        self.revoked_at.is_none() && self.expires_at.is_none_or(|at| now() < at)
     }
 }
 

@@ -345,7 +345,9 @@ impl Admission {
             Some(entered) => entered,
             None => self.enter(&call.tenant)?,
         };
-        let traffic = entered.traffic().clone();
+        // The call's counters are those of the gate it entered (`handler/read.rs` took them
+        // from its places), borrowed rather than counted again.
+        let traffic = &call.traffic;
         traffic.offered_to(&call.pool.name);
         let ask = Ask {
             summary: &call.summary,
@@ -388,15 +390,8 @@ impl Admission {
             .retry_after(NO_CAPACITY_RETRY_AFTER));
         };
         call.throttle_pass = Some(pass);
-        self.seat(
-            now,
-            pool,
-            &call.tenant,
-            call.priority,
-            &mut ticket,
-            &traffic,
-        )
-        .await?;
+        self.seat(now, pool, &call.tenant, call.priority, &mut ticket, traffic)
+            .await?;
         Ok(ticket)
     }
 

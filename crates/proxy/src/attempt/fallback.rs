@@ -98,8 +98,7 @@ impl Loop<'_> {
         }
         debug!(request_id = ?call.id, from = %own.name, to = %name, trigger = trigger.as_str(), "falling back");
         own.metrics.fell_back(name, trigger);
-        self.pool = pool.clone();
-        self.body = body;
+        self.fallback = Some((pool.clone(), body));
         self.on_fallback = Some(i);
         self.tried.clear();
         self.refused.clear();

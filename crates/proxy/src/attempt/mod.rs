@@ -115,8 +115,7 @@ pub(crate) async fn run<U: Upstream>(
         call,
         retries,
         models,
-        pool: call.pool.clone(),
-        body: call.body.clone(),
+        fallback: None,
         on_fallback: None,
         trigger: None,
         spare_retry: false,
@@ -137,8 +136,8 @@ pub(crate) async fn run<U: Upstream>(
         backend: attempts
             .tried
             .last()
-            .map(|&i| attempts.pool.backends[i].name.clone()),
-        fallback: attempts.on_fallback.map(|_| attempts.pool.name.clone()),
+            .map(|&i| attempts.pool().backends[i].name.clone()),
+        fallback: attempts.on_fallback.map(|_| attempts.pool().name.clone()),
     }
 }
 
@@ -148,11 +147,9 @@ struct Loop<'a> {
     retries: &'a Retries,
     /// Every model, for the fallbacks.
     models: &'a Models,
-    /// The model whose backends are tried: the call's own, or the fallback it is on. Retries
-    /// are drawn from the call's own model's budget whichever it is.
-    pool: Arc<ModelPool>,
-    /// The body as this model's backends get it (a fallback's names its model).
-    body: Bytes,
+    /// The fallback model it is on and the body as its backends get it (naming it); none
+    /// while on the call's own model, whose pool and body are the call's.
+    fallback: Option<(Arc<ModelPool>, Bytes)>,
     /// The fallback it is on, by index in its own model's list.
     on_fallback: Option<usize>,
     /// Why the last run on a model ended without an answer from it, if a fallback may help.
@@ -172,12 +169,29 @@ struct Loop<'a> {
 }
 
 impl Loop<'_> {
+    /// The model whose backends are tried: the call's own, or the fallback it is on. Retries
+    /// are drawn from the call's own model's budget whichever it is.
+    fn pool(&self) -> &Arc<ModelPool> {
+        self.fallback
+            .as_ref()
+            .map_or(&self.call.pool, |(pool, _)| pool)
+    }
+
+    /// The body as the current model's backends get it.
+    fn body(&self) -> &Bytes {
+        self.fallback
+            .as_ref()
+            .map_or(&self.call.body, |(_, body)| body)
+    }
+
     async fn run<U: Upstream>(&mut self, upstream: &U) -> Result<Chosen<U::Body>, ApiError> {
         let call = self.call;
         // Its retries are drawn from, and counted in, the call's own model.
         let own = &*call.pool;
-        let current = self.pool.clone();
-        let pool = &*current;
+        // A fallback's pool is held apart from `self`, which the attempts change; the call's
+        // own is the call's.
+        let current = self.fallback.as_ref().map(|(pool, _)| pool.clone());
+        let pool = current.as_deref().unwrap_or(own);
         self.trigger = None;
         let mut avoid_region: Option<String> = None;
         let mut last: Option<Failure> = None;
@@ -355,7 +369,7 @@ impl Loop<'_> {
     /// What the call's answer says of its attempts when they end without a response.
     fn spent(&self) -> answer::Spent<'_> {
         answer::Spent {
-            model: &self.pool.name,
+            model: &self.pool().name,
             made: self.made,
             started: self.call.started,
             response_timeout: self.retries.response_timeout,
@@ -377,10 +391,11 @@ impl Loop<'_> {
         );
         // The copy is inside the room the call holds for it (`Call::_rewrite_room`). The body
         // was read as a JSON object, so the rewrite does not fail.
+        let body = self.body();
         let body = if changes.is_empty() {
-            self.body.clone()
+            body.clone()
         } else {
-            rewritten(&self.body, &changes).unwrap_or_else(|_| self.body.clone())
+            rewritten(body, &changes).unwrap_or_else(|_| body.clone())
         };
         upstream::Attempt {
             endpoint: call.endpoint,
@@ -405,7 +420,7 @@ impl Loop<'_> {
         in_flight: u32,
         response: Option<&http::Response<B>>,
     ) {
-        let pool = &*self.pool;
+        let pool = self.pool();
         pool.record(backend, now, class, in_flight);
         if let Outcome::Response(status) = outcome {
             backend

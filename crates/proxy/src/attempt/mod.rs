@@ -21,6 +21,7 @@ mod peek;
 #[cfg(test)]
 mod tests;
 
+use std::borrow::Cow;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -393,9 +394,9 @@ impl Loop<'_> {
         // was read as a JSON object, so the rewrite does not fail.
         let body = self.body();
         let body = if changes.is_empty() {
-            body.clone()
+            Cow::Borrowed(body)
         } else {
-            rewritten(body, &changes).unwrap_or_else(|_| body.clone())
+            rewritten(body, &changes).map_or(Cow::Borrowed(body), Cow::Owned)
         };
         upstream::Attempt {
             endpoint: call.endpoint,

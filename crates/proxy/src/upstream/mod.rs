@@ -11,6 +11,7 @@
 //! timeout is short and separate from the response timeout, so an unreachable backend is told
 //! apart from a slow one: the first is skipped and the request goes elsewhere, the second is a 504.
 
+use std::borrow::Cow;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -55,8 +56,9 @@ pub(crate) struct Attempt<'a> {
     pub headers: &'a Lines,
     /// Its span, whose `traceparent` goes upstream.
     pub trace: &'a crate::trace::Attempt,
-    /// The body as this backend gets it (renamed model, priority field).
-    pub body: Bytes,
+    /// The body as this backend gets it (renamed model, priority field): the call's own, lent,
+    /// or a copy made for it.
+    pub body: Cow<'a, Bytes>,
     /// When the response head must have come.
     pub until: Instant,
 }
@@ -249,7 +251,7 @@ impl HttpUpstream {
             method,
             uri.path_and_query().map_or("/", |p| p.as_str()),
             |lines| hop::write_request_headers(&headers, &own, |n, v| lines.header(n, v)),
-            body,
+            Cow::Owned(body),
         );
         let exchange = self.exchange(backend, crate::clock::now(), &req);
         match tokio::time::timeout(self.response_timeout, exchange).await {
@@ -393,7 +395,7 @@ fn request(
     backend: &Backend,
     (endpoint, query): (Endpoint, Option<&str>),
     (headers, trace): (&Lines, &crate::trace::Attempt),
-    body: Bytes,
+    body: Cow<'_, Bytes>,
 ) -> Outgoing {
     let queried = query.and_then(|q| with_query(backend.uri(endpoint), q));
     let target = queried.as_ref().unwrap_or(backend.target(endpoint));

@@ -10,6 +10,7 @@
 //! `http`'s checked header names and values (which cannot hold a line break), with the body's
 //! length set here, never taken from the headers.
 
+use std::borrow::Cow;
 use std::io;
 use std::mem::MaybeUninit;
 use std::ops::Range;
@@ -364,11 +365,13 @@ impl HeadLines {
 impl Outgoing {
     /// `method` on `target` (a path and query), with the header lines `headers` writes and
     /// `body`. Header names and values are `http`'s checked ones, which cannot hold a line break.
+    /// A small body is copied into the head, so one lent is then not held (nor its reference
+    /// count touched).
     pub(crate) fn new(
         method: Method,
         target: &str,
         headers: impl FnOnce(&mut HeadLines),
-        body: Bytes,
+        body: Cow<'_, Bytes>,
     ) -> Outgoing {
         let inline = body.len() <= INLINE_BODY;
         let mut lines = HeadLines(Vec::with_capacity(
@@ -392,7 +395,7 @@ impl Outgoing {
             head.extend_from_slice(&body);
             Bytes::new()
         } else {
-            body
+            body.into_owned()
         };
         Outgoing { method, head, rest }
     }
@@ -406,7 +409,12 @@ impl Outgoing {
                 lines.header(name, value.as_bytes());
             }
         };
-        Outgoing::new(req.method().clone(), target, headers, req.body().clone())
+        Outgoing::new(
+            req.method().clone(),
+            target,
+            headers,
+            Cow::Borrowed(req.body()),
+        )
     }
 }
 

@@ -17,14 +17,18 @@
 #   takes them; `SDK_HEADERS=1` adds those the official OpenAI Python SDK sends), LOCKED=0 (1: also
 #   count the locked read-modify-writes, atomic additions, swaps and compare-and-swaps, a request
 #   runs, and where: lib/locked.py; each costs some 20 cycles or more here, one instruction in the
-#   count).
+#   count), CACHE=0 (1: also simulate the caches, `--cache-sim=yes`, and count the first-level
+#   instruction and data misses a request takes, and where: lib/misses.py, in place of the top
+#   functions; a model without prefetching, for comparing builds, and under valgrind SHA-256
+#   runs without the CPU's instructions for it).
 # Output: per binary, instructions per request and the top functions.
 set -euo pipefail
 BENCH_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO_DIR="$(cd "$BENCH_DIR/.." && pwd)"
-case "${1:-}" in -h|--help|"") sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0;; esac
+case "${1:-}" in -h|--help|"") sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0;; esac
 REQUESTS="${REQUESTS:-2000}"; WARMUP="${WARMUP:-300}"; TOP="${TOP:-25}"; LOCKED="${LOCKED:-0}"
 DUMP_INSTR=no; [ "$LOCKED" = 1 ] && DUMP_INSTR=yes
+CACHE_SIM=no; [ "${CACHE:-0}" = 1 ] && CACHE_SIM=yes
 BENCH_HEADERS="${BENCH_HEADERS:-}"
 if [ "${SDK_HEADERS:-0}" = 1 ]; then
   # As openai 3.56.0 (Python) sends them with a chat completion.
@@ -56,12 +60,12 @@ for bin in "$@"; do
   if [ "$bin" = nginx ]; then
     # No master process: the one process under callgrind is the worker.
     (cd "$BENCH_DIR" && exec setsid valgrind --tool=callgrind --callgrind-out-file="$file" \
-      --dump-instr=$DUMP_INSTR nginx -p "$BENCH_DIR/" -c nginx/proxy.conf -e run/nginx-proxy.error.log \
+      --dump-instr=$DUMP_INSTR --cache-sim=$CACHE_SIM nginx -p "$BENCH_DIR/" -c nginx/proxy.conf -e run/nginx-proxy.error.log \
       -g "daemon off; master_process off; pid run/nginx-proxy.pid;") >"$RUN/callgrind-nginx.log" 2>&1 9>&- &
     port=18081; probe=/health
   else
     (cd "$REPO_DIR" && SPILLWAY_LOG=warn exec setsid valgrind --tool=callgrind --callgrind-out-file="$file" \
-      --dump-instr=$DUMP_INSTR "$bin" serve --config bench/spillway.toml) >"$RUN/callgrind-spillway.log" 2>&1 9>&- &
+      --dump-instr=$DUMP_INSTR --cache-sim=$CACHE_SIM "$bin" serve --config bench/spillway.toml) >"$RUN/callgrind-spillway.log" 2>&1 9>&- &
     port=18090; probe=/readyz
   fi
   SPILLWAY_PID=$!
@@ -99,7 +103,12 @@ PY
   if [ "$LOCKED" = 1 ]; then
     python3 "$BENCH_DIR/lib/locked.py" "$file.1" "$REQUESTS" "$TOP"
   fi
-  if [ "$TOP" != 0 ]; then
+  if [ "$CACHE_SIM" = yes ]; then
+    python3 "$BENCH_DIR/lib/misses.py" "$file.1" "$REQUESTS" "$([ "$TOP" = 0 ] && echo 0 || echo 10)"
+  fi
+  # callgrind_annotate lists every function at the program's total from a cache-simulating
+  # profile; lib/misses.py lists those by function instead.
+  if [ "$TOP" != 0 ] && [ "$CACHE_SIM" = no ]; then
     callgrind_annotate --threshold=100 --auto=no "$file.1" 2>/dev/null \
       | grep -E '^ *[0-9,]+ \(' | grep -v -E 'PROGRAM TOTALS|libc-start|below main|spillway::main|__rust_begin_short_backtrace|\?\?\?:main|0x0000' \
       | awk -v n="$TOP" 'NR <= n' | sed -E 's#/root/.cargo/registry/src/[^/]*/##; s#/rustc/[0-9a-f]*/##; s# \[[^]]*\]$##'

@@ -10,8 +10,11 @@
 //! way, never lose one.
 
 use std::cell::Cell;
+use std::hash::Hash;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
+
+use foldhash::HashMap;
 
 /// Threads that get a copy of their own of each value (the first to write one); every later
 /// thread shares one.
@@ -95,5 +98,54 @@ impl<T> PerThread<T> {
     #[cfg(test)]
     pub(crate) fn has(&self, writer: usize) -> bool {
         self.copies[writer].get().is_some()
+    }
+}
+
+/// The most entries a thread's cache at hand ([`at_hand`]) keeps; past it they are let go and
+/// found again.
+pub(crate) const AT_HAND_MAX: usize = 1024;
+
+/// The value at `key` in a thread's cache at hand, made by `make` when it is not there (a full
+/// cache is emptied first). The request path finds what it counts in or authenticates with by
+/// where shared strings and answers lie ([`address`]): a hash of numbers, no lock. A value holds
+/// what its key's addresses are of, so that while it is here nothing else can come to lie
+/// there: one key is always one value.
+pub(crate) fn at_hand<K: Hash + Eq, V>(
+    near: &mut HashMap<K, V>,
+    key: K,
+    make: impl FnOnce() -> V,
+) -> &V {
+    if near.len() >= AT_HAND_MAX && !near.contains_key(&key) {
+        near.clear();
+    }
+    near.entry(key).or_insert_with(make)
+}
+
+/// Where `shared`'s value lies, as a number for [`at_hand`]'s keys.
+pub(crate) fn address<T: ?Sized>(shared: &Arc<T>) -> usize {
+    Arc::as_ptr(shared).cast::<u8>() as usize
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_value_at_hand_is_made_once_and_a_full_cache_starts_again() {
+        let mut near: HashMap<usize, usize> = HashMap::default();
+        let mut made = 0;
+        for round in 0..2 {
+            for key in 0..AT_HAND_MAX {
+                let value = *at_hand(&mut near, key, || {
+                    made += 1;
+                    key * 10
+                });
+                assert_eq!(value, key * 10);
+            }
+            assert_eq!(made, AT_HAND_MAX, "round {round} made none again");
+        }
+        // One more key past the bound: the cache starts again with it alone.
+        assert_eq!(*at_hand(&mut near, AT_HAND_MAX, || 7), 7);
+        assert_eq!(near.len(), 1);
     }
 }

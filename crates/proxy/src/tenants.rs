@@ -8,7 +8,7 @@
 
 use foldhash::HashMap;
 use std::cell::RefCell;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, RwLock, Weak};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use http::StatusCode;
@@ -20,6 +20,7 @@ use tracing::{info, warn};
 use crate::auth::{
     KeyDigest, Looked, LookupError, LookupFuture, Tenant, TenantDirectory, TenantLimits,
 };
+use crate::per_thread::{address, at_hand};
 
 /// A config file's tenant as the store holds it.
 pub fn spec(t: &TenantConfig) -> TenantSpec {
@@ -105,17 +106,14 @@ impl Bootstrap {
     }
 }
 
-/// The most answers a thread keeps at hand; past it they are let go and found again.
-const RECENT_MAX: usize = 1024;
-
-/// Directory answers and their tenants, by the answer's address.
-type Recent = HashMap<usize, (Arc<KeyMatch>, Arc<Tenant>)>;
+/// Directory answers and their tenants, by the answer's address. The answer is held weakly:
+/// its allocation stays (so no other answer can come to lie where it did), not what it holds.
+type Recent = HashMap<usize, (Weak<KeyMatch>, Arc<Tenant>)>;
 
 thread_local! {
-    /// The tenants of the directory answers this thread has authenticated with. An entry holds
-    /// its answer, so while it is here no other answer can come to lie where it does; an answer
-    /// is never changed (a changed key or tenant is a new answer), so its tenant is its
-    /// tenant for as long as it lives.
+    /// The tenants of the directory answers this thread has authenticated with
+    /// ([`crate::per_thread::at_hand`]). An answer is never changed (a changed key or tenant is a
+    /// new answer), so its tenant is its tenant for as long as it lives.
     static RECENT: RefCell<Recent> = RefCell::default();
 }
 
@@ -165,17 +163,11 @@ impl StoreDirectory {
     /// until it changes, so the common case is one hash of a number, no lock and no spec
     /// compared.
     fn tenant_of_answer(&self, found: Arc<KeyMatch>) -> Arc<Tenant> {
-        let place = Arc::as_ptr(&found) as usize;
         RECENT.with_borrow_mut(|recent| {
-            if let Some((_, tenant)) = recent.get(&place) {
-                return Arc::clone(tenant);
-            }
-            let tenant = self.tenant_of(&found);
-            if recent.len() >= RECENT_MAX {
-                recent.clear();
-            }
-            recent.insert(place, (found, Arc::clone(&tenant)));
-            tenant
+            let (_, tenant) = at_hand(recent, address(&found), || {
+                (Arc::downgrade(&found), self.tenant_of(&found))
+            });
+            Arc::clone(tenant)
         })
     }
 
@@ -339,5 +331,18 @@ mod tests {
                 .unwrap()
         });
         assert_eq!(again.limits.requests_per_min, Some(10));
+    }
+
+    /// docs/admission.md: an answer kept at hand after the key cache let it go holds its
+    /// allocation only, about 300 bytes.
+    #[test]
+    fn an_answer_let_go_keeps_about_300_bytes_at_hand() {
+        let allocation = std::mem::size_of::<KeyMatch>() + 2 * std::mem::size_of::<usize>();
+        assert!(allocation <= 300, "{allocation} bytes");
+        let found = answer("team", None);
+        let kept = Arc::downgrade(&found);
+        drop(found);
+        // What the answer held is gone; the weak reference keeps only its place.
+        assert!(kept.upgrade().is_none());
     }
 }

@@ -12,10 +12,11 @@
 //!
 //! Each is counted per thread (`per_thread.rs`: a worker thread adds with a plain load and
 //! store, no locked addition), and a model's counters are found through a cache of the thread's
-//! (no lock, no string hashed). Each counter is counted once, where its metric is: offered and the refusals at the head in
-//! `Admission::enter`, the rest of admission's outcomes in `Admission::admit`, upstream attempts
-//! where the attempt loop counts `spillway_upstream_attempts_total`. Cumulative, never windowed:
-//! a reader takes two reads and divides by the gateway's uptime between them.
+//! (no lock, no string hashed). Each counter is counted once, where its metric is: offered and
+//! the refusals at the head in `Admission::enter`, the rest of admission's outcomes in
+//! `Admission::admit`, upstream attempts where the attempt loop counts
+//! `spillway_upstream_attempts_total`. Cumulative, never windowed: a reader takes two reads and
+//! divides by the gateway's uptime between them.
 
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -23,7 +24,7 @@ use std::sync::{Arc, RwLock};
 
 use foldhash::HashMap;
 
-use crate::per_thread::{add, writer, PerThread};
+use crate::per_thread::{add, address, at_hand, writer, PerThread};
 
 /// Why admission refused a request: the outcomes of `spillway_admissions_total` and the
 /// refusals counted in series of their own (a caller's retry shed, adaptive throttling, no
@@ -120,9 +121,6 @@ struct ModelCopy {
     retries: AtomicU64,
 }
 
-/// The most models a thread keeps at hand; past it they are let go and found again.
-const NEAR_MAX: usize = 1024;
-
 /// A tenant's number and the address of a model's name.
 type Place = (u64, usize);
 
@@ -211,21 +209,13 @@ impl TenantTraffic {
     /// Counts in this thread's copy of `model`'s counters with `count`: found in the thread's
     /// cache, else under the read lock once they exist.
     fn model(&self, model: &Arc<str>, count: impl FnOnce(&ModelCopy, bool)) {
-        let place = (self.id, Arc::as_ptr(model).cast::<u8>() as usize);
+        let place = (self.id, address(model));
         NEAR.with_borrow_mut(|near| {
-            let in_copy = |counters: &ModelTraffic| {
-                let (copy, owned) = counters.counts.copy(writer(), ModelCopy::default);
-                count(copy, owned);
-            };
-            if let Some((counters, _)) = near.get(&place) {
-                return in_copy(counters);
-            }
-            let counters = self.model_counters(model);
-            in_copy(&counters);
-            if near.len() >= NEAR_MAX {
-                near.clear();
-            }
-            near.insert(place, (counters, Arc::clone(model)));
+            let (counters, _) = at_hand(near, place, || {
+                (self.model_counters(model), Arc::clone(model))
+            });
+            let (copy, owned) = counters.counts.copy(writer(), ModelCopy::default);
+            count(copy, owned);
         });
     }
 

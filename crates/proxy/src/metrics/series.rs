@@ -15,15 +15,14 @@ use std::sync::{Arc, LazyLock, RwLock};
 use foldhash::HashMap;
 use metrics::Counter;
 
+use crate::per_thread::{address, at_hand};
+
 /// A counter series by metric name, (tenant, model, backend) and status (0 where unused).
 pub(super) type SeriesKey = (&'static str, Arc<str>, Arc<str>, Arc<str>, u16);
 
 /// The counter series seen so far. Every part of the key comes from configuration or is a
 /// status code, so the map is bounded.
 static COUNTERS: LazyLock<RwLock<HashMap<SeriesKey, Counter>>> = LazyLock::new(Default::default);
-
-/// The most series a thread keeps at hand; past it they are let go and found again.
-const NEAR_MAX: usize = 1024;
 
 /// Where a series' name and label strings lie, and its status.
 type Place = (usize, usize, usize, usize, usize, u16);
@@ -57,22 +56,13 @@ pub(super) fn count(
         status,
     );
     NEAR.with_borrow_mut(|near| {
-        if let Some((counter, _)) = near.get(&place) {
-            counter.increment(by);
-            return;
-        }
-        let [tenant, model, backend] = labels.map(Arc::clone);
-        let counter = registered((name, tenant, model, backend, status), make);
+        let (counter, _) = at_hand(near, place, || {
+            let [tenant, model, backend] = labels.map(Arc::clone);
+            let counter = registered((name, tenant, model, backend, status), make);
+            (counter, labels.map(Arc::clone))
+        });
         counter.increment(by);
-        if near.len() >= NEAR_MAX {
-            near.clear();
-        }
-        near.insert(place, (counter, labels.map(Arc::clone)));
     });
-}
-
-fn address(text: &Arc<str>) -> usize {
-    Arc::as_ptr(text).cast::<u8>() as usize
 }
 
 /// The series of `key`, registered by `make` the first time.
@@ -100,6 +90,7 @@ mod tests {
     use metrics::{Key, KeyName, Metadata, Recorder, SharedString, Unit};
 
     use super::*;
+    use crate::per_thread::AT_HAND_MAX;
 
     /// Counters by name and labels, as registered.
     #[derive(Default)]
@@ -152,7 +143,7 @@ mod tests {
             count(NAME, [&again, &model, &backend], 200, 2, make);
             count(NAME, [&first, &model, &backend], 503, 1, make);
             // More series than a thread keeps: the first ones are let go and found again.
-            let others: Vec<Arc<str>> = (0..NEAR_MAX + 10)
+            let others: Vec<Arc<str>> = (0..AT_HAND_MAX + 10)
                 .map(|i| Arc::from(format!("o{i}")))
                 .collect();
             for other in &others {

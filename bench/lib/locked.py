@@ -33,15 +33,24 @@ def number(text):
 
 
 def costs(path):
-    """(object, instruction address, function, Ir) of each cost line, call lines' inclusive
-    costs left out."""
+    """(object, instruction address, function, costs) of each cost line, call lines' inclusive
+    costs left out; costs are the file's events in order (`events:`), Ir first. The address is
+    the first position when the file has instruction positions (`--dump-instr=yes`), else a
+    line number."""
     names = {}
     objects = {}
     ob = fn = None
     addr = 0
+    positions, width = 1, 1
     skip_next = False
     with open(path) as f:
         for line in f:
+            if line.startswith("positions:"):
+                positions = len(line.split()) - 1
+                continue
+            if line.startswith("events:"):
+                width = len(line.split()) - 1
+                continue
             m = NAMED.match(line)
             if m:
                 # A name is given with its number the first time; `cob=`/`cfn=` name a call's
@@ -72,8 +81,10 @@ def costs(path):
             if skip_next:
                 skip_next = False
                 continue
-            if len(parts) >= 3:
-                yield ob, addr, fn, int(parts[2])
+            # Trailing events that cost nothing may be left out of a line.
+            values = [int(v) for v in parts[positions:]]
+            if values:
+                yield ob, addr, fn, values + [0] * (width - len(values))
 
 
 def main():
@@ -84,7 +95,8 @@ def main():
     total = 0
     by_fn = collections.Counter()
     by_site = collections.Counter()
-    for ob, addr, fn, n in costs(out):
+    for ob, addr, fn, values in costs(out):
+        n = values[0]
         if ob not in locked:
             locked[ob] = locked_addresses(ob) if ob and ob.startswith("/") else set()
         if addr in locked[ob]:

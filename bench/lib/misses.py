@@ -9,63 +9,47 @@ compare builds with each other or with nginx counted the same way, not with cycl
 
 Usage: misses.py CALLGRIND_OUT REQUESTS [TOP]
 """
-import collections
-import re
 import sys
 
-NAMED = re.compile(r"(c?fn)=\((\d+)\)(?: (.*))?$")
+from locked import costs
+
 SHOWN = ("I1mr", "D1mr", "D1mw")
 
 
-def by_function(path):
-    """The event names, and each function's own costs (one list per function)."""
-    names, costs = {}, collections.defaultdict(lambda: None)
-    events, fn, skip_next = [], None, False
+def events(path):
+    """The event names of a callgrind file, in the order of its cost columns."""
     with open(path) as f:
         for line in f:
             if line.startswith("events:"):
-                events = line.split()[1:]
-                continue
-            m = NAMED.match(line)
-            if m:
-                kind, index, name = m.groups()
-                if name is not None:
-                    names[index] = name
-                if kind == "fn":
-                    fn = names[index]
-                continue
-            if line.startswith("calls="):
-                # The next cost line is the call's inclusive cost, not this function's own.
-                skip_next = True
-                continue
-            if not line or not (line[0].isdigit() or line[0] in "+-*"):
-                continue
-            if skip_next:
-                skip_next = False
-                continue
-            values = [int(v) for v in line.split()[1:]]
-            own = costs[fn] or [0] * len(events)
-            for i, v in enumerate(values):
-                own[i] += v
-            costs[fn] = own
-    return events, costs
+                return line.split()[1:]
+    return []
+
+
+def by_function(path):
+    """Each function's own costs (a list per function, in the order of `events`)."""
+    own = {}
+    for _, _, fn, values in costs(path):
+        sums = own.setdefault(fn, [0] * len(values))
+        for i, v in enumerate(values):
+            sums[i] += v
+    return own
 
 
 def main():
     path, requests = sys.argv[1], int(sys.argv[2])
     top = int(sys.argv[3]) if len(sys.argv) > 3 else 10
-    events, costs = by_function(path)
-    missing = [e for e in SHOWN if e not in events]
+    names, own = events(path), by_function(path)
+    missing = [e for e in SHOWN if e not in names]
     if missing:
         sys.exit(f"{path}: no {', '.join(missing)} (was callgrind run with --cache-sim=yes?)")
-    at = {e: events.index(e) for e in SHOWN}
-    totals = {e: sum(c[at[e]] for c in costs.values()) for e in SHOWN}
+    at = {e: names.index(e) for e in SHOWN}
+    totals = {e: sum(c[at[e]] for c in own.values()) for e in SHOWN}
     print("  ".join(f"{totals[e] / requests:.0f} {e}" for e in SHOWN) + " per request")
     for e in SHOWN:
         if top == 0:
             break
         print(f"  by {e}:")
-        ranked = sorted(costs.items(), key=lambda kv: -kv[1][at[e]])[:top]
+        ranked = sorted(own.items(), key=lambda kv: -kv[1][at[e]])[:top]
         for fn, c in ranked:
             print(f"    {c[at[e]] / requests:7.1f}  {fn[:130]}")
 

@@ -14,7 +14,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, PoisonError, RwLock};
 
 use metrics::{
     Counter, Gauge, Histogram, HistogramFn, Key, KeyName, Metadata, Recorder, SharedString, Unit,
@@ -142,46 +142,50 @@ impl<T> Default for Family<T> {
     }
 }
 
-impl<T> Family<T> {
-    /// The series of `key`, made by `make` on first use. Handles on the request path are made
-    /// once and kept; a series looked up per call (a failure's, by its error type) is found
-    /// without a copy of its key.
-    fn series(&mut self, key: &Key, make: impl FnOnce() -> T) -> Arc<T> {
-        if let Some(found) = self
-            .series
-            .get(key.name())
-            .and_then(|by_key| by_key.get(key))
-        {
-            return Arc::clone(found);
-        }
-        let made = Arc::new(make());
-        self.series
-            .entry(key.name().to_owned())
-            .or_default()
-            .insert(key.clone(), Arc::clone(&made));
-        made
+/// The series of `key` in `family`, made by `make` on first use. Handles on the request path are
+/// made once and kept, but a refusal's series is looked up at each refusal (`counter!` with its
+/// reason), many at once when the gateway sheds: it is found under the read lock, which threads
+/// share, and made under the write lock; a series is found without a copy of its key.
+fn series_of<T>(family: &RwLock<Family<T>>, key: &Key, make: impl FnOnce() -> T) -> Arc<T> {
+    let read = family.read().unwrap_or_else(PoisonError::into_inner);
+    if let Some(found) = read
+        .series
+        .get(key.name())
+        .and_then(|by_key| by_key.get(key))
+    {
+        return Arc::clone(found);
     }
+    drop(read);
+    let mut write = family.write().unwrap_or_else(PoisonError::into_inner);
+    let by_key = write.series.entry(key.name().to_owned()).or_default();
+    Arc::clone(
+        by_key
+            .entry(key.clone())
+            .or_insert_with(|| Arc::new(make())),
+    )
+}
 
-    /// The first description of `name` is kept, as the exporter keeps it.
-    fn describe(&mut self, name: &str, description: SharedString) {
-        self.descriptions
-            .entry(name.to_owned())
-            .or_insert(description);
-    }
+/// The first description of `name` in `family` is kept, as the exporter keeps it.
+fn describe<T>(family: &RwLock<Family<T>>, name: &str, description: SharedString) {
+    let mut write = family.write().unwrap_or_else(PoisonError::into_inner);
+    write
+        .descriptions
+        .entry(name.to_owned())
+        .or_insert(description);
 }
 
 /// Writes each series of `family` in Prometheus's text format, each name after its `# HELP`
 /// and `# TYPE` lines, each series by `write` (given the page, the name and the label pairs).
 /// The lock is held only to copy the list of series, not while they are written.
 fn render_family<T>(
-    family: &Mutex<Family<T>>,
+    family: &RwLock<Family<T>>,
     kind: &str,
     out: &mut String,
     write: impl Fn(&mut String, &str, &[String], &T),
 ) {
     type Series<T> = Vec<(String, Vec<(Key, Arc<T>)>)>;
     let (series, descriptions): (Series<T>, BTreeMap<String, SharedString>) = {
-        let family = family.lock().unwrap_or_else(PoisonError::into_inner);
+        let family = family.read().unwrap_or_else(PoisonError::into_inner);
         let series = family
             .series
             .iter()
@@ -211,16 +215,16 @@ fn render_family<T>(
 pub(crate) struct Kept {
     /// Which histograms get which buckets: the first whose matcher takes the name.
     buckets: Vec<(Matcher, &'static [f64])>,
-    histograms: Mutex<Family<Fixed>>,
-    counters: Mutex<Family<Tally>>,
+    histograms: RwLock<Family<Fixed>>,
+    counters: RwLock<Family<Tally>>,
 }
 
 impl Kept {
     pub(crate) fn new(buckets: Vec<(Matcher, &'static [f64])>) -> Kept {
         Kept {
             buckets,
-            histograms: Mutex::default(),
-            counters: Mutex::default(),
+            histograms: RwLock::default(),
+            counters: RwLock::default(),
         }
     }
 
@@ -229,20 +233,10 @@ impl Kept {
         rules.find_map(|(matcher, bounds)| matcher.matches(name).then_some(*bounds))
     }
 
-    fn histograms(&self) -> std::sync::MutexGuard<'_, Family<Fixed>> {
-        self.histograms
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn counters(&self) -> std::sync::MutexGuard<'_, Family<Tally>> {
-        self.counters.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
     /// The histogram series of `key`, made on first use; `None` when its name has no buckets.
     fn histogram(&self, key: &Key) -> Option<Arc<Fixed>> {
         let bounds = self.bounds(key.name())?;
-        Some(self.histograms().series(key, || Fixed::new(bounds)))
+        Some(series_of(&self.histograms, key, || Fixed::new(bounds)))
     }
 
     /// The counters, then the histograms, in Prometheus's text format.
@@ -292,7 +286,7 @@ pub(crate) struct SplitRecorder {
 
 impl Recorder for SplitRecorder {
     fn describe_counter(&self, key: KeyName, _unit: Option<Unit>, description: SharedString) {
-        self.kept.counters().describe(key.as_str(), description);
+        describe(&self.kept.counters, key.as_str(), description);
     }
 
     fn describe_gauge(&self, key: KeyName, unit: Option<Unit>, description: SharedString) {
@@ -301,14 +295,14 @@ impl Recorder for SplitRecorder {
 
     fn describe_histogram(&self, key: KeyName, unit: Option<Unit>, description: SharedString) {
         if self.kept.bounds(key.as_str()).is_some() {
-            self.kept.histograms().describe(key.as_str(), description);
+            describe(&self.kept.histograms, key.as_str(), description);
         } else {
             self.exporter.describe_histogram(key, unit, description);
         }
     }
 
     fn register_counter(&self, key: &Key, _metadata: &Metadata<'_>) -> Counter {
-        Counter::from_arc(self.kept.counters().series(key, Tally::new))
+        Counter::from_arc(series_of(&self.kept.counters, key, Tally::new))
     }
 
     fn register_gauge(&self, key: &Key, metadata: &Metadata<'_>) -> Gauge {
@@ -536,5 +530,36 @@ mod tests {
         assert_eq!(mine, lines);
         // Counters are no longer the exporter's: its own page has none of them.
         assert!(!ours.exporter.handle().render().contains("c_total"));
+    }
+
+    /// A refusal's series is registered at each refusal, on every worker thread when the gateway
+    /// sheds: threads registering one series at once get that one series and lose no count.
+    #[test]
+    fn threads_registering_one_series_at_once_share_it_and_lose_no_count() {
+        let kept = Arc::new(Kept::new(vec![]));
+        let recorder = SplitRecorder {
+            kept: Arc::clone(&kept),
+            exporter: metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder(),
+            folding: std::sync::Once::new(),
+        };
+        let metadata = Metadata::new("t", metrics::Level::INFO, None);
+        let key = Key::from_parts("refused_total", vec![metrics::Label::new("why", "full")]);
+        let (threads, per_thread) = (12, 2000);
+        std::thread::scope(|s| {
+            for _ in 0..threads {
+                s.spawn(|| {
+                    for _ in 0..per_thread {
+                        recorder.register_counter(&key, &metadata).increment(1);
+                    }
+                });
+            }
+        });
+        let mut page = String::new();
+        kept.render(&mut page);
+        let total = threads * per_thread;
+        assert_eq!(
+            page,
+            format!("# TYPE refused_total counter\nrefused_total{{why=\"full\"}} {total}\n\n")
+        );
     }
 }

@@ -371,6 +371,15 @@ mod tests {
 
     const BOUNDS: &[f64] = &[0.1, 1.0, 10.0];
 
+    /// A recorder keeping its series in `kept`, in front of an exporter of its own.
+    fn split(kept: &Arc<Kept>) -> SplitRecorder {
+        SplitRecorder {
+            kept: Arc::clone(kept),
+            exporter: metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder(),
+            folding: std::sync::Once::new(),
+        }
+    }
+
     #[test]
     fn each_value_counts_at_every_bound_at_or_above_it_as_the_exporter_counts() {
         let fixed = Fixed::new(BOUNDS);
@@ -438,11 +447,7 @@ mod tests {
             (Matcher::Full("h_attempts".into()), BOUNDS),
             (Matcher::Suffix("_seconds".into()), &[0.5]),
         ]));
-        let recorder = SplitRecorder {
-            kept: Arc::clone(&kept),
-            exporter: metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder(),
-            folding: std::sync::Once::new(),
-        };
+        let recorder = split(&kept);
         let metadata = Metadata::new("t", metrics::Level::INFO, None);
         recorder.describe_histogram("h_seconds".into(), Some(Unit::Seconds), "How long.".into());
         let key = Key::from_parts("h_seconds", vec![metrics::Label::new("model", "m\"1")]);
@@ -483,11 +488,7 @@ mod tests {
     #[test]
     fn counters_are_written_as_the_exporter_writes_them() {
         let kept = Arc::new(Kept::new(vec![]));
-        let ours = SplitRecorder {
-            kept: Arc::clone(&kept),
-            exporter: metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder(),
-            folding: std::sync::Once::new(),
-        };
+        let ours = split(&kept);
         let exporter = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
         let metadata = Metadata::new("t", metrics::Level::INFO, None);
         let labels = vec![
@@ -537,11 +538,7 @@ mod tests {
     #[test]
     fn threads_registering_one_series_at_once_share_it_and_lose_no_count() {
         let kept = Arc::new(Kept::new(vec![]));
-        let recorder = SplitRecorder {
-            kept: Arc::clone(&kept),
-            exporter: metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder(),
-            folding: std::sync::Once::new(),
-        };
+        let recorder = split(&kept);
         let metadata = Metadata::new("t", metrics::Level::INFO, None);
         let key = Key::from_parts("refused_total", vec![metrics::Label::new("why", "full")]);
         let (threads, per_thread) = (12, 2000);

@@ -20,14 +20,18 @@
 #   count), CACHE=0 (1: also simulate the caches, `--cache-sim=yes`, and count the first-level
 #   instruction and data misses a request takes, and where: lib/misses.py, in place of the top
 #   functions; a model without prefetching, for comparing builds, and under valgrind SHA-256
-#   runs without the CPU's instructions for it).
+#   runs without the CPU's instructions for it), FOOTPRINT=0 (1: also the code a request runs
+#   through: the instructions run about once a request or more, their bytes and 64-byte lines,
+#   by object and function: lib/footprint.py; at one connection a request fetches those lines
+#   again, so their number is its code's cost there more than its instruction count).
 # Output: per binary, instructions per request and the top functions.
 set -euo pipefail
 BENCH_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO_DIR="$(cd "$BENCH_DIR/.." && pwd)"
-case "${1:-}" in -h|--help|"") sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0;; esac
+case "${1:-}" in -h|--help|"") sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0;; esac
 REQUESTS="${REQUESTS:-2000}"; WARMUP="${WARMUP:-300}"; TOP="${TOP:-25}"; LOCKED="${LOCKED:-0}"
-DUMP_INSTR=no; [ "$LOCKED" = 1 ] && DUMP_INSTR=yes
+FOOTPRINT="${FOOTPRINT:-0}"
+DUMP_INSTR=no; { [ "$LOCKED" = 1 ] || [ "$FOOTPRINT" = 1 ]; } && DUMP_INSTR=yes
 CACHE_SIM=no; [ "${CACHE:-0}" = 1 ] && CACHE_SIM=yes
 BENCH_HEADERS="${BENCH_HEADERS:-}"
 if [ "${SDK_HEADERS:-0}" = 1 ]; then
@@ -102,6 +106,9 @@ PY
   echo "$bin: $((total / REQUESTS)) instructions per request ($total over $REQUESTS requests)"
   if [ "$LOCKED" = 1 ]; then
     python3 "$BENCH_DIR/lib/locked.py" "$file.1" "$REQUESTS" "$TOP"
+  fi
+  if [ "$FOOTPRINT" = 1 ]; then
+    python3 "$BENCH_DIR/lib/footprint.py" "$file.1" "$REQUESTS" "$([ "$TOP" = 0 ] && echo 0 || echo 15)"
   fi
   if [ "$CACHE_SIM" = yes ]; then
     python3 "$BENCH_DIR/lib/misses.py" "$file.1" "$REQUESTS" "$([ "$TOP" = 0 ] && echo 0 || echo 10)"

@@ -7,6 +7,7 @@
 //! was loaded in, and the back-off of its failed refreshes. moka drops an entry once its stale
 //! window is over; until then the freshness rules decide what a lookup does with it.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -27,6 +28,9 @@ pub(crate) struct Entry {
     pub epoch: u64,
     flush_share: f64,
     refresh: Mutex<RefreshFailures>,
+    /// Set once the cache has let it go (revoked, replaced, evicted, expired): the per-thread
+    /// fronts (`front.rs`) stop answering with it.
+    retired: AtomicBool,
 }
 
 #[derive(Debug, Default)]
@@ -44,7 +48,17 @@ impl Entry {
             epoch,
             flush_share: rand::random::<f64>(),
             refresh: Mutex::new(RefreshFailures::default()),
+            retired: AtomicBool::new(false),
         }
+    }
+
+    /// The cache has let it go.
+    pub fn retire(&self) {
+        self.retired.store(true, Ordering::SeqCst);
+    }
+
+    pub fn retired(&self) -> bool {
+        self.retired.load(Ordering::SeqCst)
     }
 
     /// What a lookup does with it at `now`; `flush` is the current epoch and, when it moved

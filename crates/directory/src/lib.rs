@@ -42,6 +42,7 @@ pub mod warm;
 
 mod entry;
 mod flight;
+mod front;
 mod load;
 pub mod log_gate;
 mod naive;

@@ -20,6 +20,7 @@ use tracing::warn;
 use crate::entry::{Entry, Unknown};
 use crate::flight::{answer_of, Answer, Joined, Landing, Leader, Source};
 use crate::freshness::{self, State as Freshness, Window};
+use crate::front;
 use crate::shared::SharedAnswer;
 use crate::state::State;
 use crate::{metrics, unix_ms, DirectoryError, Lookup, Outcome};
@@ -65,9 +66,24 @@ impl State {
         now: Instant,
     ) -> Result<Lookup, Option<Arc<Entry>>> {
         let epoch = self.epoch.load(Ordering::SeqCst);
+        let front = self.front_allowed();
+        if front {
+            let fresh = |entry: &Entry| {
+                let fresh = self.judge(entry, now, epoch) == Freshness::Fresh;
+                fresh.then(|| served(entry, Outcome::Fresh))
+            };
+            if let Some(answer) = front::answer(self.front_owner, digest, fresh) {
+                return Ok(answer);
+            }
+        }
         if let Some(entry) = self.known.get(digest) {
             return match self.judge(&entry, now, epoch) {
-                Freshness::Fresh => Ok(served(&entry, Outcome::Fresh)),
+                Freshness::Fresh => {
+                    if front {
+                        front::put(self.front_owner, digest, &entry);
+                    }
+                    Ok(served(&entry, Outcome::Fresh))
+                }
                 Freshness::Stale => {
                     self.start_refresh(digest, &entry, now);
                     Ok(served(&entry, Outcome::Stale))

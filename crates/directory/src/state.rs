@@ -27,6 +27,7 @@ use tokio::time::Instant;
 use crate::entry::{Entry, Unknown, UntilUnusable};
 use crate::flight::Flights;
 use crate::freshness::State as Freshness;
+use crate::front;
 use crate::log_gate::LogGate;
 use crate::shared::{self, SharedLayer};
 use crate::{metrics, unix_ms, DirectoryStats};
@@ -52,6 +53,8 @@ pub(crate) struct State {
     pub counts: Counts,
     /// Store errors are logged at most once per interval.
     pub store_log: LogGate,
+    /// Its number in the threads' fronts (`front.rs`).
+    pub front_owner: u64,
 }
 
 #[derive(Default)]
@@ -75,7 +78,10 @@ impl State {
         let known = Cache::builder()
             .max_capacity(config.max_entries)
             .expire_after(UntilUnusable)
-            .eviction_listener(move |_, _, cause| {
+            .eviction_listener(move |_, entry: Arc<Entry>, cause| {
+                // Whatever the cause: moka calls this at once for a revoke or a replacement,
+                // so a thread's front stops answering with it before either returns.
+                entry.retire();
                 if cause == RemovalCause::Size {
                     evictions.fetch_add(1, Ordering::Relaxed);
                     metrics::eviction("known");
@@ -109,7 +115,16 @@ impl State {
             warm: AtomicBool::new(false),
             counts,
             store_log: LogGate::new(shared::LOG_EVERY),
+            front_owner: front::next_owner(),
         }
+    }
+
+    /// Whether the threads' fronts may answer: only while the known keys' cache is below seven
+    /// eighths of its bound, where moka evicts nothing; nearer, moka sees every read, so its
+    /// eviction still takes the keys read least.
+    pub fn front_allowed(&self) -> bool {
+        let bound = self.config.max_entries;
+        self.known.entry_count() < bound - bound / 8
     }
 
     /// Puts a known answer in the cache, unless an invalidation happened since `seq` was read
@@ -213,5 +228,93 @@ impl State {
             flushes: c.flushes.load(Ordering::Relaxed),
             warm: self.warm.load(Ordering::Acquire),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use spillway_store::{ApiKey, DeferredStore, Tenant, TenantSpec};
+
+    use super::*;
+    use crate::freshness::Window;
+
+    fn answer() -> Arc<KeyMatch> {
+        Arc::new(KeyMatch {
+            key: ApiKey {
+                id: "key_0".to_owned(),
+                tenant: "acme".to_owned(),
+                prefix: "sk-spw-test".to_owned(),
+                description: None,
+                created_at: 1_700_000_000,
+                expires_at: None,
+                revoked_at: None,
+            },
+            tenant: Tenant {
+                spec: TenantSpec {
+                    name: "acme".to_owned(),
+                    requests_per_min: None,
+                    tokens_per_min: None,
+                    max_concurrency: None,
+                    priority: Default::default(),
+                    allowed_models: None,
+                    pool: None,
+                    default_model: None,
+                    enabled: true,
+                },
+                created_at: 1_700_000_000,
+                updated_at: 1_700_000_000,
+            },
+        })
+    }
+
+    #[test]
+    fn the_fronts_answer_only_below_seven_eighths_of_the_cache_bound() {
+        let config = CacheConfig {
+            max_entries: 16,
+            ..CacheConfig::default()
+        };
+        let state = State::new(Arc::new(DeferredStore::new(1)), config, None);
+        let now = Instant::now();
+        let window = Window {
+            fresh_until: now + Duration::from_secs(60),
+            stale_until: now + Duration::from_secs(120),
+        };
+        for i in 0..16u8 {
+            state.known.run_pending_tasks();
+            assert_eq!(state.front_allowed(), i < 14, "with {i} entries");
+            let entry = Arc::new(Entry::new(answer(), window, 0, 0));
+            assert!(state.insert_known(&[i; 32], entry, 0));
+        }
+    }
+
+    #[test]
+    fn an_entry_the_cache_lets_go_is_retired() {
+        let state = State::new(
+            Arc::new(DeferredStore::new(1)),
+            CacheConfig::default(),
+            None,
+        );
+        let now = Instant::now();
+        let window = Window {
+            fresh_until: now + Duration::from_secs(60),
+            stale_until: now + Duration::from_secs(120),
+        };
+        let first = Arc::new(Entry::new(answer(), window, 0, 0));
+        state.insert_known(&[1; 32], first.clone(), 0);
+        assert!(!first.retired());
+        let second = Arc::new(Entry::new(answer(), window, 0, 0));
+        state.insert_known(&[1; 32], second.clone(), 0);
+        assert!(first.retired(), "replaced");
+        assert!(!second.retired());
+        state.invalidate(&[1; 32]);
+        assert!(second.retired(), "revoked");
+        let third = Arc::new(Entry::new(answer(), window, 0, 0));
+        state.insert_known(&[2; 32], third.clone(), 0);
+        state.invalidate_if(|_| true);
+        assert!(third.retired(), "revoked with its tenant");
+        // A load that began before a revoke takes its answer out again.
+        let late = Arc::new(Entry::new(answer(), window, 0, 0));
+        assert!(!state.insert_known(&[3; 32], late.clone(), 0));
+        assert!(late.retired(), "taken out after a revoke");
     }
 }

@@ -12,6 +12,7 @@
 
 mod api;
 mod flush;
+mod front;
 mod lookups;
 mod redis_layer;
 mod snapshot;

@@ -196,17 +196,15 @@ impl Admission {
         self.queue_wait
     }
 
-    /// Waits for a seat in `pool` for an admitted request (which then holds it until its
-    /// response ends), or sheds it.
-    async fn seat(
+    /// The queue `tenant`'s requests for `pool` wait in, and the seats its backends have at
+    /// `now`; refused when there is no backend to wait for.
+    fn queue_for(
         &self,
         now: Instant,
         pool: &ModelPool,
         tenant: &Tenant,
-        class: spillway_policy::Priority,
-        admitted: &mut Ticket,
-        traffic: &Arc<TenantTraffic>,
-    ) -> Result<(), ApiError> {
+        traffic: &TenantTraffic,
+    ) -> Result<(&Arc<PoolQueue>, usize), ApiError> {
         let key = (pool.name.clone(), tenant.pool.clone());
         let Some(queue) = self.queues.get(&key) else {
             traffic.shed(Refused::NoBackend);
@@ -232,6 +230,20 @@ impl Admission {
             )
             .retry_after(OVERLOADED_RETRY_AFTER));
         }
+        Ok((queue, seats))
+    }
+
+    /// Waits for a seat in `queue`, which has `seats`, for `call`, admitted with `admitted`
+    /// (which then holds it until its response ends), or sheds it.
+    async fn wait_for_seat(
+        &self,
+        (queue, seats): (&Arc<PoolQueue>, usize),
+        now: Instant,
+        call: &Call,
+        admitted: &mut Ticket,
+    ) -> Result<(), ApiError> {
+        let (pool, tenant, class, traffic) =
+            (&*call.pool, &*call.tenant, call.priority, &call.traffic);
         let line = match self.fair_lines {
             true => &tenant.name,
             false => &*ONE_LINE,
@@ -390,8 +402,15 @@ impl Admission {
             .retry_after(NO_CAPACITY_RETRY_AFTER));
         };
         call.throttle_pass = Some(pass);
-        self.seat(now, pool, &call.tenant, call.priority, &mut ticket, traffic)
-            .await?;
+        let (queue, seats) = self.queue_for(now, pool, &call.tenant, traffic)?;
+        // A free seat is taken here, without the wait's future, which is set up only for a
+        // request that may have to wait (and then on the heap, out of every request's future).
+        if let Some(seat) = queue.try_enter(now, seats) {
+            ticket.seated(seat, &call.tenant.name, call.priority, Duration::ZERO);
+            traffic.admitted();
+        } else {
+            Box::pin(self.wait_for_seat((queue, seats), now, call, &mut ticket)).await?;
+        }
         Ok(ticket)
     }
 

@@ -86,6 +86,15 @@ impl PoolQueue {
         (queued, q.in_use(), q.seats())
     }
 
+    /// A seat at once, when one is free and no one waits for it; `None` otherwise, for
+    /// [`PoolQueue::enter`] to queue or refuse the request. `seats` as for `enter`.
+    pub(crate) fn try_enter(self: &Arc<Self>, now: Instant, seats: usize) -> Option<Seat> {
+        let mut queue = self.lock();
+        let released = queue.set_seats(now, seats);
+        hand_out(&mut queue, released);
+        queue.try_admit().then(|| self.seat())
+    }
+
     /// A seat at once, or after waiting at most `queue_wait` in `line`; `seats` is the pool's
     /// capacity at `now` (it follows the backends' adaptive limits). `waiting` is called when
     /// the request must wait, and what it returns is held while it does. Returns the seat and

@@ -237,6 +237,39 @@ mod queue {
     }
 
     #[tokio::test]
+    async fn a_seat_taken_at_once_never_passes_a_waiter() {
+        let q = queue(8, 8, 5_000);
+        let held = q.try_enter(Instant::now(), 1).expect("a free seat");
+        assert!(q.try_enter(Instant::now(), 1).is_none(), "no seat is free");
+        let q2 = q.clone();
+        let waiter = tokio::spawn(async move {
+            q2.enter(Instant::now(), 1, Priority::Standard, &"b".into(), || ())
+                .await
+        });
+        while q.figures().0[1] == 0 {
+            tokio::task::yield_now().await;
+        }
+        // The freed seat goes to the one waiting, not to a request asking at once after.
+        drop(held);
+        assert!(q.try_enter(Instant::now(), 1).is_none());
+        let (seat, _) = waiter.await.unwrap().unwrap();
+        // Nor does a seat added to the pool: it goes to the waiter first, when there is one.
+        let q3 = q.clone();
+        let second = tokio::spawn(async move {
+            q3.enter(Instant::now(), 1, Priority::Standard, &"c".into(), || ())
+                .await
+        });
+        while q.figures().0[1] == 0 {
+            tokio::task::yield_now().await;
+        }
+        assert!(q.try_enter(Instant::now(), 2).is_none());
+        let (other, _) = second.await.unwrap().unwrap();
+        assert_eq!(q.figures(), ([0, 0, 0], 2, 2));
+        drop((seat, other));
+        assert!(q.try_enter(Instant::now(), 2).is_some());
+    }
+
+    #[tokio::test]
     async fn waiters_time_out_and_queues_are_bounded_per_tenant() {
         let q = queue(8, 1, 50);
         let _held = q

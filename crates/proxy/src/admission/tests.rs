@@ -204,6 +204,27 @@ mod queue {
         )
     }
 
+    type Entered = Result<(super::super::queue::Seat, Duration), Shed>;
+
+    /// A request of `line` entering `q` (of `seats` seats) in a task of its own.
+    fn entering(
+        q: &Arc<PoolQueue>,
+        seats: usize,
+        class: Priority,
+        line: &str,
+    ) -> tokio::task::JoinHandle<Entered> {
+        let (q, line) = (q.clone(), Arc::<str>::from(line));
+        tokio::spawn(async move { q.enter(Instant::now(), seats, class, &line, || ()).await })
+    }
+
+    /// Until a request of `class` waits in `q`.
+    async fn until_waiting(q: &PoolQueue, class: Priority) {
+        let at = Priority::ALL.iter().position(|&p| p == class).unwrap();
+        while q.figures().0[at] == 0 {
+            tokio::task::yield_now().await;
+        }
+    }
+
     #[tokio::test]
     async fn a_freed_seat_goes_to_the_waiter_and_a_gone_waiter_passes_it_on() {
         let q = queue(8, 8, 5_000);
@@ -220,14 +241,8 @@ mod queue {
         .await;
         assert!(gone.is_err());
         assert_eq!(q.figures().0, [0, 0, 0]);
-        let q2 = q.clone();
-        let next = tokio::spawn(async move {
-            q2.enter(Instant::now(), 1, Priority::Standard, &"c".into(), || ())
-                .await
-        });
-        while q.figures().0[1] == 0 {
-            tokio::task::yield_now().await;
-        }
+        let next = entering(&q, 1, Priority::Standard, "c");
+        until_waiting(&q, Priority::Standard).await;
         drop(held);
         let (seat, waited) = next.await.unwrap().unwrap();
         assert!(waited > Duration::ZERO);
@@ -241,27 +256,15 @@ mod queue {
         let q = queue(8, 8, 5_000);
         let held = q.try_enter(Instant::now(), 1).expect("a free seat");
         assert!(q.try_enter(Instant::now(), 1).is_none(), "no seat is free");
-        let q2 = q.clone();
-        let waiter = tokio::spawn(async move {
-            q2.enter(Instant::now(), 1, Priority::Standard, &"b".into(), || ())
-                .await
-        });
-        while q.figures().0[1] == 0 {
-            tokio::task::yield_now().await;
-        }
+        let waiter = entering(&q, 1, Priority::Standard, "b");
+        until_waiting(&q, Priority::Standard).await;
         // The freed seat goes to the one waiting, not to a request asking at once after.
         drop(held);
         assert!(q.try_enter(Instant::now(), 1).is_none());
         let (seat, _) = waiter.await.unwrap().unwrap();
         // Nor does a seat added to the pool: it goes to the waiter first, when there is one.
-        let q3 = q.clone();
-        let second = tokio::spawn(async move {
-            q3.enter(Instant::now(), 1, Priority::Standard, &"c".into(), || ())
-                .await
-        });
-        while q.figures().0[1] == 0 {
-            tokio::task::yield_now().await;
-        }
+        let second = entering(&q, 1, Priority::Standard, "c");
+        until_waiting(&q, Priority::Standard).await;
         assert!(q.try_enter(Instant::now(), 2).is_none());
         let (other, _) = second.await.unwrap().unwrap();
         assert_eq!(q.figures(), ([0, 0, 0], 2, 2));
@@ -276,14 +279,8 @@ mod queue {
             .enter(Instant::now(), 1, Priority::Standard, &"a".into(), || ())
             .await
             .unwrap();
-        let q2 = q.clone();
-        let waiting = tokio::spawn(async move {
-            q2.enter(Instant::now(), 1, Priority::Standard, &"b".into(), || ())
-                .await
-        });
-        while q.figures().0[1] == 0 {
-            tokio::task::yield_now().await;
-        }
+        let waiting = entering(&q, 1, Priority::Standard, "b");
+        until_waiting(&q, Priority::Standard).await;
         let full = q
             .enter(Instant::now(), 1, Priority::Standard, &"b".into(), || ())
             .await
@@ -300,19 +297,9 @@ mod queue {
             .enter(Instant::now(), 1, Priority::Critical, &"a".into(), || ())
             .await
             .unwrap();
-        let q2 = q.clone();
-        let batch = tokio::spawn(async move {
-            q2.enter(Instant::now(), 1, Priority::Batch, &"b".into(), || ())
-                .await
-        });
-        while q.figures().0[2] == 0 {
-            tokio::task::yield_now().await;
-        }
-        let q3 = q.clone();
-        let critical = tokio::spawn(async move {
-            q3.enter(Instant::now(), 1, Priority::Critical, &"c".into(), || ())
-                .await
-        });
+        let batch = entering(&q, 1, Priority::Batch, "b");
+        until_waiting(&q, Priority::Batch).await;
+        let critical = entering(&q, 1, Priority::Critical, "c");
         assert_eq!(batch.await.unwrap().err(), Some(Shed::Evicted));
         drop(held);
         assert!(critical.await.unwrap().is_ok());

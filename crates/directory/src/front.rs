@@ -2,10 +2,10 @@
 //! answered without moka's look-up (its hashing, its read log and upkeep, some ten locked
 //! operations a hit), which every request with a key makes.
 //!
-//! It answers only what moka would answer the same: an entry still in moka (the directory marks
-//! every entry it lets go, [`Entry::retire`], synchronously for a revoke or a replacement, at
-//! eviction otherwise), of this flush epoch and fresh at the time asked (the freshness rules
-//! run on it as they do on moka's answer). Anything else goes to moka. It holds at most
+//! It answers only what moka would answer the same: never an entry moka let go (its eviction
+//! listener marks each, [`Entry::retire`]: before a revoke or a replacement returns, at moka's
+//! upkeep for an eviction or expiry), and only one fresh at the time asked by the same rules as
+//! moka's answer (flush epoch, TTL). Anything else goes to moka. It holds at most
 //! [`SLOTS`] entries a thread, a slot per digest (the last one found wins it), so a thread keeps
 //! at most that many retired entries alive until their slots are taken.
 //!

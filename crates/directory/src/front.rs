@@ -83,6 +83,11 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_slot_is_48_bytes_as_docs_admission_states() {
+        assert_eq!(std::mem::size_of::<Option<Slot>>(), 48);
+    }
+
+    #[test]
     fn digests_alike_in_their_first_bytes_spread_over_the_slots() {
         let used: std::collections::HashSet<usize> = (0..1024u32)
             .map(|i| {

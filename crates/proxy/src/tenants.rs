@@ -274,32 +274,9 @@ mod tests {
     use super::*;
 
     fn answer(tenant: &str, requests_per_min: Option<u32>) -> Arc<KeyMatch> {
-        let spec = TenantSpec {
-            name: tenant.to_owned(),
-            requests_per_min,
-            tokens_per_min: None,
-            max_concurrency: None,
-            priority: Default::default(),
-            allowed_models: None,
-            pool: None,
-            default_model: None,
-            enabled: true,
-        };
-        let key = spillway_store::ApiKey {
-            id: "key_0000000000000000".to_owned(),
-            tenant: tenant.to_owned(),
-            prefix: "sk-test".to_owned(),
-            description: None,
-            created_at: 0,
-            expires_at: None,
-            revoked_at: None,
-        };
-        let tenant = spillway_store::Tenant {
-            spec,
-            created_at: 0,
-            updated_at: 0,
-        };
-        Arc::new(KeyMatch { key, tenant })
+        let mut found = spillway_testkit::key_match(0, tenant);
+        found.tenant.spec.requests_per_min = requests_per_min;
+        Arc::new(found)
     }
 
     #[tokio::test]

@@ -14,6 +14,7 @@
 //!   `SPILLWAY_TEST_REDIS_URL`; a service that is not there fails the test, naming its variable.
 //! - [`closed_port`]: a port on 127.0.0.1 where nothing listens.
 //! - `http` (feature `http`): a client, JSON fetches, the OpenAI error shape, SSE payloads.
+//! - `key_match` (feature `store`): a key's answer from the store, for tests of the key caches.
 //!
 //! The process RSS reader is not here: the replay reports RSS, so its reader is product code
 //! (`spillway_replay::resident_bytes`), and tests that measure RSS use that one rather than a
@@ -27,6 +28,8 @@ pub mod http;
 mod net;
 mod poll;
 mod services;
+#[cfg(feature = "store")]
+mod store;
 
 pub use net::closed_port;
 pub use poll::{eventually, eventually_blocking, wait_exit, POLL_EVERY};
@@ -34,3 +37,5 @@ pub use services::{
     postgres_url, redis_authority, redis_url, DEFAULT_POSTGRES_URL, DEFAULT_REDIS_URL,
     POSTGRES_URL_VAR, REDIS_URL_VAR,
 };
+#[cfg(feature = "store")]
+pub use store::key_match;

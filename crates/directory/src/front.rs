@@ -23,6 +23,7 @@ use crate::entry::Entry;
 
 /// Slots a thread has.
 pub(crate) const SLOTS: usize = 64;
+const _: () = assert!(SLOTS.is_power_of_two());
 
 struct Slot {
     /// The directory it belongs to ([`next_owner`]).
@@ -50,7 +51,8 @@ fn slot_of(digest: &KeyDigest) -> usize {
         u64::from_le_bytes(bytes)
     };
     let mixed = (word(0) ^ word(1) ^ word(2) ^ word(3)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    (mixed >> 58) as usize % SLOTS
+    // The product's highest bits, the best mixed, as many as number the slots.
+    (mixed >> (u64::BITS - SLOTS.ilog2())) as usize
 }
 
 /// What `answer` makes of the entry this thread holds for `digest` of directory `owner`, unless

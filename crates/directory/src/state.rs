@@ -233,38 +233,13 @@ impl State {
 
 #[cfg(test)]
 mod tests {
-    use spillway_store::{ApiKey, DeferredStore, Tenant, TenantSpec};
+    use spillway_store::{DeferredStore, KeyDigest};
 
     use super::*;
     use crate::freshness::Window;
 
     fn answer() -> Arc<KeyMatch> {
-        Arc::new(KeyMatch {
-            key: ApiKey {
-                id: "key_0".to_owned(),
-                tenant: "acme".to_owned(),
-                prefix: "sk-spw-test".to_owned(),
-                description: None,
-                created_at: 1_700_000_000,
-                expires_at: None,
-                revoked_at: None,
-            },
-            tenant: Tenant {
-                spec: TenantSpec {
-                    name: "acme".to_owned(),
-                    requests_per_min: None,
-                    tokens_per_min: None,
-                    max_concurrency: None,
-                    priority: Default::default(),
-                    allowed_models: None,
-                    pool: None,
-                    default_model: None,
-                    enabled: true,
-                },
-                created_at: 1_700_000_000,
-                updated_at: 1_700_000_000,
-            },
-        })
+        Arc::new(spillway_testkit::key_match(0, "acme"))
     }
 
     #[test]
@@ -273,17 +248,25 @@ mod tests {
             max_entries: 16,
             ..CacheConfig::default()
         };
-        let state = State::new(Arc::new(DeferredStore::new(1)), config, None);
+        let state = Arc::new(State::new(Arc::new(DeferredStore::new(1)), config, None));
         let now = Instant::now();
         let window = Window {
             fresh_until: now + Duration::from_secs(60),
             stale_until: now + Duration::from_secs(120),
         };
+        let in_front =
+            |digest: &KeyDigest| front::answer(state.front_owner, digest, |_| Some(())).is_some();
         for i in 0..16u8 {
-            state.known.run_pending_tasks();
-            assert_eq!(state.front_allowed(), i < 14, "with {i} entries");
+            let digest = [i; 32];
             let entry = Arc::new(Entry::new(answer(), window, 0, 0));
-            assert!(state.insert_known(&[i; 32], entry, 0));
+            assert!(state.insert_known(&digest, entry, 0));
+            state.known.run_pending_tasks();
+            let below = i + 1 < 14;
+            assert_eq!(state.front_allowed(), below, "with {} entries", i + 1);
+            // A fresh answer found in moka is kept in this thread's front only below the bound.
+            let found = state.cached(&digest, now).expect("a fresh entry");
+            assert_eq!(found.outcome, crate::Outcome::Fresh);
+            assert_eq!(in_front(&digest), below, "with {} entries", i + 1);
         }
     }
 

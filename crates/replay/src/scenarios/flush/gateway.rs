@@ -181,11 +181,7 @@ impl Supervisor {
 
 /// SIGTERM, then a kill if the process has not exited within [`TERM_GRACE`].
 async fn terminate(mut process: ChildProcess) {
-    let sent = tokio::process::Command::new("kill")
-        .args(["-s", "TERM", &process.pid().to_string()])
-        .status()
-        .await;
-    if matches!(sent, Ok(status) if status.success()) {
+    if process.terminate().await {
         let end = Instant::now() + TERM_GRACE;
         while process.exited().is_none() && Instant::now() < end {
             tokio::time::sleep(Duration::from_millis(20)).await;

@@ -97,6 +97,8 @@ enum Failure {
     Connect { error: BoxError, after_stale: bool },
     /// The connection failed once the request was on it.
     Exchange(h1::Error),
+    /// No response head came by the deadline (the connection being made counts too).
+    TimedOut,
 }
 
 impl HttpUpstream {
@@ -120,15 +122,18 @@ impl HttpUpstream {
 
     /// Sends `req` on a kept-alive connection of `backend`, or a new one; once more on a new one
     /// when the kept-alive connection turns out to have been closed ([`stale`]).
+    /// Sends `req` to `backend` at `now` and reads its response head, by `deadline`.
     async fn exchange(
         &self,
         backend: &Backend,
-        now: Instant,
+        (now, deadline): (Instant, Instant),
         req: &Outgoing,
     ) -> Result<http::Response<UpstreamBody>, Failure> {
-        let (mut conn, kept) = self.checkout(backend, now).await?;
-        let error = match conn.send(req).await {
+        let deadline = tokio::time::Instant::from_std(deadline);
+        let (mut conn, kept) = self.checkout(backend, now, deadline).await?;
+        let error = match conn.send_until(req, deadline).await {
             Ok(head) => return Ok(self.relayed(head, conn, &backend.idle)),
+            Err(h1::Error::TimedOut) => return Err(Failure::TimedOut),
             Err(e) => e,
         };
         if !(kept && stale(&error)) {
@@ -139,27 +144,44 @@ impl HttpUpstream {
             .metrics
             .upstream_failed(UpstreamFailure::StaleConnection);
         debug!(backend = %backend.name, "kept-alive connection was closed; sending again on a new one: {error}");
-        let mut conn = self.connect(backend, true).await?;
-        let head = conn.send(req).await.map_err(Failure::Exchange)?;
-        Ok(self.relayed(head, conn, &backend.idle))
-    }
-
-    /// A connection to `backend` ready for a request made at `now`, and whether it was kept
-    /// from an earlier one.
-    async fn checkout(&self, backend: &Backend, now: Instant) -> Result<(Conn, bool), Failure> {
-        match backend.idle.take(now, self.keep) {
-            Some(conn) => Ok((conn, true)),
-            None => Ok((self.connect(backend, false).await?, false)),
+        let mut conn = self.connect(backend, true, deadline).await?;
+        match conn.send_until(req, deadline).await {
+            Ok(head) => Ok(self.relayed(head, conn, &backend.idle)),
+            Err(h1::Error::TimedOut) => Err(Failure::TimedOut),
+            Err(e) => Err(Failure::Exchange(e)),
         }
     }
 
-    /// A new connection to `backend`; `after_stale` when a kept one was found closed first.
-    async fn connect(&self, backend: &Backend, after_stale: bool) -> Result<Conn, Failure> {
-        let stream = self
+    /// A connection to `backend` ready for a request made at `now`, and whether it was kept
+    /// from an earlier one; a new one is given up at `deadline`.
+    async fn checkout(
+        &self,
+        backend: &Backend,
+        now: Instant,
+        deadline: tokio::time::Instant,
+    ) -> Result<(Conn, bool), Failure> {
+        match backend.idle.take(now, self.keep) {
+            Some(conn) => Ok((conn, true)),
+            None => Ok((self.connect(backend, false, deadline).await?, false)),
+        }
+    }
+
+    /// A new connection to `backend`, given up at `deadline`; `after_stale` when a kept-alive
+    /// one was found closed first.
+    async fn connect(
+        &self,
+        backend: &Backend,
+        after_stale: bool,
+        deadline: tokio::time::Instant,
+    ) -> Result<Conn, Failure> {
+        let connecting = self
             .connector
             .clone()
-            .oneshot(backend.uri(Endpoint::ChatCompletions).clone())
+            .oneshot(backend.uri(Endpoint::ChatCompletions).clone());
+        // Boxed: a connection is made rarely (they are kept) and its future is large.
+        let stream = tokio::time::timeout_at(deadline, Box::pin(connecting))
             .await
+            .map_err(|_| Failure::TimedOut)?
             .map_err(|error| Failure::Connect { error, after_stale })?;
         Ok(Conn::new(match stream {
             MaybeHttpsStream::Http(tcp) => Box::new(tcp.into_inner()),
@@ -198,14 +220,17 @@ impl Upstream for HttpUpstream {
         let timeout = self
             .response_timeout
             .min(attempt.until.saturating_duration_since(sent));
-        match tokio::time::timeout(timeout, self.exchange(backend, sent, &req)).await {
-            Ok(Ok(response)) => {
+        match self
+            .exchange(backend, (sent, after(sent, timeout)), &req)
+            .await
+        {
+            Ok(response) => {
                 backend
                     .metrics
                     .upstream_responded(crate::clock::since(sent));
                 Ok(response)
             }
-            Ok(Err(Failure::Connect { error, after_stale })) => {
+            Err(Failure::Connect { error, after_stale }) => {
                 backend.metrics.upstream_failed(UpstreamFailure::Connect);
                 warn!(backend = %backend.name, "cannot connect upstream: {error}");
                 backend.skip_for(crate::clock::now(), self.unreachable_cooldown);
@@ -218,12 +243,12 @@ impl Upstream for HttpUpstream {
                     Err(Outcome::ConnectFailed)
                 }
             }
-            Ok(Err(Failure::Exchange(e))) => {
+            Err(Failure::Exchange(e)) => {
                 backend.metrics.upstream_failed(UpstreamFailure::Connection);
                 warn!(backend = %backend.name, "upstream request failed: {e}");
                 Err(Outcome::ResetBeforeResponse)
             }
-            Err(_) => {
+            Err(Failure::TimedOut) => {
                 backend.metrics.upstream_failed(UpstreamFailure::Timeout);
                 warn!(backend = %backend.name, "no response within {timeout:?}");
                 Err(Outcome::TimedOut)
@@ -253,31 +278,30 @@ impl HttpUpstream {
             |lines| hop::write_request_headers(&headers, &own, |n, v| lines.header(n, v)),
             Cow::Owned(body),
         );
-        let exchange = self.exchange(backend, crate::clock::now(), &req);
-        match tokio::time::timeout(self.response_timeout, exchange).await {
-            Ok(Ok(response)) => Ok(response),
-            Ok(Err(failure)) => {
-                let e = match failure {
-                    Failure::Connect { error, .. } => error,
-                    Failure::Exchange(e) => e.into(),
-                };
-                warn!(backend = %backend.name, "upstream request failed: {e}");
-                Err(ApiError::new(
-                    ErrorKind::UpstreamUnavailable,
+        let now = crate::clock::now();
+        let exchange = self.exchange(backend, (now, after(now, self.response_timeout)), &req);
+        let e: BoxError = match exchange.await {
+            Ok(response) => return Ok(response),
+            Err(Failure::Connect { error, .. }) => error,
+            Err(Failure::Exchange(e)) => e.into(),
+            Err(Failure::TimedOut) => {
+                return Err(ApiError::new(
+                    ErrorKind::UpstreamTimeout,
                     format!(
-                        "the backend {:?} that has this response could not be reached",
-                        &*backend.name
+                        "the backend {:?} that has this response did not answer within {:?}",
+                        &*backend.name, self.response_timeout
                     ),
                 ))
             }
-            Err(_) => Err(ApiError::new(
-                ErrorKind::UpstreamTimeout,
-                format!(
-                    "the backend {:?} that has this response did not answer within {:?}",
-                    &*backend.name, self.response_timeout
-                ),
-            )),
-        }
+        };
+        warn!(backend = %backend.name, "upstream request failed: {e}");
+        Err(ApiError::new(
+            ErrorKind::UpstreamUnavailable,
+            format!(
+                "the backend {:?} that has this response could not be reached",
+                &*backend.name
+            ),
+        ))
     }
 }
 
@@ -337,6 +361,13 @@ fn connector(cfg: &UpstreamConfig) -> HttpsConnector<HttpConnector> {
 /// backend that went down with the request on it ends the connection the same way; then the new
 /// connection is refused, and the attempt counts as a failure after sending (a retry from the
 /// budget), not as a refused connection.
+/// `timeout` after `now`; past the clock's range, some thirty years after it (as tokio's
+/// timers take a timeout too long to be a deadline).
+fn after(now: Instant, timeout: Duration) -> Instant {
+    now.checked_add(timeout)
+        .unwrap_or_else(|| now + Duration::from_secs(30 * 365 * 86_400))
+}
+
 fn stale(error: &h1::Error) -> bool {
     error.before_response()
 }

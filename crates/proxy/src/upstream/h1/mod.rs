@@ -11,6 +11,7 @@
 //! length set here, never taken from the headers.
 
 use std::borrow::Cow;
+use std::future::Future;
 use std::io;
 use std::mem::MaybeUninit;
 use std::ops::Range;
@@ -50,6 +51,11 @@ pub(crate) struct Conn {
     io: Box<dyn Io>,
     /// Read and not yet taken: part of a response head or body.
     buf: BytesMut,
+    /// The timer of its exchanges' deadlines ([`Conn::send_until`]), kept from one to the next:
+    /// moved to a later deadline, a registered timer only has its expiry pushed back (one
+    /// atomic exchange), where a timer of its own for each exchange is put into the runtime's
+    /// timer wheel and taken out again, under the wheel's lock, every time.
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 /// Why an exchange failed.
@@ -63,6 +69,8 @@ pub(crate) enum Error {
     HeadTooLarge,
     /// The response head was not HTTP/1.
     Head(&'static str),
+    /// No response head came by the exchange's deadline ([`Conn::send_until`]).
+    TimedOut,
     /// The body was not framed as its head said.
     Body(DecodeError),
 }
@@ -83,6 +91,7 @@ impl std::fmt::Display for Error {
             Error::Io(e) => write!(f, "connection failed: {e}"),
             Error::HeadTooLarge => write!(f, "response head larger than {MAX_BUFFER} bytes"),
             Error::Head(what) => write!(f, "invalid response head: {what}"),
+            Error::TimedOut => f.write_str("no response head by the deadline"),
             Error::Body(e) => write!(f, "invalid response body: {e}"),
         }
     }
@@ -103,7 +112,38 @@ impl Conn {
         Conn {
             io,
             buf: BytesMut::new(),
+            timer: None,
         }
+    }
+
+    /// [`send`](Conn::send), given up with [`Error::TimedOut`] when no response head has come by
+    /// `deadline`.
+    pub(crate) async fn send_until(
+        &mut self,
+        req: &Outgoing,
+        deadline: tokio::time::Instant,
+    ) -> Result<Head, Error> {
+        let mut timer = match self.timer.take() {
+            Some(mut timer) => {
+                if timer.deadline() != deadline {
+                    timer.as_mut().reset(deadline);
+                }
+                timer
+            }
+            None => Box::pin(tokio::time::sleep_until(deadline)),
+        };
+        let sent = {
+            let mut send = std::pin::pin!(self.send(req));
+            std::future::poll_fn(|cx| {
+                if let Poll::Ready(sent) = send.as_mut().poll(cx) {
+                    return Poll::Ready(sent);
+                }
+                timer.as_mut().poll(cx).map(|()| Err(Error::TimedOut))
+            })
+            .await
+        };
+        self.timer = Some(timer);
+        sent
     }
 
     /// Writes `req` and reads its response head. A backend that answers before it has read the

@@ -277,6 +277,49 @@ async fn an_answer_before_the_whole_request_was_read_is_returned_and_the_connect
     drop(backend.await.unwrap());
 }
 
+/// A connection's exchanges share its one timer, each held to its own deadline: one later than
+/// the last moves the timer out (an answer after the first deadline but before its own is read),
+/// one earlier moves it in (no answer by it is a timeout, not a wait for the later one).
+#[tokio::test(start_paused = true)]
+async fn each_exchange_is_held_to_its_own_deadline_on_the_connections_one_timer() {
+    use std::time::Duration;
+    use tokio::time::Instant;
+    let (mut conn, mut far) = pair();
+    let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n";
+    let backend = tokio::spawn(async move {
+        let mut read = vec![0u8; 4096];
+        // The first is answered at once, the second 15 s after it came, the third never.
+        assert!(far.read(&mut read).await.unwrap() > 0);
+        far.write_all(answer).await.unwrap();
+        assert!(far.read(&mut read).await.unwrap() > 0);
+        tokio::time::sleep(Duration::from_secs(15)).await;
+        far.write_all(answer).await.unwrap();
+        assert!(far.read(&mut read).await.unwrap() > 0);
+        far
+    });
+    let req = post("{}");
+    let req = Outgoing::of(&req);
+    let first = Instant::now();
+    let head = conn.send_until(&req, first + Duration::from_secs(10)).await;
+    assert_eq!(head.unwrap().response.status(), 200);
+    let second = Instant::now();
+    let head = conn
+        .send_until(&req, second + Duration::from_secs(20))
+        .await;
+    assert_eq!(
+        head.expect("answered by its own deadline")
+            .response
+            .status(),
+        200
+    );
+    assert!(Instant::now() >= first + Duration::from_secs(15));
+    let third = Instant::now();
+    let head = conn.send_until(&req, third + Duration::from_secs(1)).await;
+    assert!(matches!(head, Err(Error::TimedOut)), "{:?}", head.err());
+    assert!(Instant::now() < second + Duration::from_secs(20));
+    drop(backend.await.unwrap());
+}
+
 #[tokio::test]
 async fn a_write_that_fails_after_bytes_went_out_is_not_a_stale_connection() {
     let (near, mut far) = tokio::io::duplex(1024);

@@ -23,12 +23,15 @@
 #   runs without the CPU's instructions for it), FOOTPRINT=0 (1: also the code a request runs
 #   through: the instructions run about once a request or more, their bytes and 64-byte lines,
 #   by object and function: lib/footprint.py; at one connection a request fetches those lines
-#   again, so their number is its code's cost there more than its instruction count).
+#   again, so their number is its code's cost there more than its instruction count; and the
+#   4 KiB pages they lie in; and how many of crates/spillway/hot-symbols.txt's functions, which
+#   the release link lays out first, the binary has), HOT_SYMBOLS= (with FOOTPRINT=1: a file to
+#   write this binary's hot functions to, hottest first, as hot-symbols.txt lists them).
 # Output: per binary, instructions per request and the top functions.
 set -euo pipefail
 BENCH_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO_DIR="$(cd "$BENCH_DIR/.." && pwd)"
-case "${1:-}" in -h|--help|"") sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0;; esac
+case "${1:-}" in -h|--help|"") sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit 0;; esac
 REQUESTS="${REQUESTS:-2000}"; WARMUP="${WARMUP:-300}"; TOP="${TOP:-25}"; LOCKED="${LOCKED:-0}"
 FOOTPRINT="${FOOTPRINT:-0}"
 DUMP_INSTR=no; { [ "$LOCKED" = 1 ] || [ "$FOOTPRINT" = 1 ]; } && DUMP_INSTR=yes
@@ -109,6 +112,19 @@ PY
   fi
   if [ "$FOOTPRINT" = 1 ]; then
     python3 "$BENCH_DIR/lib/footprint.py" "$file.1" "$REQUESTS" "$([ "$TOP" = 0 ] && echo 0 || echo 15)"
+    if [ "$bin" != nginx ]; then
+      # The functions the link lays out first (crates/spillway/build.rs): those the binary
+      # does not have are passed over. A list made from another build of the code (the
+      # names of generic code change with it) shows here; HOT_SYMBOLS=FILE writes this
+      # binary's own list (lib/hot_symbols.py).
+      listed="$REPO_DIR/crates/spillway/hot-symbols.txt"
+      found="$(nm --defined-only "$bin" | awk '{print $3}' | sort | comm -12 - <(sort -u "$listed") | wc -l)"
+      echo "hot-symbols.txt: $found of $(sort -u "$listed" | wc -l) listed functions are in $bin"
+      if [ -n "${HOT_SYMBOLS:-}" ]; then
+        python3 "$BENCH_DIR/lib/hot_symbols.py" "$file.1" "$REQUESTS" "$bin" > "$HOT_SYMBOLS"
+        echo "this binary's hot functions: $HOT_SYMBOLS ($(wc -l < "$HOT_SYMBOLS") names)"
+      fi
+    fi
   fi
   if [ "$CACHE_SIM" = yes ]; then
     python3 "$BENCH_DIR/lib/misses.py" "$file.1" "$REQUESTS" "$([ "$TOP" = 0 ] && echo 0 || echo 10)"

@@ -8,6 +8,9 @@ since the last one, so the lines it runs through are fetched again: the number o
 than the instructions run, is what a request's code costs there. Utilisation is the share of
 those lines' bytes that are run (the rest: code beside it that this request does not take).
 
+Pages are the 4 KiB pages those lines lie in: each a translation the CPU looks up, and walks the
+page tables for (twice over in a virtual machine) when its caches no longer hold it.
+
 Usage: footprint.py CALLGRIND_OUT REQUESTS [TOP]   (CALLGRIND_OUT written with --dump-instr=yes)
 """
 import collections
@@ -18,6 +21,7 @@ import sys
 from locked import costs
 
 LINE = 64
+PAGE = 4096
 INSTRUCTION = re.compile(r"^\s*([0-9a-f]+):")
 
 
@@ -49,7 +53,7 @@ def main():
     for ob, addr in every:
         by_object[ob].append(addr)
     by_fn = collections.Counter()
-    total_bytes = total_lines = 0
+    total_bytes = total_lines = total_pages = 0
     for ob, addrs in sorted(by_object.items(), key=lambda kv: -len(kv[1])):
         size = sizes(ob) if ob and ob.startswith("/") else {}
         lines = collections.Counter()
@@ -58,11 +62,14 @@ def main():
             lines[addr // LINE] += n
             by_fn[named[(ob, addr)]] += n
         run = sum(lines.values())
+        pages = len({line * LINE // PAGE for line in lines})
         total_bytes += run
         total_lines += len(lines)
-        print(f"{len(addrs):7d} instructions {run:8d} bytes {len(lines):6d} lines "
+        total_pages += pages
+        print(f"{len(addrs):7d} instructions {run:8d} bytes {len(lines):6d} lines {pages:4d} pages "
               f"(utilisation {run / (LINE * len(lines)):.2f})  {ob}")
-    print(f"in all: {total_bytes} bytes of code in {total_lines} lines run on a request")
+    print(f"in all: {total_bytes} bytes of code in {total_lines} lines and {total_pages} pages "
+          "run on a request")
     for fn, n in by_fn.most_common(top):
         print(f"  {n:7d}  {fn[:150]}")
 

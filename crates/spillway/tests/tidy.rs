@@ -161,6 +161,41 @@ fn databases_are_told_by_name_and_by_header() {
     assert!(!is_database("docs/database.md", b"# Databases"));
 }
 
+/// The list of functions the release link lays out first (`build.rs`) holds symbol names as the
+/// linker knows them (mangled, one a line, each once): a demangled name would be
+/// passed over without a word, and the list would order nothing.
+#[test]
+fn the_hot_symbol_list_holds_mangled_names_each_once() {
+    let list =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("hot-symbols.txt"))
+            .expect("crates/spillway/hot-symbols.txt");
+    let names: Vec<&str> = list.lines().collect();
+    assert!(names.len() > 100, "only {} names", names.len());
+    let mut seen = std::collections::HashSet::new();
+    for name in &names {
+        // Rust's mangled names (`_ZN...E`, the standard library's `_R...`) and C's plain ones.
+        assert!(
+            !name.is_empty()
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"_$.".contains(&b)),
+            "not a symbol name: {name:?}"
+        );
+        assert!(seen.insert(name), "listed twice: {name}");
+    }
+    // The request path's own stages are on it.
+    for stage in [
+        "7handler6handle",
+        "9admission9Admission5admit",
+        "7attempt4Loop3run",
+    ] {
+        assert!(
+            names.iter().any(|n| n.contains(stage)),
+            "no function of {stage} is listed"
+        );
+    }
+}
+
 /// In spillway-replay, `scenarios/mod.rs` lists the scenarios and the modules beside
 /// `scenarios/` are what they share: a shared module that imported the list, or a scenario that
 /// reached into another (or back into the list), would make the import loop this layout removed.

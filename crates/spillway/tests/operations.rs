@@ -107,6 +107,57 @@ async fn sigterm_lets_inflight_streams_finish_then_exits() {
     assert!(status.success(), "{status:?}");
 }
 
+/// At SIGTERM a keep-alive connection awaiting its next request is closed at once, not held until
+/// `shutdown_grace`; a request being served on another is answered, with `connection: close`,
+/// and then the gateway exits.
+#[tokio::test]
+async fn sigterm_closes_idle_connections_at_once_and_closes_busy_ones_after_their_answer() {
+    use support::raw::{connect, response, send_chat, until_closed};
+    use tokio::io::AsyncWriteExt;
+    let mock = mock(&[
+        "--model",
+        "m",
+        "--ttft",
+        "0ms",
+        "--tokens-per-sec",
+        "20",
+        "--max-output-tokens",
+        "40",
+    ]);
+    let mut gw = gateway(&format!(
+        "shutdown_grace = \"60s\"\n{}",
+        model("m", &[("b", "r", mock.url("/v1"))])
+    ));
+    let mut idle = connect(&gw).await;
+    idle.write_all(b"GET /livez HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let (status, head, _) = response(&mut idle).await;
+    assert_eq!(status, 200);
+    assert!(!head.contains("connection: close"), "{head}");
+    let mut busy = connect(&gw).await;
+    let mut body = chat_body("m", false);
+    body["max_tokens"] = 40.into();
+    send_chat(&mut busy, body.to_string().as_bytes()).await;
+    eventually(Duration::from_secs(10), "the request in flight", || async {
+        sample(&metrics(&gw).await, "spillway_requests_in_flight ").unwrap_or(0.0) >= 1.0
+    })
+    .await;
+    gw.signal("TERM");
+    assert!(
+        until_closed(&mut idle).await.is_some(),
+        "the idle connection is still open"
+    );
+    let (status, head, _) = response(&mut busy).await;
+    assert_eq!(status, 200, "{head}");
+    assert!(head.contains("connection: close"), "{head}");
+    assert!(until_closed(&mut busy).await.is_some());
+    let status = gw
+        .wait_exit(Duration::from_secs(20))
+        .expect("gateway exits once the answer is written");
+    assert!(status.success(), "{status:?}");
+}
+
 #[tokio::test]
 async fn one_worker_thread_serves_completions_streams_and_metrics_then_exits_on_sigterm() {
     let mock = mock(&["--model", "m", "--ttft", "0ms", "--tokens-per-sec", "0"]);

@@ -12,7 +12,8 @@
 //! while no stream is open.
 //!
 //! Nothing on the request path wakes the watchdog: a request's start and end only update this
-//! state, and the watchdog looks again when `verdict` says. It looks at least every half
+//! state, and the watchdog looks again when `verdict` says (an HTTP/1 connection looks at it only
+//! while it awaits a head, `h1/mod.rs`). It looks at least every half
 //! `header_read_timeout` while idle and every `idle_timeout` while busy, which is often enough
 //! to enforce both deadlines exactly, at a timer per connection per interval rather than per
 //! request.
@@ -127,6 +128,7 @@ impl Activity {
     }
 
     /// Whether a request is being served.
+    #[cfg(test)]
     pub(crate) fn is_busy(&self) -> bool {
         let _held = self.hold();
         self.busy.load(Ordering::Relaxed) > 0

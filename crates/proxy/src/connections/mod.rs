@@ -170,7 +170,7 @@ impl Connections {
         tcp: TcpStream,
         activity: Arc<Activity>,
         router: S,
-        mut shutdown: watch::Receiver<bool>,
+        shutdown: watch::Receiver<bool>,
     ) {
         let (read, write) = tcp.into_split();
         let conn = h1::Conn {
@@ -181,34 +181,19 @@ impl Connections {
             shutdown: shutdown.clone(),
             stall: self.deadlines.idle,
         };
-        let ended = {
-            let mut served = pin!(conn.run());
-            let mut watchdog = pin!(outstayed(&activity));
-            let mut draining = false;
-            loop {
-                tokio::select! {
-                    ended = served.as_mut() => break ended,
-                    _ = shutdown.wait_for(|s| *s), if !draining => {
-                        // A request being served finishes (bounded by shutdown_grace), and its
-                        // response says the connection closes; an idle connection closes now.
-                        draining = true;
-                        if !activity.is_busy() {
-                            return;
-                        }
-                    }
-                    verdict = &mut watchdog => {
-                        debug!(?verdict, "closing a client connection");
-                        closed(self.listener, match verdict {
-                            Verdict::SlowHead => "header_read_timeout",
-                            _ => "idle_timeout",
-                        });
-                        return;
-                    }
-                }
-            }
-        };
+        let ended = conn.run().await;
         match ended {
             h1::Ended::Closed => {}
+            h1::Ended::Outstayed(verdict) => {
+                debug!(?verdict, "closing a client connection");
+                closed(
+                    self.listener,
+                    match verdict {
+                        Verdict::SlowHead => "header_read_timeout",
+                        _ => "idle_timeout",
+                    },
+                );
+            }
             h1::Ended::Linger(tcp) => linger_close(tcp).await,
             h1::Ended::Refused(tcp, refusal) => {
                 closed(self.listener, "malformed_head");
@@ -305,7 +290,7 @@ fn closed(listener: &'static str, reason: &'static str) {
 }
 
 /// Resolves with the verdict once the connection has outstayed a deadline.
-async fn outstayed(activity: &Activity) -> Verdict {
+pub(super) async fn outstayed(activity: &Activity) -> Verdict {
     loop {
         match activity.verdict(crate::clock::now()) {
             Verdict::Until(due) => tokio::time::sleep_until(due.into()).await,

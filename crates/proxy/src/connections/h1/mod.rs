@@ -19,7 +19,7 @@ mod head;
 mod write;
 
 use std::future::{poll_fn, Future};
-use std::pin::pin;
+use std::pin::{pin, Pin};
 use std::sync::Arc;
 use std::task::Poll;
 
@@ -29,7 +29,7 @@ use http::Method;
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
-use super::activity::Activity;
+use super::activity::{Activity, Verdict};
 use super::Serve;
 use body::{RequestBody, Socket, MAX_BUFFER};
 use head::Head;
@@ -46,6 +46,9 @@ pub(crate) enum Ended {
     /// Closed with the request's body unread: what more the client sends is to be read away
     /// for a moment before the connection closes.
     Linger(TcpStream),
+    /// Closed while awaiting a head: idle for `server.idle_timeout`, or a head slower than
+    /// `server.header_read_timeout`.
+    Outstayed(Verdict),
     /// The client speaks HTTP/2: its socket and what was read of it.
     Http2(TcpStream, BytesMut),
 }
@@ -73,16 +76,27 @@ enum Next {
     Closed,
     Refused(Refusal),
     Http2,
+    Outstayed(Verdict),
 }
 
 impl<S: Serve> Conn<S> {
     /// Serves requests until the connection ends.
     pub(crate) async fn run(self) -> Ended {
+        // What can end a connection between its requests: its deadlines, and the gateway
+        // shutting down. They are looked at while a head is awaited, not while a request is
+        // served: a busy connection has no deadline of its own (its body and its answer
+        // have theirs), and one that is shut down meanwhile says `connection: close` in the
+        // answer and ends after it.
+        let mut watchdog = pin!(super::outstayed(&self.activity));
+        let mut shutdown = self.shutdown.clone();
+        let mut stopping = pin!(shutdown.wait_for(|stop| *stop));
         let mut first = true;
         loop {
-            let (head, begun) = match self.next_head(first).await {
+            let between = (watchdog.as_mut(), stopping.as_mut());
+            let (head, begun) = match self.next_head(first, between).await {
                 Next::Head(head, begun) => (head, begun),
                 Next::Closed => return Ended::Closed,
+                Next::Outstayed(verdict) => return Ended::Outstayed(verdict),
                 Next::Refused(refusal) => {
                     return match Socket::into_parts(self.socket) {
                         Some((tcp, _)) => Ended::Refused(tcp, refusal),
@@ -114,8 +128,17 @@ impl<S: Serve> Conn<S> {
         }
     }
 
-    /// The next request's head, reading until it is whole.
-    async fn next_head(&self, first: bool) -> Next {
+    /// The next request's head, reading until it is whole; or why the connection ends first:
+    /// `watchdog`'s verdict, or the gateway shutting down (`stopping`).
+    async fn next_head<W, T>(
+        &self,
+        first: bool,
+        (mut watchdog, mut stopping): (Pin<&mut W>, Pin<&mut T>),
+    ) -> Next
+    where
+        W: Future<Output = Verdict>,
+        T: Future,
+    {
         poll_fn(|cx| {
             let mut r = self.socket.lock();
             loop {
@@ -144,7 +167,17 @@ impl<S: Serve> Conn<S> {
                 } else if r.buf.len() >= MAX_BUFFER {
                     return Poll::Ready(Next::Refused(Refusal::TooLarge));
                 }
-                match std::task::ready!(r.poll_fill(cx)) {
+                let Poll::Ready(filled) = r.poll_fill(cx) else {
+                    // Only while nothing is to be read: a head that came is read first.
+                    if let Poll::Ready(verdict) = watchdog.as_mut().poll(cx) {
+                        return Poll::Ready(Next::Outstayed(verdict));
+                    }
+                    if stopping.as_mut().poll(cx).is_ready() {
+                        return Poll::Ready(Next::Closed);
+                    }
+                    return Poll::Pending;
+                };
+                match filled {
                     Ok(0) | Err(_) => return Poll::Ready(Next::Closed),
                     Ok(_) if self.activity.awaits_head() => {
                         self.activity.bytes_read(crate::clock::now())
@@ -196,7 +229,7 @@ impl<S: Serve> Conn<S> {
         // The body left unread (an answer given before it came) ends the connection: the next
         // head would be read from the middle of it.
         let body_done = read_whole || self.socket.lock().body_done();
-        let close = !keep_alive || !body_done || *self.shutdown.borrow();
+        let close = !keep_alive || !body_done || self.shutting_down();
         if let Some(id) = id {
             response.headers_mut().insert(crate::call::X_REQUEST_ID, id);
         }
@@ -208,6 +241,12 @@ impl<S: Serve> Conn<S> {
         };
         let kept = write::response(&self.socket, response, asked).await;
         drop(busy);
-        kept && !*self.shutdown.borrow()
+        kept && !self.shutting_down()
+    }
+
+    /// Whether the gateway shuts down: its one signal is `true`, sent once, so any change
+    /// says it (an atomic load, where reading the value takes its lock).
+    fn shutting_down(&self) -> bool {
+        self.shutdown.has_changed().unwrap_or(true)
     }
 }

@@ -67,18 +67,17 @@ async fn probes_and_metrics_are_on_their_listeners() {
     assert!(!text.contains("sk-nope") && !text.contains(KEY));
 }
 
+/// A mock backend of model `m` that answers at 20 tokens a second, up to `max_tokens`: an answer
+/// of that many tokens takes `max_tokens / 20` seconds.
+fn slow_mock(max_tokens: u32) -> Proc {
+    let max = max_tokens.to_string();
+    let flags = ["--model", "m", "--ttft", "0ms", "--tokens-per-sec", "20"];
+    mock(&[&flags[..], &["--max-output-tokens", &max]].concat())
+}
+
 #[tokio::test]
 async fn sigterm_lets_inflight_streams_finish_then_exits() {
-    let mock = mock(&[
-        "--model",
-        "m",
-        "--ttft",
-        "0ms",
-        "--tokens-per-sec",
-        "20",
-        "--max-output-tokens",
-        "20",
-    ]);
+    let mock = slow_mock(20);
     let mut gw = gateway(&model("m", &[("b", "r", mock.url("/v1"))]));
     let mut body = chat_body("m", true);
     body["max_tokens"] = 20.into();
@@ -114,16 +113,7 @@ async fn sigterm_lets_inflight_streams_finish_then_exits() {
 async fn sigterm_closes_idle_connections_at_once_and_closes_busy_ones_after_their_answer() {
     use support::raw::{connect, response, send_chat, until_closed};
     use tokio::io::AsyncWriteExt;
-    let mock = mock(&[
-        "--model",
-        "m",
-        "--ttft",
-        "0ms",
-        "--tokens-per-sec",
-        "20",
-        "--max-output-tokens",
-        "40",
-    ]);
+    let mock = slow_mock(40);
     let mut gw = gateway(&format!(
         "shutdown_grace = \"60s\"\n{}",
         model("m", &[("b", "r", mock.url("/v1"))])

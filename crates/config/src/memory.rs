@@ -27,7 +27,8 @@ pub const HTTP2_STREAM_BYTES: u64 = 8 * KIB;
 /// Measured at most 41 KiB a request with its client connection
 /// (`crates/spillway/tests/memory_responses.rs`).
 pub const REQUEST_BYTES: u64 = 192 * KIB;
-/// Per upstream connection kept idle for the next request: its read buffer and its socket.
+/// Per upstream connection kept idle for the next request: its read buffer, its socket and its
+/// deadline timer.
 pub const KEPT_CONNECTION_BYTES: u64 = UPSTREAM_READ_BYTES + 8 * KIB;
 /// Per connection to an `https` backend, on top: rustls's buffers (a 16 KiB record read, its
 /// plaintext, and what is written), an allowance not yet measured.

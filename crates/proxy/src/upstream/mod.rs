@@ -120,9 +120,9 @@ impl HttpUpstream {
         }
     }
 
-    /// Sends `req` on a kept-alive connection of `backend`, or a new one; once more on a new one
-    /// when the kept-alive connection turns out to have been closed ([`stale`]).
-    /// Sends `req` to `backend` at `now` and reads its response head, by `deadline`.
+    /// Sends `req`, made at `now`, on a kept-alive connection of `backend`, or a new one, and
+    /// reads its response head by `deadline`; once more on a new one when the kept-alive
+    /// connection turns out to have been closed ([`stale`]).
     async fn exchange(
         &self,
         backend: &Backend,

@@ -96,16 +96,28 @@ async fn tokens_are_reconciled_with_the_reported_usage_plain_and_streamed() {
     let mut streamed = chat_body("m", true);
     streamed["max_tokens"] = 500.into();
     streamed["stream_options"] = serde_json::json!({"include_usage": true});
+    const REPORTED: &str = "spillway_tokens_reported_total{tenant=\"limited\"}";
+    let mut reported = 0.0;
     for i in 0..6 {
         let b = if i % 2 == 0 { &body } else { &streamed };
         let r = chat_as(&gw, "limited-key", b).await;
         assert_eq!(r.status(), 200, "request {i}");
         assert_eq!(r.headers()["x-ratelimit-limit-tokens"], "1000");
         let _ = r.bytes().await.unwrap();
+        // Reconciled just after the answer's last byte (docs/admission.md): the next request
+        // may go out on another connection, so it waits for the report to be counted.
+        let before = reported;
+        eventually(
+            Duration::from_secs(10),
+            "the usage is reconciled",
+            || async { sample(&metrics(&gw).await, REPORTED).unwrap_or(0.0) > before },
+        )
+        .await;
+        reported = sample(&metrics(&gw).await, REPORTED).unwrap_or(0.0);
     }
     let m = metrics(&gw).await;
     let reserved = sample(&m, "spillway_tokens_reserved_total{tenant=\"limited\"}").unwrap();
-    let reported = sample(&m, "spillway_tokens_reported_total{tenant=\"limited\"}").unwrap();
+    let reported = sample(&m, REPORTED).unwrap();
     assert!(reserved > 6.0 * 500.0, "{m}");
     assert!(reported > 0.0 && reported < 6.0 * 100.0, "{m}");
 

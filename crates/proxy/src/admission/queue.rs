@@ -89,10 +89,7 @@ impl PoolQueue {
     /// A seat at once, when one is free and no one waits for it; `None` otherwise, for
     /// [`PoolQueue::enter`] to queue or refuse the request. `seats` as for `enter`.
     pub(crate) fn try_enter(self: &Arc<Self>, now: Instant, seats: usize) -> Option<Seat> {
-        let mut queue = self.lock();
-        let released = queue.set_seats(now, seats);
-        hand_out(&mut queue, released);
-        queue.try_admit().then(|| self.seat())
+        self.with_seats(now, seats).try_admit().then(|| self.seat())
     }
 
     /// A seat at once, or after waiting at most `queue_wait` in `line`; `seats` is the pool's
@@ -108,9 +105,7 @@ impl PoolQueue {
         waiting: impl FnOnce() -> W,
     ) -> Result<(Seat, Duration), Shed> {
         let offered = {
-            let mut queue = self.lock();
-            let released = queue.set_seats(now, seats);
-            hand_out(&mut queue, released);
+            let mut queue = self.with_seats(now, seats);
             // A free seat is taken without the channel a waiter would be woken through, and
             // without a place in a line.
             (!queue.try_admit()).then(|| {
@@ -163,6 +158,15 @@ impl PoolQueue {
         Seat {
             queue: self.clone(),
         }
+    }
+
+    /// The queue, locked, with `seats` seats at `now`: the seats that brings are handed out to
+    /// those waiting first.
+    fn with_seats(&self, now: Instant, seats: usize) -> MutexGuard<'_, Queue> {
+        let mut queue = self.lock();
+        let released = queue.set_seats(now, seats);
+        hand_out(&mut queue, released);
+        queue
     }
 
     fn lock(&self) -> MutexGuard<'_, Queue> {

@@ -175,6 +175,29 @@ async fn upstream_that_does_not_answer_in_time_is_504() {
     expect_openai_error(r, 504, "upstream_timeout").await;
 }
 
+/// An upstream connection keeps one deadline timer for its requests: a backend that answered on
+/// it and then stops answering is still cut off at `response_timeout`, request after request.
+#[tokio::test]
+async fn a_kept_connections_backend_that_stops_answering_is_504_at_the_response_timeout() {
+    let mock = mock(&["--model", "m", "--stall-rate", "0", "--stall", "20s"]);
+    let gw = gateway(&format!(
+        "[upstream]\nresponse_timeout = \"300ms\"\n[retry]\nmax_attempts = 1\nthrottle_k = 0\n\
+         [outlier]\nenabled = false\n{}",
+        model("m", &[("b", "r", mock.url("/v1"))])
+    ));
+    for _ in 0..3 {
+        let r = chat(&gw, &chat_body("m", false)).await;
+        assert_eq!(r.status(), 200);
+        r.bytes().await.unwrap();
+    }
+    control(&mock, serde_json::json!({"fault": {"stall_rate": 1.0}})).await;
+    for _ in 0..2 {
+        let r = chat(&gw, &chat_body("m", false)).await;
+        expect_openai_error(r, 504, "upstream_timeout").await;
+    }
+    assert_eq!(chats_received(&mock).await, 5);
+}
+
 #[tokio::test]
 async fn a_timeout_after_retries_reports_every_attempt_and_the_time_spent_in_all() {
     let mock = mock(&["--model", "m", "--stall-rate", "1", "--stall", "20s"]);

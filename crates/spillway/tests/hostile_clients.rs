@@ -75,13 +75,7 @@ async fn a_head_trickled_a_byte_at_a_time_is_closed_after_the_header_read_timeou
 #[tokio::test]
 async fn an_idle_keep_alive_connection_is_closed_after_the_idle_timeout() {
     let (gw, _m) = quick_timeouts("");
-    let mut s = connect(&gw).await;
-    s.write_all(b"GET /livez HTTP/1.1\r\nhost: x\r\n\r\n")
-        .await
-        .unwrap();
-    let (status, head, _) = response(&mut s).await;
-    assert_eq!(status, 200);
-    assert!(!head.contains("connection: close"), "{head}");
+    let mut s = kept_alive(&gw).await;
     assert!(
         until_closed(&mut s).await.is_some(),
         "idle connection still open"

@@ -111,20 +111,13 @@ async fn sigterm_lets_inflight_streams_finish_then_exits() {
 /// and then the gateway exits.
 #[tokio::test]
 async fn sigterm_closes_idle_connections_at_once_and_closes_busy_ones_after_their_answer() {
-    use support::raw::{connect, response, send_chat, until_closed};
-    use tokio::io::AsyncWriteExt;
+    use support::raw::{connect, kept_alive, response, send_chat, until_closed};
     let mock = slow_mock(40);
     let mut gw = gateway(&format!(
         "shutdown_grace = \"60s\"\n{}",
         model("m", &[("b", "r", mock.url("/v1"))])
     ));
-    let mut idle = connect(&gw).await;
-    idle.write_all(b"GET /livez HTTP/1.1\r\nhost: x\r\n\r\n")
-        .await
-        .unwrap();
-    let (status, head, _) = response(&mut idle).await;
-    assert_eq!(status, 200);
-    assert!(!head.contains("connection: close"), "{head}");
+    let mut idle = kept_alive(&gw).await;
     let mut busy = connect(&gw).await;
     let mut body = chat_body("m", false);
     body["max_tokens"] = 40.into();

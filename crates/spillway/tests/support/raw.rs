@@ -15,6 +15,18 @@ pub async fn connect(gw: &Proc) -> TcpStream {
     TcpStream::connect(gw.addr).await.unwrap()
 }
 
+/// A connection that has had one request answered (`GET /livez`) and was kept open for the next.
+pub async fn kept_alive(gw: &Proc) -> TcpStream {
+    let mut s = connect(gw).await;
+    s.write_all(b"GET /livez HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let (status, head, _) = response(&mut s).await;
+    assert_eq!(status, 200, "{head}");
+    assert!(!head.contains("connection: close"), "{head}");
+    s
+}
+
 /// Reads until the peer closes the connection (or `PATIENCE` passes: `None`).
 pub async fn until_closed(s: &mut TcpStream) -> Option<Vec<u8>> {
     let mut got = Vec::new();

@@ -131,6 +131,32 @@ async fn tokens_are_reconciled_with_the_reported_usage_plain_and_streamed() {
     assert_eq!(err["error"]["code"], "request_too_large", "{err}");
 }
 
+/// On one keep-alive connection the next request is read only once the one before it is
+/// reconciled (docs/admission.md): back to back, each reserving 600 of the 1,000 tokens a minute,
+/// every one passes without waiting.
+#[tokio::test]
+async fn on_one_connection_each_request_finds_the_one_before_it_reconciled() {
+    use support::raw::{connect, response};
+    use tokio::io::AsyncWriteExt;
+    let mock = mock(&FAST);
+    let gw = limited_gateway(&mock, "tokens_per_min = 1000", "");
+    let mut body = chat_body("m", false);
+    body["max_tokens"] = 500.into();
+    let body = body.to_string();
+    let request = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer limited-key\r\n\
+         content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let mut s = connect(&gw).await;
+    for i in 0..6 {
+        s.write_all(request.as_bytes()).await.unwrap();
+        let (status, head, body) = response(&mut s).await;
+        assert_eq!(status, 200, "request {i}: {head}\n{body}");
+        assert!(!head.contains("connection: close"), "request {i}: {head}");
+    }
+}
+
 #[tokio::test]
 async fn concurrency_and_the_global_cap_refuse_at_once() {
     let slow = mock(&["--model", "m", "--ttft", "400ms", "--tokens-per-sec", "0"]);

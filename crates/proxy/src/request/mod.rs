@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body::Body as _;
-use http_body_util::{BodyExt, Limited};
+use http_body_util::Limited;
 
 use crate::error::{ApiError, ErrorKind};
 
@@ -167,68 +167,129 @@ pub async fn read_body(
     budget: &Arc<BodyBudget>,
     tenant: &Arc<AtomicU64>,
 ) -> Result<Bytes, ApiError> {
-    let cap = limits.cap;
-    let too_large = || {
-        ApiError::new(
-            ErrorKind::BodyTooLarge,
-            format!("request body is larger than the limit of {cap} bytes"),
-        )
-    };
-    if body.size_hint().lower() > cap as u64 {
-        return Err(too_large());
+    let mut reading = BodyRead::begin(body, limits.cap, budget, tenant)?;
+    if !reading.ended_now()? {
+        reading.arrive(limits).await?;
     }
-    let mut hold = BodyHold::empty(budget, tenant);
-    // A declared length is held in the budget at once, before a byte is read (or `100
-    // Continue` invites them), and read into one buffer of that size: what is counted is what
-    // is allocated, never twice the body while it is put together.
-    let declared = body.size_hint().exact();
-    if let Some(n) = declared {
-        hold.grow(n)?;
-    }
-    let mut body = Limited::new(body, cap);
-    let mut parts = Parts::new(declared);
-    let deadline = tokio::time::Instant::from_std(limits.deadline);
-    loop {
-        let frame = match tokio::time::timeout_at(deadline, body.frame()).await {
-            Ok(Some(frame)) => frame,
-            Ok(None) => break,
-            Err(_) => {
-                return Err(ApiError::new(
-                    ErrorKind::BodyReadTimeout,
-                    format!(
-                        "the request body did not arrive whole within {:?}",
-                        limits.timeout
-                    ),
-                ))
-            }
-        };
-        let frame = frame.map_err(|e| {
-            if e.is::<http_body_util::LengthLimitError>() {
-                too_large()
-            } else {
-                ApiError::new(
-                    ErrorKind::MalformedRequest,
-                    format!("could not read the request body: {e}"),
-                )
-            }
-        })?;
-        let Ok(data) = frame.into_data() else {
-            continue;
-        };
-        if declared.is_none() {
-            hold.grow(data.len() as u64)?;
+    reading.into_bytes()
+}
+
+/// A body being read, as [`read_body`] reads it, in steps: a body that came whole with its
+/// head (most do) is read at once ([`BodyRead::ended_now`]), with no timer set for its deadline
+/// and no future made to await it; only one still arriving is awaited
+/// ([`BodyRead::arrive`]).
+pub struct BodyRead {
+    body: Limited<axum::body::Body>,
+    cap: usize,
+    hold: BodyHold,
+    parts: Parts,
+}
+
+impl BodyRead {
+    /// Starts reading `body` under `cap`, holding its declared length in `budget` and in
+    /// `tenant`'s share at once: refused before a byte is read when either is too small.
+    pub fn begin(
+        body: axum::body::Body,
+        cap: usize,
+        budget: &Arc<BodyBudget>,
+        tenant: &Arc<AtomicU64>,
+    ) -> Result<BodyRead, ApiError> {
+        if body.size_hint().lower() > cap as u64 {
+            return Err(too_large(cap));
         }
-        parts.push(data);
+        let mut hold = BodyHold::empty(budget, tenant);
+        // A declared length is held in the budget at once, before a byte is read (or `100
+        // Continue` invites them), and read into one buffer of that size: what is counted is
+        // what is allocated, never twice the body while it is put together.
+        let declared = body.size_hint().exact();
+        if let Some(n) = declared {
+            hold.grow(n)?;
+        }
+        Ok(BodyRead {
+            body: Limited::new(body, cap),
+            cap,
+            hold,
+            parts: Parts::new(declared),
+        })
     }
-    if parts.needs_copy() {
-        // The chunks are put together in a copy of them all: both exist for a moment.
-        let total = hold.bytes;
-        hold.grow(total)?;
-        let whole = parts.put_together();
-        hold.shrink(total);
-        return Ok(whole.finish(hold));
+
+    /// Takes the frames that are there without waiting: true when the body ended.
+    pub fn ended_now(&mut self) -> Result<bool, ApiError> {
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        match self.poll_frames(&mut cx) {
+            std::task::Poll::Ready(ended) => ended.map(|()| true),
+            std::task::Poll::Pending => Ok(false),
+        }
     }
-    Ok(parts.finish(hold))
+
+    /// Waits for the rest of the body, until `limits.deadline` (408 past it).
+    pub async fn arrive(&mut self, limits: BodyLimits) -> Result<(), ApiError> {
+        let deadline = tokio::time::Instant::from_std(limits.deadline);
+        let frames = std::future::poll_fn(|cx| self.poll_frames(cx));
+        match tokio::time::timeout_at(deadline, frames).await {
+            Ok(ended) => ended,
+            Err(_) => Err(ApiError::new(
+                ErrorKind::BodyReadTimeout,
+                format!(
+                    "the request body did not arrive whole within {:?}",
+                    limits.timeout
+                ),
+            )),
+        }
+    }
+
+    /// Takes frames until the body ends (ready) or none is there (pending).
+    fn poll_frames(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), ApiError>> {
+        loop {
+            let frame = match std::task::ready!(std::pin::Pin::new(&mut self.body).poll_frame(cx)) {
+                Some(frame) => frame,
+                None => return std::task::Poll::Ready(Ok(())),
+            };
+            let frame = frame.map_err(|e| {
+                if e.is::<http_body_util::LengthLimitError>() {
+                    too_large(self.cap)
+                } else {
+                    ApiError::new(
+                        ErrorKind::MalformedRequest,
+                        format!("could not read the request body: {e}"),
+                    )
+                }
+            });
+            let Ok(data) = frame?.into_data() else {
+                continue;
+            };
+            if self.parts.declared.is_none() {
+                self.hold.grow(data.len() as u64)?;
+            }
+            self.parts.push(data);
+        }
+    }
+
+    /// The body, once it ended, holding its place in the budget.
+    pub fn into_bytes(self) -> Result<Bytes, ApiError> {
+        let BodyRead {
+            mut hold, parts, ..
+        } = self;
+        if parts.needs_copy() {
+            // The chunks are put together in a copy of them all: both exist for a moment.
+            let total = hold.bytes;
+            hold.grow(total)?;
+            let whole = parts.put_together();
+            hold.shrink(total);
+            return Ok(whole.finish(hold));
+        }
+        Ok(parts.finish(hold))
+    }
+}
+
+fn too_large(cap: usize) -> ApiError {
+    ApiError::new(
+        ErrorKind::BodyTooLarge,
+        format!("request body is larger than the limit of {cap} bytes"),
+    )
 }
 
 /// A body's frames as they arrive: the first kept as it is (most bodies are one frame), later
@@ -490,6 +551,43 @@ mod tests {
         assert_eq!(budget.usage().0, 19);
         drop(bytes);
         assert_eq!((budget.usage().0, tenant.load(Ordering::Relaxed)), (0, 0));
+    }
+
+    /// Outside any runtime, so a timer or a wait would panic: a body that came whole is taken
+    /// at once.
+    #[test]
+    fn a_body_that_came_whole_is_read_at_once_without_a_timer() {
+        let budget = BodyBudget::new(1000, 1000);
+        let tenant: Arc<AtomicU64> = Arc::default();
+        let body = axum::body::Body::from(&br#"{"model":"m"}"#[..]);
+        let mut reading = BodyRead::begin(body, 100, &budget, &tenant).unwrap();
+        assert!(reading.ended_now().unwrap());
+        let bytes = reading.into_bytes().unwrap();
+        assert_eq!(&bytes[..], br#"{"model":"m"}"#);
+        assert_eq!(budget.usage().0, 13);
+        drop(bytes);
+        assert_eq!(budget.usage().0, 0);
+    }
+
+    #[tokio::test]
+    async fn a_body_still_arriving_is_taken_as_far_as_it_came_then_awaited() {
+        let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(4);
+        let frames = futures_util::stream::unfold(rx, |mut rx| async move {
+            rx.recv().await.map(|f| (Ok::<_, std::io::Error>(f), rx))
+        });
+        let budget = BodyBudget::new(1000, 1000);
+        let tenant: Arc<AtomicU64> = Arc::default();
+        let body = axum::body::Body::from_stream(frames);
+        let mut reading = BodyRead::begin(body, 100, &budget, &tenant).unwrap();
+        tx.send(Bytes::from_static(b"{\"model\":")).await.unwrap();
+        assert!(!reading.ended_now().unwrap(), "the body has not ended");
+        assert_eq!(budget.usage().0, 9, "the frame that came is taken and held");
+        let rest = tokio::spawn(async move {
+            tx.send(Bytes::from_static(b"\"m\"}")).await.unwrap();
+        });
+        reading.arrive(limits(100)).await.unwrap();
+        rest.await.unwrap();
+        assert_eq!(&reading.into_bytes().unwrap()[..], br#"{"model":"m"}"#);
     }
 
     #[tokio::test]

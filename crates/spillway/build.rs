@@ -9,13 +9,21 @@
 //! changed since the list was made) is passed over, so a stale list costs speed, never the
 //! build. `SPILLWAY_LINK_UNORDERED=1` leaves the layout to the linker (for a linker other than
 //! LLD, or to compare).
+//!
+//! `SPILLWAY_LINK_RELOCS=1` (Linux) keeps the link's relocations in the binary (`--emit-relocs`), which
+//! BOLT needs to lay out its code again from a profile (`bench/bolt.sh`); it doubles the file's
+//! size and changes nothing else.
 
 use std::path::Path;
 
 fn main() {
     println!("cargo:rerun-if-changed=hot-symbols.txt");
     println!("cargo:rerun-if-env-changed=SPILLWAY_LINK_UNORDERED");
+    println!("cargo:rerun-if-env-changed=SPILLWAY_LINK_RELOCS");
     let var = |name: &str| std::env::var(name).unwrap_or_default();
+    if var("SPILLWAY_LINK_RELOCS") == "1" && var("CARGO_CFG_TARGET_OS") == "linux" {
+        println!("cargo:rustc-link-arg-bins=-Wl,--emit-relocs");
+    }
     let wanted = var("PROFILE") == "release"
         && var("TARGET") == "x86_64-unknown-linux-gnu"
         && var("SPILLWAY_LINK_UNORDERED").is_empty();

@@ -1,8 +1,10 @@
 //! Reading a request body whole, under its size cap, its deadline and the body budget: at once
 //! when it came with its head, else awaited.
 
+use std::pin::Pin;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
+use std::task::{ready, Context, Poll, Waker};
 
 use bytes::Bytes;
 use http_body::Body as _;
@@ -71,10 +73,10 @@ impl BodyRead {
 
     /// Takes the frames that are there without waiting: true when the body ended.
     pub fn ended_now(&mut self) -> Result<bool, ApiError> {
-        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        let mut cx = Context::from_waker(Waker::noop());
         match self.poll_frames(&mut cx) {
-            std::task::Poll::Ready(ended) => ended.map(|()| true),
-            std::task::Poll::Pending => Ok(false),
+            Poll::Ready(ended) => ended.map(|()| true),
+            Poll::Pending => Ok(false),
         }
     }
 
@@ -95,14 +97,11 @@ impl BodyRead {
     }
 
     /// Takes frames until the body ends (ready) or none is there (pending).
-    fn poll_frames(
-        &mut self,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<(), ApiError>> {
+    fn poll_frames(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ApiError>> {
         loop {
-            let frame = match std::task::ready!(std::pin::Pin::new(&mut self.body).poll_frame(cx)) {
+            let frame = match ready!(Pin::new(&mut self.body).poll_frame(cx)) {
                 Some(frame) => frame,
-                None => return std::task::Poll::Ready(Ok(())),
+                None => return Poll::Ready(Ok(())),
             };
             let frame = frame.map_err(|e| {
                 if e.is::<http_body_util::LengthLimitError>() {

@@ -10,9 +10,9 @@
 //! build. `SPILLWAY_LINK_UNORDERED=1` leaves the layout to the linker (for a linker other than
 //! LLD, or to compare).
 //!
-//! `SPILLWAY_LINK_RELOCS=1` (Linux) keeps the link's relocations in the binary (`--emit-relocs`), which
-//! BOLT needs to lay out its code again from a profile (`bench/bolt.sh`); it doubles the file's
-//! size and changes nothing else.
+//! `SPILLWAY_LINK_RELOCS=1` (Linux) keeps the link's relocations in the binary
+//! (`--emit-relocs`), which BOLT needs to lay out its code again from a profile
+//! (`bench/bolt.sh`); it doubles the file's size and changes nothing else.
 
 use std::path::Path;
 

@@ -24,7 +24,7 @@ use crate::lines::Lines;
 use crate::live::Live;
 use crate::metrics::RequestLabels;
 use crate::pool::ModelPool;
-use crate::request::{summarize, BodyHold, BodyLimits, BodyRead};
+use crate::request::{read_body, summarize, BodyHold, BodyLimits};
 
 /// Reads `req`, which arrived at `started`, into a call; a refusal comes with the labels known
 /// by then.
@@ -57,13 +57,7 @@ async fn build(
         deadline: started + live.config.server.body_read_timeout,
         timeout: live.config.server.body_read_timeout,
     };
-    let mut reading = BodyRead::begin(body, limits.cap, &gw.body_budget, entered.body_held())?;
-    // A body that came with its head is taken at once: the wait, its timer and its future
-    // are for one still arriving.
-    if !reading.ended_now()? {
-        reading.arrive(limits).await?;
-    }
-    let mut body = reading.into_bytes()?;
+    let mut body = read_body(body, limits, &gw.body_budget, entered.body_held()).await?;
     let mut summary = summarize(&body, endpoint.continues_responses())?;
     let model_named = !summary.model.is_empty();
     let home = continued(gw, endpoint, &tenant, &mut summary)?;

@@ -19,7 +19,7 @@ mod read;
 mod rewrite;
 
 pub use json::{summarize, RequestSummary};
-pub use read::{read_body, BodyRead};
+pub use read::read_body;
 use rewrite::Plan;
 pub use rewrite::{Changes, TENANT_TAG};
 

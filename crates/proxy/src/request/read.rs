@@ -33,10 +33,9 @@ pub async fn read_body(
 }
 
 /// A body being read, as [`read_body`] reads it, in steps: a body that came whole with its
-/// head (most do) is read at once ([`BodyRead::ended_now`]), with no timer set for its deadline
-/// and no future made to await it; only one still arriving is awaited
-/// ([`BodyRead::arrive`]).
-pub struct BodyRead {
+/// head (most do) is read at once ([`BodyRead::ended_now`]), with no timer set for its deadline;
+/// only one still arriving is awaited ([`BodyRead::arrive`]).
+struct BodyRead {
     body: Limited<axum::body::Body>,
     cap: usize,
     hold: BodyHold,
@@ -46,7 +45,7 @@ pub struct BodyRead {
 impl BodyRead {
     /// Starts reading `body` under `cap`, holding its declared length in `budget` and in
     /// `tenant`'s share at once: refused before a byte is read when either is too small.
-    pub fn begin(
+    fn begin(
         body: axum::body::Body,
         cap: usize,
         budget: &Arc<BodyBudget>,
@@ -72,7 +71,7 @@ impl BodyRead {
     }
 
     /// Takes the frames that are there without waiting: true when the body ended.
-    pub fn ended_now(&mut self) -> Result<bool, ApiError> {
+    fn ended_now(&mut self) -> Result<bool, ApiError> {
         let mut cx = Context::from_waker(Waker::noop());
         match self.poll_frames(&mut cx) {
             Poll::Ready(ended) => ended.map(|()| true),
@@ -81,7 +80,7 @@ impl BodyRead {
     }
 
     /// Waits for the rest of the body, until `limits.deadline` (408 past it).
-    pub async fn arrive(&mut self, limits: BodyLimits) -> Result<(), ApiError> {
+    async fn arrive(&mut self, limits: BodyLimits) -> Result<(), ApiError> {
         let deadline = tokio::time::Instant::from_std(limits.deadline);
         let frames = std::future::poll_fn(|cx| self.poll_frames(cx));
         match tokio::time::timeout_at(deadline, frames).await {
@@ -124,7 +123,7 @@ impl BodyRead {
     }
 
     /// The body, once it ended, holding its place in the budget.
-    pub fn into_bytes(self) -> Result<Bytes, ApiError> {
+    fn into_bytes(self) -> Result<Bytes, ApiError> {
         let BodyRead {
             mut hold, parts, ..
         } = self;
@@ -311,6 +310,23 @@ mod tests {
         assert_eq!(budget.usage().0, 13);
         drop(bytes);
         assert_eq!(budget.usage().0, 0);
+    }
+
+    /// A body with no declared length that came whole but over the cap is refused as it is
+    /// taken at once, as it would be awaited: its bytes never held.
+    #[test]
+    fn a_body_that_came_whole_over_the_cap_is_refused_at_once() {
+        let budget = BodyBudget::new(1000, 1000);
+        let tenant: Arc<AtomicU64> = Arc::default();
+        let frame = futures_util::stream::iter([Ok::<_, std::io::Error>(Bytes::from_static(
+            b"01234567890",
+        ))]);
+        let body = axum::body::Body::from_stream(frame);
+        let mut reading = BodyRead::begin(body, 10, &budget, &tenant).unwrap();
+        let e = reading.ended_now().unwrap_err();
+        assert_eq!(e.kind, ErrorKind::BodyTooLarge);
+        drop(reading);
+        assert_eq!((budget.usage().0, tenant.load(Ordering::Relaxed)), (0, 0));
     }
 
     #[tokio::test]

@@ -59,19 +59,23 @@ pub struct RelayBody<B: Body<Data = Bytes> + Unpin, O: EndObserver> {
     last_frame: Instant,
     /// Armed the first time the upstream makes the relay wait: most bodies never do.
     idle: Option<Pin<Box<Sleep>>>,
-    state: Option<(InFlight, O)>,
+    /// Boxed: the observer is large (the call's ticket, usage scan and trace), and the body is
+    /// moved into a box of its own and its state out of it at the end, each a copy by value.
+    state: Option<Box<(InFlight, O)>>,
     /// The last data frame passed on, not yet shown to the observer's `frame`.
     unread: Option<Bytes>,
 }
 
 impl<B: Body<Data = Bytes> + Unpin, O: EndObserver> RelayBody<B, O> {
+    /// `state` is the hold on the backend and the observer, boxed by the caller: built inside
+    /// `Box::new` they are copied once, into the box, where passing them here by value would
+    /// copy them again on the way.
     pub fn new(
         inner: B,
         sse: bool,
         endpoint: Endpoint,
         idle_timeout: Duration,
-        hold: InFlight,
-        observer: O,
+        state: Box<(InFlight, O)>,
     ) -> Self {
         Self {
             inner,
@@ -80,23 +84,24 @@ impl<B: Body<Data = Bytes> + Unpin, O: EndObserver> RelayBody<B, O> {
             idle_timeout,
             last_frame: now(),
             idle: None,
-            state: Some((hold, observer)),
+            state: Some(state),
             unread: None,
         }
     }
 
     /// Shows the observer the frame passed on last, if it has not seen it.
     fn read_passed(&mut self) {
-        if let (Some(data), Some((_, observer))) = (self.unread.take(), self.state.as_mut()) {
+        if let (Some(data), Some((_, observer))) = (self.unread.take(), self.state.as_deref_mut()) {
             observer.frame(&data);
         }
     }
 
     fn finish(&mut self, end: BodyEnd) {
         self.read_passed();
-        if let Some((hold, mut observer)) = self.state.take() {
-            observer.ended(end);
-            drop(hold);
+        if let Some(mut state) = self.state.take() {
+            state.1.ended(end);
+            // The hold before the observer, as the tuple's fields drop.
+            drop(state);
         }
     }
 
@@ -142,7 +147,9 @@ where
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
                 this.last_frame = now();
-                if let (Some(data), Some((_, observer))) = (frame.data_ref(), this.state.as_mut()) {
+                if let (Some(data), Some((_, observer))) =
+                    (frame.data_ref(), this.state.as_deref_mut())
+                {
                     observer.arrived(data);
                     this.unread = Some(data.clone());
                 }

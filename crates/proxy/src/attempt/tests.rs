@@ -379,8 +379,7 @@ fn nothing_is_retried_after_the_first_streamed_byte() {
             true,
             Endpoint::ChatCompletions,
             Duration::from_secs(60),
-            chosen.hold,
-            Ending(ending.clone()),
+            Box::new((chosen.hold, Ending(ending.clone()))),
         );
         let mut relay = std::pin::pin!(relay);
         let mut frames = Vec::new();
@@ -503,8 +502,7 @@ fn the_observer_reads_each_frame_after_it_was_passed_on_and_before_the_end() {
                 false,
                 Endpoint::ChatCompletions,
                 Duration::from_secs(60),
-                hold,
-                Noted(log.clone()),
+                Box::new((hold, Noted(log.clone()))),
             );
             let mut relay = Box::pin(relay);
             while let Some(frame) = relay.frame().await {

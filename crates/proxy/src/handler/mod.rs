@@ -101,9 +101,11 @@ pub(crate) async fn handle(
     };
     // The call is bound apart from the result it came in, which is gone before the next await:
     // a future holding both would be larger by a call, and be copied so.
-    let mut call = match read::read(gw, &live, endpoint, (req, lines, started)).await {
+    let mut labels = RequestLabels::unrouted();
+    let read = read::read(gw, &live, endpoint, (req, lines, started), &mut labels);
+    let mut call = match read.await {
         Ok(call) => call,
-        Err((e, labels)) => {
+        Err(e) => {
             not_relayed(&trace, &e, endpoint, &labels, started);
             return with_id(answered(refused(e, dialect), labels));
         }

@@ -26,22 +26,10 @@ use crate::metrics::RequestLabels;
 use crate::pool::ModelPool;
 use crate::request::{read_body, summarize, BodyHold, BodyLimits};
 
-/// Reads `req`, which arrived at `started`, into a call; a refusal comes with the labels known
-/// by then.
+/// Reads `req`, which arrived at `started`, into a call; on a refusal, `labels` holds what was
+/// known by then. (The labels are the caller's rather than part of an error returned with them:
+/// a wrapper pairing them with the error would move the call once more on its way out.)
 pub(super) async fn read(
-    gw: &Gateway,
-    live: &Live,
-    endpoint: Endpoint,
-    (req, headers, started): (Request, Lines, Instant),
-) -> Result<Call, (ApiError, RequestLabels)> {
-    let mut labels = RequestLabels::unrouted();
-    match build(gw, live, endpoint, (req, headers, started), &mut labels).await {
-        Ok(call) => Ok(call),
-        Err(e) => Err((e, labels)),
-    }
-}
-
-async fn build(
     gw: &Gateway,
     live: &Live,
     endpoint: Endpoint,

@@ -92,29 +92,33 @@ where
             },
         });
     let fields = trace.recording().then(Fields::default);
-    let observer = Finish {
-        backend: hold.backend().clone(),
-        started: call.started,
-        status: head.status.as_u16(),
-        sse,
-        endpoint: call.endpoint,
-        pool: call.pool.clone(),
-        first_byte: None,
-        usage: UsageScanner::new(sse),
-        ticket: ticket.relayed(sse),
-        home,
-        rollout,
-        trace,
-        attempt,
-        fields,
-    };
+    let backend = hold.backend().clone();
+    // Built where it is boxed (see `RelayBody::new`).
+    let state = Box::new((
+        hold,
+        Finish {
+            backend,
+            started: call.started,
+            status: head.status.as_u16(),
+            sse,
+            endpoint: call.endpoint,
+            pool: call.pool.clone(),
+            first_byte: None,
+            usage: UsageScanner::new(sse),
+            ticket: ticket.relayed(sse),
+            home,
+            rollout,
+            trace,
+            attempt,
+            fields,
+        },
+    ));
     let relay = RelayBody::new(
         body,
         sse,
         call.endpoint,
         live.relay.stream_idle_timeout,
-        hold,
-        observer,
+        state,
     );
     Response::from_parts(head, Body::new(relay))
 }

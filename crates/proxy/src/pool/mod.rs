@@ -454,7 +454,8 @@ impl ModelPool {
     /// the pool's seats in the admission queue: a seat must mean a backend that can take the
     /// request, or the request would be refused for want of one the moment it is seated.
     pub fn seats(&self, bulkhead: Option<&str>, now: Instant) -> usize {
-        let (states, panic) = self.states(now);
+        let mut states = PerBackend::new();
+        let panic = self.states(now, &mut states);
         self.backends
             .iter()
             .zip(&states)
@@ -468,13 +469,14 @@ impl ModelPool {
             .sum()
     }
 
-    /// Each backend's health and whether it is degraded, and whether the pool is in panic mode:
-    /// one look at each backend per decision, panic mode derived from the same look.
-    fn states(&self, now: Instant) -> (PerBackend<(Health, bool)>, bool) {
-        let states: PerBackend<(Health, bool)> =
-            self.backends.iter().map(|b| b.health.state(now)).collect();
+    /// Each backend's health and whether it is degraded, into `states`, and whether the pool is
+    /// in panic mode: one look at each backend per decision, panic mode derived from the same
+    /// look. The caller's list is filled where it lies: a list returned by value would be
+    /// copied whole, its inline array with it.
+    fn states(&self, now: Instant, states: &mut PerBackend<(Health, bool)>) -> bool {
+        states.extend(self.backends.iter().map(|b| b.health.state(now)));
         let healthy = states.iter().filter(|(h, _)| *h == Health::Healthy).count();
-        (states, self.panics_with(healthy))
+        self.panics_with(healthy)
     }
 
     /// Waits until a backend of this pool frees a unit of concurrency, or `at_most` passes.
@@ -501,7 +503,8 @@ impl ModelPool {
 
     /// [`ModelPool::acquire`] on the side `ask` names, or on both when it names none.
     fn acquire_on(&self, now: Instant, ask: Ask<'_>, exclude: &[usize]) -> Option<Acquired> {
-        let (states, panic) = self.states(now);
+        let mut states = PerBackend::new();
+        let panic = self.states(now, &mut states);
         let usable = |i: usize, b: &Backend| {
             ask.side.is_none_or(|s| s == b.side)
                 && b.bulkhead.as_deref() == ask.bulkhead
@@ -546,21 +549,19 @@ impl ModelPool {
         // A backend may fill up between the snapshot and the CAS, or have its one probe out:
         // re-pick without it. The list is allocated only in that rare case.
         let mut full: Vec<usize> = Vec::new();
+        // Filled in place each round (`collect` would return its inline array by value).
+        let mut candidates: PerBackend<Candidate<'_>> = PerBackend::new();
         for _ in 0..self.backends.len() {
-            let candidates: PerBackend<Candidate<'_>> = self
-                .backends
-                .iter()
-                .enumerate()
-                .map(|(i, b)| Candidate {
-                    region: &b.region,
-                    weight: b.weight,
-                    outstanding: b.outstanding(),
-                    limit: b.health.limit(),
-                    available: usable(i, b) && !full.contains(&i),
-                    id: b.id,
-                    engine: b.engine_view(now),
-                })
-                .collect();
+            candidates.clear();
+            candidates.extend(self.backends.iter().enumerate().map(|(i, b)| Candidate {
+                region: &b.region,
+                weight: b.weight,
+                outstanding: b.outstanding(),
+                limit: b.health.limit(),
+                available: usable(i, b) && !full.contains(&i),
+                id: b.id,
+                engine: b.engine_view(now),
+            }));
             let choice = pick(&candidates, ask.region, strategy, self.saturation, &mut rng)?;
             let backend = &self.backends[choice.index];
             if panic || backend.health.admit(now) {

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds spillway and lays its code out again from a profile of the benchmark's load, with BOLT
+# Builds spillway and lays its code out again from a profile of the gateway under load, with BOLT
 # (LLVM's post-link optimizer): the blocks a request runs through are put together, each
 # function's cold blocks moved out of its way, and the hot functions ordered by how they call
 # each other. The code is the same; only where it lies changes.
@@ -7,22 +7,26 @@
 #   1. `cargo build --release -p spillway` with SPILLWAY_LINK_RELOCS=1, which keeps the link's
 #      relocations in the binary (crates/spillway/build.rs): BOLT needs them to move functions;
 #   2. `llvm-bolt -instrument`: a copy that counts every branch it takes;
-#   3. that copy under bench/profile.sh's load (the mock backend, wrk, bench/spillway.toml);
-#      it writes its counts when it exits;
+#   3. that copy under bench/profile.sh's load (the mock backend, wrk, bench/spillway.toml), in
+#      three runs: the benchmark's chat request at CONNS connections and at one, and the same
+#      request streamed (`"stream": true`, 20 events and `[DONE]`) at 4; each run's counts are
+#      written when it exits and the three merged (merge-fdata), so streams are laid out as
+#      hot paths too;
 #   4. `llvm-bolt` lays the release binary out from the counts, into OUT (its line tables kept);
 #   5. OUT answers the benchmark's request: every answer a 2xx, or the script fails.
 #
 # Usage: bench/bolt.sh
 # Env (defaults): OUT=target/release/spillway-bolt, BOLT (llvm-bolt on PATH, else
-#   /usr/lib/llvm-16/bin/llvm-bolt, Debian's bolt-16, which bench/setup.sh installs),
-#   CONNS=16 and DURATION=6 (the load profiled), plus what bench/profile.sh reads.
+#   /usr/lib/llvm-16/bin/llvm-bolt, Debian's bolt-16, which bench/setup.sh installs), MERGE
+#   (merge-fdata on PATH, else the one beside llvm-bolt),
+#   CONNS=16 and DURATION=6 (each run profiled), plus what bench/profile.sh reads.
 # Files: run/bolt/ (the instrumented copy, its counts, llvm-bolt's logs; git-ignored);
 #   target/release/spillway is left as the build with relocations (the same code, twice the size).
 set -euo pipefail
 BENCH_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO_DIR="$(cd "$BENCH_DIR/.." && pwd)"
 case "${1:-}" in
-  -h|--help) sed -n '2,20p' "$BENCH_DIR/bolt.sh" | sed 's/^# \{0,1\}//'; exit 0;;
+  -h|--help) sed -n '2,24p' "$BENCH_DIR/bolt.sh" | sed 's/^# \{0,1\}//'; exit 0;;
   "") ;;
   *) echo "unknown argument: $1 (see --help)" >&2; exit 2;;
 esac
@@ -30,6 +34,8 @@ esac
 OUT="${OUT:-$REPO_DIR/target/release/spillway-bolt}"
 BOLT="${BOLT:-$(command -v llvm-bolt || echo /usr/lib/llvm-16/bin/llvm-bolt)}"
 [ -x "$BOLT" ] || { echo "llvm-bolt not found (apt-get install bolt-16, or set BOLT)" >&2; exit 1; }
+MERGE="${MERGE:-$(command -v merge-fdata || echo "$(dirname "$(readlink -f "$BOLT")")/merge-fdata")}"
+[ -x "$MERGE" ] || { echo "merge-fdata not found beside llvm-bolt (set MERGE)" >&2; exit 1; }
 WORK="$BENCH_DIR/run/bolt"
 mkdir -p "$WORK"
 RELEASE="$REPO_DIR/target/release/spillway"
@@ -41,16 +47,27 @@ readelf -S "$RELEASE" | grep -q '\.rela\.text' \
 cp "$RELEASE" "$WORK/spillway"
 
 echo "bolt: instrumenting" >&2
-rm -f "$WORK/profile.fdata"
+rm -f "$WORK"/profile.fdata*
 "$BOLT" "$WORK/spillway" -instrument -o "$WORK/spillway-instrumented" \
-  --instrumentation-file="$WORK/profile.fdata" >"$WORK/instrument.log" 2>&1 \
-  || { tail -20 "$WORK/instrument.log" >&2; exit 1; }
+  --instrumentation-file="$WORK/profile.fdata" --instrumentation-file-append-pid \
+  >"$WORK/instrument.log" 2>&1 || { tail -20 "$WORK/instrument.log" >&2; exit 1; }
 
-echo "bolt: profiling under load (CONNS=${CONNS:-16}, ${DURATION:-6} s)" >&2
-CONNS="${CONNS:-16}" DURATION="${DURATION:-6}" MODE=stat \
-  "$BENCH_DIR/profile.sh" --spillway "$WORK/spillway-instrumented" >"$WORK/profile.log" 2>&1 \
-  || { tail -20 "$WORK/profile.log" >&2; exit 1; }
-[ -s "$WORK/profile.fdata" ] || { echo "bolt: the instrumented binary wrote no profile" >&2; exit 1; }
+python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); r["stream"]=True; print(json.dumps(r))' \
+  "$BENCH_DIR/lib/request.json" >"$WORK/stream-request.json"
+profiled() { # name conns body: one run of the instrumented copy, which writes its counts on exit
+  echo "bolt: profiling $1 ($2 connections, ${DURATION:-6} s)" >&2
+  CONNS="$2" DURATION="${DURATION:-6}" MODE=stat BENCH_BODY_FILE="$3" \
+    "$BENCH_DIR/profile.sh" --spillway "$WORK/spillway-instrumented" >"$WORK/profile-$1.log" 2>&1 \
+    || { tail -20 "$WORK/profile-$1.log" >&2; exit 1; }
+}
+profiled chat "${CONNS:-16}" "$BENCH_DIR/lib/request.json"
+profiled chat-one 1 "$BENCH_DIR/lib/request.json"
+profiled stream 4 "$WORK/stream-request.json"
+runs=("$WORK"/profile.fdata.*)
+[ "${#runs[@]}" -ge 3 ] && [ -s "${runs[0]}" ] \
+  || { echo "bolt: the instrumented binary wrote no profile (${#runs[@]} files)" >&2; exit 1; }
+"$MERGE" "${runs[@]}" >"$WORK/profile.fdata" 2>"$WORK/merge.log" \
+  || { tail -20 "$WORK/merge.log" >&2; exit 1; }
 
 echo "bolt: laying out $OUT" >&2
 "$BOLT" "$WORK/spillway" -o "$OUT" -data="$WORK/profile.fdata" \

@@ -9,7 +9,8 @@
 #   FREQ=999 (samples/s), CALLGRAPH=dwarf (or fp, lbr), SPILLWAY_LOG=warn,
 #   PERF_OUT=run/perf.data, ISOLATE=1, MODE=record (perf record; `stat`: task
 #   clock, context switches and system calls; `trace`: system calls by kind),
-#   TARGET=spillway (or nginx: the NGINX reference's worker, port 18081), EVENTS (more perf
+#   TARGET=spillway (or nginx: the NGINX reference's worker, port 18081), BENCH_BODY_FILE
+#   (the request sent; lib/request.json), EVENTS (more perf
 #   events for `stat`, comma-separated, each reported per request: a uprobe made with
 #   `perf probe -x BINARY --add mi_malloc_aligned` counts allocations; for `record`, the
 #   events recorded instead of CPU samples, every one of them).
@@ -74,7 +75,7 @@ fi
 
 echo "$TARGET pid $PROFILED; wrk -c$CONNS, $WARMUP s warm-up, then $DURATION s measured; load $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 drive() { # seconds -> wrk's JSON summary line in run/profile-wrk.out
-  BENCH_BODY_FILE="$BENCH_DIR/lib/request.json" timeout $(($1 + 20)) \
+  BENCH_BODY_FILE="${BENCH_BODY_FILE:-$BENCH_DIR/lib/request.json}" timeout $(($1 + 20)) \
     wrk -t1 -c"$CONNS" -d"${1}s" --timeout 10s -s lib/chat.lua \
     http://127.0.0.1:$PORT >"$RUN/profile-wrk.out" 2>&1
 }

@@ -99,9 +99,8 @@ impl<B: Body<Data = Bytes> + Unpin, O: EndObserver> RelayBody<B, O> {
     fn finish(&mut self, end: BodyEnd) {
         self.read_passed();
         if let Some(mut state) = self.state.take() {
+            // Then dropped: the hold before the observer, as a tuple's fields drop.
             state.1.ended(end);
-            // The hold before the observer, as the tuple's fields drop.
-            drop(state);
         }
     }
 

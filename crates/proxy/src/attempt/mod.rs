@@ -20,6 +20,8 @@ mod fallback_tests;
 mod peek;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod wide_tests;
 
 use std::borrow::Cow;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -99,9 +99,9 @@ pub(crate) async fn handle(
         }
         response
     };
+    let mut labels = RequestLabels::unrouted();
     // The call is bound apart from the result it came in, which is gone before the next await:
     // a future holding both would be larger by a call, and be copied so.
-    let mut labels = RequestLabels::unrouted();
     let read = read::read(gw, &live, endpoint, (req, lines, started), &mut labels);
     let mut call = match read.await {
         Ok(call) => call,

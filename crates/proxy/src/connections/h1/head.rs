@@ -347,6 +347,27 @@ mod tests {
         }
     }
 
+    /// More lines than the list noted while reading keeps in place (16): every one is kept,
+    /// in order, its value where it lay.
+    #[test]
+    fn a_head_of_many_lines_keeps_every_one() {
+        let mut head = b"GET / HTTP/1.1\r\n".to_vec();
+        for i in 0..MAX_HEADERS {
+            head.extend_from_slice(format!("x-{i}: value {i}\r\n").as_bytes());
+        }
+        head.extend_from_slice(b"\r\n");
+        let read = read(&head).unwrap().unwrap();
+        let lines: Vec<_> = read
+            .lines
+            .iter()
+            .map(|(n, v)| (n.as_str().to_owned(), v.to_vec()))
+            .collect();
+        let sent: Vec<_> = (0..MAX_HEADERS)
+            .map(|i| (format!("x-{i}"), format!("value {i}").into_bytes()))
+            .collect();
+        assert_eq!(lines, sent);
+    }
+
     #[test]
     fn too_many_lines_and_too_long_a_target_are_refused_by_size() {
         let mut many = b"GET / HTTP/1.1\r\n".to_vec();

@@ -87,6 +87,30 @@ async fn an_answers_hop_by_hop_headers_stay_behind_as_its_head_is_read() {
     );
 }
 
+/// An answer of more headers than the list noted while reading keeps in place (16) keeps
+/// every one but those that stay behind, in order, each value where it lay.
+#[tokio::test]
+async fn an_answer_of_many_headers_keeps_every_one_that_crosses() {
+    let mut answer = b"HTTP/1.1 200 OK\r\nConnection: x-3\r\n".to_vec();
+    for i in 0..40 {
+        answer.extend_from_slice(format!("x-{i}: value {i}\r\n").as_bytes());
+    }
+    answer.extend_from_slice(b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n");
+    let (head, _) = exchange(post("{}"), answer.leak()).await;
+    let left: Vec<_> = head
+        .unwrap()
+        .response
+        .headers()
+        .iter()
+        .map(|(n, v)| format!("{}: {}", n, v.to_str().unwrap()))
+        .collect();
+    let crossed: Vec<_> = (0..40)
+        .filter(|&i| i != 3)
+        .map(|i| format!("x-{i}: value {i}"))
+        .collect();
+    assert_eq!(left, crossed);
+}
+
 /// The framing and reuse each kind of head gets.
 #[tokio::test]
 async fn each_head_gets_its_framing_and_only_exact_ones_keep_the_connection() {

@@ -52,20 +52,37 @@ rm -f "$WORK"/profile.fdata*
   --instrumentation-file="$WORK/profile.fdata" --instrumentation-file-append-pid \
   >"$WORK/instrument.log" 2>&1 || { tail -20 "$WORK/instrument.log" >&2; exit 1; }
 
-python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); r["stream"]=True; print(json.dumps(r))' \
-  "$BENCH_DIR/lib/request.json" >"$WORK/stream-request.json"
+answered() { # what log: fails unless wrk's run in log (bench/profile.sh's) had answers and no errors
+  python3 - "$1" "$2" <<'PY'
+import json, sys
+what, log = sys.argv[1], sys.argv[2]
+line = next((l for l in open(log) if l.startswith('{"requests"')), None)
+if line is None:
+    sys.exit(f"bolt: {what}: no summary of wrk's run in {log}")
+run = json.loads(line)
+errors = sum(v for k, v in run.items() if k.startswith("err_"))
+if run["requests"] == 0 or errors:
+    sys.exit(f"bolt: {what} answered {run['requests']} requests with {errors} errors")
+print(f"bolt: {what}: {run['requests']} requests answered, no errors", file=sys.stderr)
+PY
+}
+python3 "$BENCH_DIR/lib/streamed.py" "$BENCH_DIR/lib/request.json" >"$WORK/stream-request.json"
 profiled() { # name conns body: one run of the instrumented copy, which writes its counts on exit
   echo "bolt: profiling $1 ($2 connections, ${DURATION:-6} s)" >&2
   CONNS="$2" DURATION="${DURATION:-6}" MODE=stat BENCH_BODY_FILE="$3" \
     "$BENCH_DIR/profile.sh" --spillway "$WORK/spillway-instrumented" >"$WORK/profile-$1.log" 2>&1 \
     || { tail -20 "$WORK/profile-$1.log" >&2; exit 1; }
+  # A profile of refusals would lay the refusals out as the hot path.
+  answered "the instrumented copy ($1)" "$WORK/profile-$1.log"
 }
 profiled chat "${CONNS:-16}" "$BENCH_DIR/lib/request.json"
 profiled chat-one 1 "$BENCH_DIR/lib/request.json"
 profiled stream 4 "$WORK/stream-request.json"
 runs=("$WORK"/profile.fdata.*)
-[ "${#runs[@]}" -ge 3 ] && [ -s "${runs[0]}" ] \
-  || { echo "bolt: the instrumented binary wrote no profile (${#runs[@]} files)" >&2; exit 1; }
+[ "${#runs[@]}" -ge 3 ] || { echo "bolt: ${#runs[@]} profiles written for 3 runs" >&2; exit 1; }
+for run in "${runs[@]}"; do
+  [ -s "$run" ] || { echo "bolt: $run is empty" >&2; exit 1; }
+done
 "$MERGE" "${runs[@]}" >"$WORK/profile.fdata" 2>"$WORK/merge.log" \
   || { tail -20 "$WORK/merge.log" >&2; exit 1; }
 
@@ -80,13 +97,5 @@ grep -E 'have non-empty execution profile|basic block reordering|splitting separ
 echo "bolt: checking that $OUT answers" >&2
 CONNS=1 DURATION=2 WARMUP=1 MODE=stat "$BENCH_DIR/profile.sh" --spillway "$OUT" \
   >"$WORK/check.log" 2>&1 || { tail -20 "$WORK/check.log" >&2; exit 1; }
-python3 - "$WORK/check.log" <<'PY'
-import json, sys
-line = next(l for l in open(sys.argv[1]) if l.startswith('{"requests"'))
-run = json.loads(line)
-errors = sum(v for k, v in run.items() if k.startswith("err_"))
-if run["requests"] == 0 or errors:
-    sys.exit(f"bolt: the laid-out binary answered {run['requests']} requests with {errors} errors")
-print(f"bolt: {run['requests']} requests answered, no errors", file=sys.stderr)
-PY
+answered "the laid-out binary" "$WORK/check.log"
 echo "$OUT"

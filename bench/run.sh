@@ -227,8 +227,7 @@ port_of() { case "$1" in direct) echo $BACKEND_PORT;; nginx) echo $NGINX_PORT;; 
 pids_of() { case "$1" in direct) echo "";; nginx) echo "$NGINX_PID";; spillway) echo "$SPILLWAY_PID";; esac; }
 
 export BENCH_BODY_FILE="$BENCH_DIR/lib/request.json" BENCH_PATH="/v1/chat/completions" BENCH_AUTH="$BENCH_KEY" BENCH_HEADERS=""
-python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); r["stream"]=True; print(json.dumps(r))' \
-  "$BENCH_BODY_FILE" > "$RUN/stream-request.json"
+python3 "$BENCH_DIR/lib/streamed.py" "$BENCH_BODY_FILE" > "$RUN/stream-request.json"
 AUTH_H=(-H "Content-Type: application/json" -H "Authorization: Bearer $BENCH_KEY")
 
 check() { # name ok(0/1) detail

@@ -234,6 +234,18 @@ pub(super) fn paused<F: std::future::Future>(f: F) -> F::Output {
         .block_on(f)
 }
 
+/// One call through the loop to the answer it chose; the test fails if it chose none.
+pub(super) async fn chosen<U: Upstream>(
+    models: &Models,
+    retries: &Retries,
+    upstream: &U,
+) -> super::Chosen<U::Body> {
+    run(&call(models, retries), retries, upstream, models)
+        .await
+        .result
+        .unwrap_or_else(|e| panic!("{}", e.message))
+}
+
 pub(super) fn step() -> impl Strategy<Value = Step> {
     let after = (0u64..20).prop_map(Duration::from_millis);
     prop_oneof![
@@ -369,10 +381,7 @@ fn nothing_is_retried_after_the_first_streamed_byte() {
     let upstream = BreaksMidStream::default();
     let ending = Arc::new(Mutex::new(None));
     let frames = paused(async {
-        let chosen = run(&call(&models, &retries), &retries, &upstream, &models)
-            .await
-            .result
-            .unwrap_or_else(|e| panic!("{}", e.message));
+        let chosen = chosen(&models, &retries, &upstream).await;
         // Relayed as the respond stage relays it, to its end.
         let relay = RelayBody::new(
             chosen.response.into_body(),
@@ -413,10 +422,7 @@ fn refused_connections_move_on_without_drawing_on_the_budget() {
         Step::Status(200, Duration::ZERO),
     ]);
     paused(async {
-        let chosen = run(&call(&models, &retries), &retries, &upstream, &models)
-            .await
-            .result
-            .unwrap_or_else(|e| panic!("{}", e.message));
+        let chosen = chosen(&models, &retries, &upstream).await;
         assert_eq!(chosen.response.status(), 200);
         let pool = models.get("m").unwrap();
         let (requests, retried) = pool.budget.lock().unwrap().totals(crate::clock::now());
@@ -435,10 +441,7 @@ fn a_failure_after_sending_draws_one_retry_from_the_budget() {
     let (models, retries) = pool("");
     let upstream = Scripted::new([Step::Status(502, Duration::ZERO)]);
     paused(async {
-        let chosen = run(&call(&models, &retries), &retries, &upstream, &models)
-            .await
-            .result
-            .unwrap_or_else(|e| panic!("{}", e.message));
+        let chosen = chosen(&models, &retries, &upstream).await;
         assert_eq!(chosen.response.status(), 200);
         let pool = models.get("m").unwrap();
         let totals = pool.budget.lock().unwrap().totals(crate::clock::now());

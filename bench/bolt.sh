@@ -16,7 +16,8 @@
 #   5. OUT answers the benchmark's request: every answer a 2xx, or the script fails.
 #
 # Usage: bench/bolt.sh
-# Env (defaults): OUT=target/release/spillway-bolt, BOLT (llvm-bolt on PATH, else
+# Env (defaults): OUT=target/release/spillway-bolt, INPUT (a binary built with its relocations to
+#   lay out, in place of step 1's build: `RELOCS=1 bench/pgo.sh`'s), BOLT (llvm-bolt on PATH, else
 #   /usr/lib/llvm-16/bin/llvm-bolt, Debian's bolt-16, which bench/setup.sh installs), MERGE
 #   (merge-fdata on PATH, else the one beside llvm-bolt),
 #   CONNS=16 and DURATION=6 (each run profiled), plus what bench/profile.sh reads.
@@ -26,7 +27,7 @@ set -euo pipefail
 BENCH_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO_DIR="$(cd "$BENCH_DIR/.." && pwd)"
 case "${1:-}" in
-  -h|--help) sed -n '2,24p' "$BENCH_DIR/bolt.sh" | sed 's/^# \{0,1\}//'; exit 0;;
+  -h|--help) sed -n '2,25p' "$BENCH_DIR/bolt.sh" | sed 's/^# \{0,1\}//'; exit 0;;
   "") ;;
   *) echo "unknown argument: $1 (see --help)" >&2; exit 2;;
 esac
@@ -40,10 +41,14 @@ WORK="$BENCH_DIR/run/bolt"
 mkdir -p "$WORK"
 RELEASE="$REPO_DIR/target/release/spillway"
 
-echo "bolt: building $RELEASE with its relocations" >&2
-(cd "$REPO_DIR" && SPILLWAY_LINK_RELOCS=1 cargo build --release -p spillway)
+if [ -n "${INPUT:-}" ]; then
+  RELEASE="$INPUT"
+else
+  echo "bolt: building $RELEASE with its relocations" >&2
+  (cd "$REPO_DIR" && SPILLWAY_LINK_RELOCS=1 cargo build --release -p spillway)
+fi
 readelf -S "$RELEASE" | grep -q '\.rela\.text' \
-  || { echo "bolt: $RELEASE has no relocations (--emit-relocs did not reach the link)" >&2; exit 1; }
+  || { echo "bolt: $RELEASE has no relocations (built without SPILLWAY_LINK_RELOCS=1)" >&2; exit 1; }
 cp "$RELEASE" "$WORK/spillway"
 
 echo "bolt: instrumenting" >&2
@@ -52,32 +57,8 @@ rm -f "$WORK"/profile.fdata*
   --instrumentation-file="$WORK/profile.fdata" --instrumentation-file-append-pid \
   >"$WORK/instrument.log" 2>&1 || { tail -20 "$WORK/instrument.log" >&2; exit 1; }
 
-answered() { # what log: fails unless wrk's run in log (bench/profile.sh's) had answers and no errors
-  python3 - "$1" "$2" <<'PY'
-import json, sys
-what, log = sys.argv[1], sys.argv[2]
-line = next((l for l in open(log) if l.startswith('{"requests"')), None)
-if line is None:
-    sys.exit(f"bolt: {what}: no summary of wrk's run in {log}")
-run = json.loads(line)
-errors = sum(v for k, v in run.items() if k.startswith("err_"))
-if run["requests"] == 0 or errors:
-    sys.exit(f"bolt: {what} answered {run['requests']} requests with {errors} errors")
-print(f"bolt: {what}: {run['requests']} requests answered, no errors", file=sys.stderr)
-PY
-}
-python3 "$BENCH_DIR/lib/streamed.py" "$BENCH_DIR/lib/request.json" >"$WORK/stream-request.json"
-profiled() { # name conns body: one run of the instrumented copy, which writes its counts on exit
-  echo "bolt: profiling $1 ($2 connections, ${DURATION:-6} s)" >&2
-  CONNS="$2" DURATION="${DURATION:-6}" MODE=stat BENCH_BODY_FILE="$3" \
-    "$BENCH_DIR/profile.sh" --spillway "$WORK/spillway-instrumented" >"$WORK/profile-$1.log" 2>&1 \
-    || { tail -20 "$WORK/profile-$1.log" >&2; exit 1; }
-  # A profile of refusals would lay the refusals out as the hot path.
-  answered "the instrumented copy ($1)" "$WORK/profile-$1.log"
-}
-profiled chat "${CONNS:-16}" "$BENCH_DIR/lib/request.json"
-profiled chat-one 1 "$BENCH_DIR/lib/request.json"
-profiled stream 4 "$WORK/stream-request.json"
+. "$BENCH_DIR/lib/loads.sh"
+profile_loads "$WORK/spillway-instrumented" "$WORK"
 runs=("$WORK"/profile.fdata.*)
 [ "${#runs[@]}" -ge 3 ] || { echo "bolt: ${#runs[@]} profiles written for 3 runs" >&2; exit 1; }
 for run in "${runs[@]}"; do

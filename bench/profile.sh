@@ -25,7 +25,7 @@ cd "$BENCH_DIR"
 SPILLWAY_BIN="${SPILLWAY_BIN:-$REPO_DIR/target/release/spillway}"
 while [ $# -gt 0 ]; do
   case "$1" in
-    --spillway) SPILLWAY_BIN="${2:?--spillway needs a path}"; shift 2;;
+    --spillway) SPILLWAY_BIN="$(cd "$OLDPWD" && realpath -m -- "${2:?--spillway needs a path}")"; shift 2;;
     -h|--help) sed -n '2,19p' "$BENCH_DIR/profile.sh" | sed 's/^# \{0,1\}//'; exit 0;;
     *) echo "unknown argument: $1 (see --help)" >&2; exit 2;;
   esac

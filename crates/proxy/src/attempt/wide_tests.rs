@@ -1,6 +1,6 @@
 //! The attempt loop over a pool wider than the lists the pool picks from keep in place (eight
 //! backends): the states and candidates past the eighth still name the right backends; and a
-//! pick that starts again without the backend it first chose.
+//! pick that starts again without the backend it first chose, up to one look at each.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -8,21 +8,27 @@ use std::time::Duration;
 
 use spillway_policy::Class;
 
-use super::tests::{chosen, models_from, paused, Scripted};
+use super::run;
+use super::tests::{call, chosen, models_from, paused, Scripted};
 
 /// Model `m` with `n` backends `b0`, `b1`, ..., each taking one request at a time.
 fn wide(n: usize, balance: &str) -> (crate::pool::Models, super::Retries) {
-    let backends: String = (0..n)
+    models_from(&format!(
+        "[[models]]\nname = \"m\"\nbalance = \"{balance}\"\n{}",
+        backends(n, 1)
+    ))
+}
+
+/// `n` backends `b0`, `b1`, ... of model `m`'s table, each taking `room` requests at a time.
+fn backends(n: usize, room: u32) -> String {
+    (0..n)
         .map(|i| {
             format!(
                 "[[models.backends]]\nname = \"b{i}\"\nurl = \"http://127.0.0.1:9/v1\"\n\
-                 engine = \"none\"\nmax_concurrency = 1\n"
+                 engine = \"none\"\nmax_concurrency = {room}\n"
             )
         })
-        .collect();
-    models_from(&format!(
-        "[[models]]\nname = \"m\"\nbalance = \"{balance}\"\n{backends}"
-    ))
+        .collect()
 }
 
 /// With every backend of twelve full but one, the call goes to that one, wherever it lies, by
@@ -68,37 +74,59 @@ fn every_backend_of_twelve_is_reached_in_turn() {
     assert_eq!(reached.len(), 12, "reached {reached:?}");
 }
 
+/// Three backends of two requests each, by least load, whose first `probes_out` have had
+/// their one probe after an ejection taken (each looks the least loaded and refuses at the
+/// last moment), and the others one request in flight. Returns where the call was sent and
+/// whether it was answered.
+fn pick_with_probes_out(probes_out: usize) -> (Vec<Arc<str>>, bool) {
+    let (models, retries) = models_from(&format!(
+        "[outlier]\nconsecutive_failures = 1\nbase_ejection = \"10s\"\npanic_threshold = 0.0\n\
+         [[models]]\nname = \"m\"\nbalance = \"least_load\"\n{}",
+        backends(3, 2)
+    ));
+    let pool = models.get("m").unwrap();
+    let upstream = Scripted::new([]);
+    let answered = paused(async {
+        let (probing, healthy) = pool.backends.split_at(probes_out);
+        for backend in probing {
+            backend
+                .health
+                .record(crate::clock::now(), Class::ServerError, 0, true);
+        }
+        tokio::time::advance(Duration::from_secs(11)).await;
+        for backend in probing {
+            assert!(
+                backend.health.admit(crate::clock::now()),
+                "the one probe, taken"
+            );
+            assert!(!backend.health.admit(crate::clock::now()), "and out");
+        }
+        let _held: Vec<_> = healthy
+            .iter()
+            .map(|b| b.try_acquire().expect("room"))
+            .collect();
+        let attempted = run(&call(&models, &retries), &retries, &upstream, &models).await;
+        attempted.result.is_ok()
+    });
+    let sent = upstream.sent().iter().map(|s| s.backend.clone()).collect();
+    (sent, answered)
+}
+
 /// A backend that looks the least loaded but refuses at the last moment (its one probe after an
 /// ejection is out) is passed over for another in the same pick, which starts afresh without it.
 #[test]
 fn a_backend_whose_probe_is_out_is_passed_over_for_another() {
-    let backends: String = (0..3)
-        .map(|i| {
-            format!(
-                "[[models.backends]]\nname = \"b{i}\"\nurl = \"http://127.0.0.1:9/v1\"\n\
-                 engine = \"none\"\nmax_concurrency = 2\n"
-            )
-        })
-        .collect();
-    let (models, retries) = models_from(&format!(
-        "[outlier]\nconsecutive_failures = 1\nbase_ejection = \"10s\"\npanic_threshold = 0.0\n\
-         [[models]]\nname = \"m\"\nbalance = \"least_load\"\n{backends}"
-    ));
-    let pool = models.get("m").unwrap();
-    let upstream = Scripted::new([]);
-    paused(async {
-        let probing = &pool.backends[0].health;
-        probing.record(crate::clock::now(), Class::ServerError, 0, true);
-        tokio::time::advance(Duration::from_secs(11)).await;
-        assert!(probing.admit(crate::clock::now()), "the one probe, taken");
-        assert!(!probing.admit(crate::clock::now()), "and out");
-        // b0 has the fewest requests in flight: the first pick.
-        let held = [1, 2].map(|i| pool.backends[i].try_acquire().expect("room"));
-        let chosen = chosen(&models, &retries, &upstream).await;
-        assert_eq!(chosen.response.status(), 200);
-        drop(held);
-    });
-    let sent: Vec<_> = upstream.sent().iter().map(|s| s.backend.clone()).collect();
+    let (sent, answered) = pick_with_probes_out(1);
+    assert!(answered);
     assert_eq!(sent.len(), 1, "{sent:?}");
     assert_ne!(&*sent[0], "b0", "sent to the backend whose probe was out");
+}
+
+/// With every backend refusing at the last moment, the pick gives up after one look at each:
+/// nothing is sent and the call is refused, with no loop and no panic.
+#[test]
+fn with_every_probe_out_nothing_is_sent_and_the_call_is_refused() {
+    let (sent, answered) = pick_with_probes_out(3);
+    assert!(!answered);
+    assert!(sent.is_empty(), "{sent:?}");
 }

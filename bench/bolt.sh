@@ -21,13 +21,14 @@
 #   /usr/lib/llvm-16/bin/llvm-bolt, Debian's bolt-16, which bench/setup.sh installs), MERGE
 #   (merge-fdata on PATH, else the one beside llvm-bolt),
 #   CONNS=16 and DURATION=6 (each run profiled), plus what bench/profile.sh reads.
-# Files: run/bolt/ (the instrumented copy, its counts, llvm-bolt's logs; git-ignored);
-#   target/release/spillway is left as the build with relocations (the same code, twice the size).
+# Files: run/bolt/ (the instrumented copy, its counts, llvm-bolt's logs; git-ignored); without
+#   INPUT, target/release/spillway is left as the build with relocations (the same code, twice
+#   the size).
 set -euo pipefail
 BENCH_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO_DIR="$(cd "$BENCH_DIR/.." && pwd)"
 case "${1:-}" in
-  -h|--help) sed -n '2,25p' "$BENCH_DIR/bolt.sh" | sed 's/^# \{0,1\}//'; exit 0;;
+  -h|--help) sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$BENCH_DIR/bolt.sh"; exit 0;;
   "") ;;
   *) echo "unknown argument: $1 (see --help)" >&2; exit 2;;
 esac

@@ -25,7 +25,7 @@ set -euo pipefail
 BENCH_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO_DIR="$(cd "$BENCH_DIR/.." && pwd)"
 case "${1:-}" in
-  -h|--help) sed -n '2,23p' "$BENCH_DIR/pgo.sh" | sed 's/^# \{0,1\}//'; exit 0;;
+  -h|--help) sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$BENCH_DIR/pgo.sh"; exit 0;;
   "") ;;
   *) echo "unknown argument: $1 (see --help)" >&2; exit 2;;
 esac

@@ -6,10 +6,11 @@
 # differences B - A, with how many pairs had B lower.
 #
 # Usage: bench/ab.sh A_BINARY B_BINARY
-# Env (defaults): PAIRS=6, CONNS=64, DURATION=5, plus what bench/profile.sh reads.
+# Env (defaults): PAIRS=6, CONNS=64, DURATION=5, plus what bench/profile.sh reads
+#   (BACKEND=down: every call refused, the outage path).
 set -euo pipefail
 BENCH_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-case "${1:-}" in -h|--help|"") sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 0;; esac
+case "${1:-}" in -h|--help|"") sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"; exit 0;; esac
 A="${1:?A binary}"; B="${2:?B binary}"
 for bin in "$A" "$B"; do [ -x "$bin" ] || { echo "not an executable: $bin" >&2; exit 2; }; done
 PAIRS="${PAIRS:-6}"; export CONNS="${CONNS:-64}" DURATION="${DURATION:-5}" MODE=stat

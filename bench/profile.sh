@@ -13,7 +13,9 @@
 #   (the request sent; lib/request.json), EVENTS (more perf
 #   events for `stat`, comma-separated, each reported per request: a uprobe made with
 #   `perf probe -x BINARY --add mi_malloc_aligned` counts allocations; for `record`, the
-#   events recorded instead of CPU samples, every one of them).
+#   events recorded instead of CPU samples, every one of them), BACKEND=up (`down`: the mock
+#   backend is not started, so its port refuses every connection and every call is answered
+#   503 `capacity_exhausted`: the outage path, which the PGO and BOLT profiles never run).
 # Output: wrk's summary on stderr; for `record` the perf data file and
 # lib/perf_summary.py's report (self time by group, top symbols) on stdout.
 # Debug line tables come from the release profile.
@@ -26,11 +28,13 @@ SPILLWAY_BIN="${SPILLWAY_BIN:-$REPO_DIR/target/release/spillway}"
 while [ $# -gt 0 ]; do
   case "$1" in
     --spillway) SPILLWAY_BIN="$(cd "$OLDPWD" && realpath -m -- "${2:?--spillway needs a path}")"; shift 2;;
-    -h|--help) sed -n '2,19p' "$BENCH_DIR/profile.sh" | sed 's/^# \{0,1\}//'; exit 0;;
+    -h|--help) sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$BENCH_DIR/profile.sh"; exit 0;;
     *) echo "unknown argument: $1 (see --help)" >&2; exit 2;;
   esac
 done
 CONNS="${CONNS:-16}"; DURATION="${DURATION:-8}"; WARMUP="${WARMUP:-2}"; FREQ="${FREQ:-999}"
+BACKEND="${BACKEND:-up}"
+case "$BACKEND" in up|down) ;; *) echo "BACKEND must be up or down" >&2; exit 2;; esac
 CALLGRAPH="${CALLGRAPH:-dwarf}"; TARGET="${TARGET:-spillway}"; MODE="${MODE:-record}"; SPILLWAY_LOG="${SPILLWAY_LOG:-warn}"
 RUN="$BENCH_DIR/run"; PERF_OUT="${PERF_OUT:-$RUN/perf.data}"
 mkdir -p "$RUN/tmp"
@@ -42,7 +46,7 @@ done
 if [ -z "${BENCH_INNER:-}" ]; then
   exec 9>"$RUN/lock"
   flock -n 9 || { echo "a benchmark of this checkout is running (bench/run/lock)" >&2; exit 1; }
-  export BENCH_INNER=1 SPILLWAY_BIN CONNS DURATION WARMUP FREQ CALLGRAPH TARGET MODE SPILLWAY_LOG PERF_OUT
+  export BENCH_INNER=1 BACKEND SPILLWAY_BIN CONNS DURATION WARMUP FREQ CALLGRAPH TARGET MODE SPILLWAY_LOG PERF_OUT
   export EVENTS="${EVENTS:-}"
   if [ "${ISOLATE:-1}" = 1 ] && command -v ip >/dev/null 2>&1 && unshare -n true 2>/dev/null; then
     exec unshare -n -- bash -c 'ip link set lo up && exec "$0"' "$BENCH_DIR/profile.sh"
@@ -57,7 +61,7 @@ trap 'stop_pid "$SPILLWAY_PID"; stop_pid "$BACKEND_PID"' EXIT
 for p in 18080 18081 18090 18091; do
   if (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then echo "port $p is in use" >&2; exit 1; fi
 done
-start_mock_backend
+[ "$BACKEND" = down ] || start_mock_backend
 if [ "$TARGET" = nginx ]; then
   setsid nginx -p "$BENCH_DIR/" -c nginx/proxy.conf -e run/nginx-proxy.error.log \
     -g "daemon off; pid run/nginx-proxy.pid;" >"$RUN/nginx-proxy.out" 2>&1 9>&- &

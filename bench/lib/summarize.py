@@ -5,7 +5,8 @@ Usage: summarize.py RAW.json [--out results/latest.md]   (stdout without --out)
 
 Every NGINX and SPILLWAY run is compared with the DIRECT run of the same
 repetition and concurrency (measured in the same minute). Each figure in the
-tables is the median over repetitions; error counts are summed.
+tables is the median over repetitions; error counts are summed. The same-run table
+also gives SPILLWAY's req/s over NGINX's for each repetition on its own.
 """
 import argparse
 import json
@@ -100,6 +101,22 @@ def wrk_rows(runs):
                 agg["reps"] = len(rows)
                 per_target[t] = agg
         out[c] = per_target
+    return out
+
+
+def head_to_head(runs):
+    """{conns: [SPILLWAY req/s / NGINX req/s, one per repetition]}: the two paths of one
+    repetition ran back to back, so each quotient compares like with like, and their spread
+    within a run shows how far one run's median can be trusted."""
+    wrk = [r for r in runs if r["kind"] == "wrk" and r.get("res")]
+    out = {}
+    for c in sorted({r["conns"] for r in wrk}):
+        quotients = []
+        for rep in sorted({r["rep"] for r in wrk if r["conns"] == c}):
+            rps = {r["target"]: r["res"]["rps"] for r in wrk if r["conns"] == c and r["rep"] == rep}
+            if rps.get("nginx") and rps.get("spillway"):
+                quotients.append(rps["spillway"] / rps["nginx"])
+        out[c] = quotients
     return out
 
 
@@ -217,14 +234,17 @@ def render(doc, raw_name):
     # compact comparison: spillway vs nginx
     if any("spillway" in per and "nginx" in per for per in W.values()):
         L.append("### SPILLWAY vs NGINX (same run)\n")
-        L.append("| conns | × direct: NGINX / SPILLWAY | added p50: NGINX / SPILLWAY | added p99: NGINX / SPILLWAY | CPU µs/req: NGINX / SPILLWAY (ratio) |")
-        L.append("|---:|---|---|---|---|")
+        H = head_to_head(runs)
+        L.append("| conns | × direct: NGINX / SPILLWAY | SPILLWAY ÷ NGINX req/s, each repetition | added p50: NGINX / SPILLWAY | added p99: NGINX / SPILLWAY | CPU µs/req: NGINX / SPILLWAY (ratio) |")
+        L.append("|---:|---|---|---|---|---|")
         for c, per in W.items():
             n, s = per.get("nginx"), per.get("spillway")
             if not n or not s:
                 continue
             cr = s["gw_us_req"] / n["gw_us_req"] if s["gw_us_req"] and n["gw_us_req"] else None
-            L.append(f"| {c} | {fmt(n['ratio'], '.3f')} / {fmt(s['ratio'], '.3f')} | {fmt_add(n['add_p50'])} / {fmt_add(s['add_p50'])} | "
+            q = H.get(c) or []
+            each = ", ".join(f"{x:.2f}" for x in q) + f" (≥ 1 in {sum(x >= 1 for x in q)} of {len(q)})" if q else "–"
+            L.append(f"| {c} | {fmt(n['ratio'], '.3f')} / {fmt(s['ratio'], '.3f')} | {each} | {fmt_add(n['add_p50'])} / {fmt_add(s['add_p50'])} | "
                      f"{fmt_add(n['add_p99'])} / {fmt_add(s['add_p99'])} | {fmt(n['gw_us_req'], '.1f')} / {fmt(s['gw_us_req'], '.1f')} ({fmt(cr, '.1f')}×) |")
         L.append("")
 

@@ -88,7 +88,8 @@ impl UsageScanner {
     ///
     /// The result is that of feeding the chunk a byte at a time (the tests hold it to that), but
     /// the runs of bytes that cannot change the state are found with `memchr`: the JSON text
-    /// before the next `"usage"` and SSE lines that are not data are skipped. A `usage` object
+    /// before the next `"usage"` (and the key itself) and SSE lines that are not data are
+    /// skipped. A `usage` object
     /// whole in the chunk is parsed in place; the bytes of one that is not are walked in one
     /// loop and copied whole.
     pub fn feed(&mut self, chunk: &[u8]) {
@@ -113,17 +114,37 @@ impl UsageScanner {
 
     fn feed_json(&mut self, mut bytes: &[u8]) {
         while let Some(&byte) = bytes.first() {
-            if let Json::Seeking { matched: 0, .. } = self.json {
-                // Nothing of the key is matched: up to the next whole key (or, without one, up
-                // to the bytes at the end that may begin it) every byte leaves the state as it
-                // is, but for the backslash flag, which only the last skipped byte decides.
-                let at = key_finder()
-                    .find(bytes)
-                    .unwrap_or(bytes.len().saturating_sub(KEY.len() - 1));
+            if let Json::Seeking {
+                matched: 0,
+                after_backslash,
+            } = self.json
+            {
+                // Nothing of the key is matched: up to the next whole key every byte leaves the
+                // state as it is, but for the backslash flag, which only the last skipped byte
+                // decides; a key whose quote no backslash escapes is the whole key matched. With
+                // no whole key, a match can begin only at a quote among the last bytes, and the
+                // bytes up to it (all of them, without one) are skipped the same way.
+                let (at, whole) = match key_finder().find(bytes) {
+                    Some(at) => (at, true),
+                    None => {
+                        let tail = bytes.len().saturating_sub(KEY.len() - 1);
+                        let quote = memchr::memchr(b'"', &bytes[tail..]);
+                        (quote.map_or(bytes.len(), |q| tail + q), false)
+                    }
+                };
+                let escaped = match at {
+                    0 => after_backslash,
+                    _ => bytes[at - 1] == b'\\',
+                };
+                if whole && !escaped {
+                    self.json = Json::BeforeColon;
+                    bytes = &bytes[at + KEY.len()..];
+                    continue;
+                }
                 if at > 0 {
                     self.json = Json::Seeking {
                         matched: 0,
-                        after_backslash: bytes[at - 1] == b'\\',
+                        after_backslash: escaped,
                     };
                     bytes = &bytes[at..];
                     continue;

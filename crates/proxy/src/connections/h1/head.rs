@@ -11,8 +11,9 @@
 //! header's colon, a bare CR.
 
 use std::mem::MaybeUninit;
+use std::sync::LazyLock;
 
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 use http::header::{self, HeaderName};
 use http::{Method, Request, Uri, Version};
 use smallvec::SmallVec;
@@ -97,8 +98,8 @@ pub(crate) fn parse(buf: &mut BytesMut) -> Result<Option<Head>, Refusal> {
         names.push((name, span(h.value)));
     }
     let head = buf.split_to(len).freeze();
-    let uri = Uri::from_maybe_shared(head.slice(target_at))
-        .map_err(|_| Refusal::Malformed("invalid request target"))?;
+    let uri =
+        target_uri(&head, target_at).map_err(|_| Refusal::Malformed("invalid request target"))?;
     // httparse has refused every value with a byte a field value may not hold. Room for the
     // `x-request-id` the connection adds when the caller sent none.
     let lines = Lines::in_head(head, names.drain(..), 1);
@@ -118,6 +119,28 @@ pub(crate) fn parse(buf: &mut BytesMut) -> Result<Option<Head>, Refusal> {
         keep_alive,
         expect_continue: facts.expect_continue && version == Version::HTTP_11,
     }))
+}
+
+/// The inference endpoints' paths, which nearly every request names as its whole target.
+const USUAL_TARGETS: [&str; 5] = [
+    "/v1/chat/completions",
+    "/v1/responses",
+    "/v1/messages",
+    "/v1/completions",
+    "/v1/embeddings",
+];
+
+/// The request target at `at` in `head`, as a `Uri`. One of [`USUAL_TARGETS`] is a copy of its
+/// `Uri` parsed once (a static one: no parse, and no count kept on the head's buffer); any
+/// other target is parsed where it lies.
+fn target_uri(head: &Bytes, at: std::ops::Range<usize>) -> Result<Uri, http::uri::InvalidUri> {
+    static PARSED: LazyLock<[Uri; USUAL_TARGETS.len()]> =
+        LazyLock::new(|| USUAL_TARGETS.map(Uri::from_static));
+    let target = &head[at.clone()];
+    match USUAL_TARGETS.iter().position(|t| t.as_bytes() == target) {
+        Some(i) => Ok(PARSED[i].clone()),
+        None => Uri::from_maybe_shared(head.slice(at)),
+    }
 }
 
 /// What the body's framing and the connection depend on, read as the headers are.
@@ -231,6 +254,26 @@ mod tests {
         assert_eq!(head.framing, Framing::Length(4));
         assert!(head.keep_alive && !head.expect_continue);
         assert_eq!(&buf[..], b"body");
+    }
+
+    #[test]
+    fn a_usual_target_is_the_uri_its_parse_gives_and_any_other_is_parsed() {
+        for target in USUAL_TARGETS.iter().copied().chain([
+            "/v1/chat/completions?api-version=1",
+            "/v1/chat/completion",
+            "/v1/chat/completions/",
+            "/v1/models",
+            "*",
+        ]) {
+            let head = Bytes::from(format!("GET {target} HTTP/1.1"));
+            let uri = target_uri(&head, 4..4 + target.len()).unwrap();
+            let parsed = Uri::from_maybe_shared(Bytes::from(target.to_owned())).unwrap();
+            assert_eq!(uri, parsed, "{target}");
+            assert_eq!(uri.path_and_query(), parsed.path_and_query(), "{target}");
+            assert_eq!(uri.to_string(), target);
+        }
+        let head = Bytes::from_static(b"GET /v1/\x7f HTTP/1.1");
+        assert!(target_uri(&head, 4..9).is_err());
     }
 
     #[test]

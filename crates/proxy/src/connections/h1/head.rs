@@ -18,6 +18,7 @@ use http::header::{self, HeaderName};
 use http::{Method, Request, Uri, Version};
 use smallvec::SmallVec;
 
+use crate::endpoint::Endpoint;
 use crate::lines::Lines;
 use crate::upstream::h1::decode::Framing;
 
@@ -121,23 +122,23 @@ pub(crate) fn parse(buf: &mut BytesMut) -> Result<Option<Head>, Refusal> {
     }))
 }
 
-/// The inference endpoints' paths, which nearly every request names as its whole target.
-const USUAL_TARGETS: [&str; 5] = [
-    "/v1/chat/completions",
-    "/v1/responses",
-    "/v1/messages",
-    "/v1/completions",
-    "/v1/embeddings",
-];
-
-/// The request target at `at` in `head`, as a `Uri`. One of [`USUAL_TARGETS`] is a copy of its
-/// `Uri` parsed once (a static one: no parse, and no count kept on the head's buffer); any
-/// other target is parsed where it lies.
+/// The request target at `at` in `head`, as a `Uri`. An inference endpoint's own path, nearly
+/// every request's whole target, is a copy of its `Uri` parsed once (a static one: no parse, and
+/// no count kept on the head's buffer); any other target is parsed where it lies.
 fn target_uri(head: &Bytes, at: std::ops::Range<usize>) -> Result<Uri, http::uri::InvalidUri> {
-    static PARSED: LazyLock<[Uri; USUAL_TARGETS.len()]> =
-        LazyLock::new(|| USUAL_TARGETS.map(Uri::from_static));
+    static PARSED: LazyLock<[Uri; Endpoint::ALL.len()]> = LazyLock::new(|| {
+        Endpoint::ALL.map(|e| {
+            let path = format!("/v1{}", e.path());
+            Uri::from_maybe_shared(Bytes::from(path)).expect("an endpoint's path is a URI")
+        })
+    });
     let target = &head[at.clone()];
-    match USUAL_TARGETS.iter().position(|t| t.as_bytes() == target) {
+    let endpoint = target.strip_prefix(b"/v1").and_then(|path| {
+        Endpoint::ALL
+            .iter()
+            .position(|e| e.path().as_bytes() == path)
+    });
+    match endpoint {
         Some(i) => Ok(PARSED[i].clone()),
         None => Uri::from_maybe_shared(head.slice(at)),
     }
@@ -257,14 +258,17 @@ mod tests {
     }
 
     #[test]
-    fn a_usual_target_is_the_uri_its_parse_gives_and_any_other_is_parsed() {
-        for target in USUAL_TARGETS.iter().copied().chain([
+    fn an_endpoints_target_is_the_uri_its_parse_gives_and_any_other_is_parsed() {
+        let endpoints = Endpoint::ALL.map(|e| format!("/v1{}", e.path()));
+        let others = [
             "/v1/chat/completions?api-version=1",
             "/v1/chat/completion",
             "/v1/chat/completions/",
+            "/chat/completions",
             "/v1/models",
             "*",
-        ]) {
+        ];
+        for target in endpoints.iter().map(String::as_str).chain(others) {
             let head = Bytes::from(format!("GET {target} HTTP/1.1"));
             let uri = target_uri(&head, 4..4 + target.len()).unwrap();
             let parsed = Uri::from_maybe_shared(Bytes::from(target.to_owned())).unwrap();

@@ -89,9 +89,8 @@ impl UsageScanner {
     /// The result is that of feeding the chunk a byte at a time (the tests hold it to that), but
     /// the runs of bytes that cannot change the state are found with `memchr`: the JSON text
     /// before the next `"usage"` (and the key itself) and SSE lines that are not data are
-    /// skipped. A `usage` object
-    /// whole in the chunk is parsed in place; the bytes of one that is not are walked in one
-    /// loop and copied whole.
+    /// skipped. A `usage` object whole in the chunk is parsed in place; the bytes of one that is
+    /// not are walked in one loop and copied whole.
     pub fn feed(&mut self, chunk: &[u8]) {
         if self.sse {
             self.feed_sse(chunk);
@@ -132,11 +131,13 @@ impl UsageScanner {
                         (quote.map_or(bytes.len(), |q| tail + q), false)
                     }
                 };
-                let escaped = match at {
+                // Whether the byte before `at` (the key's quote, or the first byte not skipped)
+                // is a backslash.
+                let backslash_before = match at {
                     0 => after_backslash,
                     _ => bytes[at - 1] == b'\\',
                 };
-                if whole && !escaped {
+                if whole && !backslash_before {
                     self.json = Json::BeforeColon;
                     bytes = &bytes[at + KEY.len()..];
                     continue;
@@ -144,7 +145,7 @@ impl UsageScanner {
                 if at > 0 {
                     self.json = Json::Seeking {
                         matched: 0,
-                        after_backslash: escaped,
+                        after_backslash: backslash_before,
                     };
                     bytes = &bytes[at..];
                     continue;

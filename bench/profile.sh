@@ -107,6 +107,18 @@ TICKS_AFTER="$(ticks)"
 wait "$PERF_PID" || { tail -5 "$RUN/perf.err" >&2; exit 1; }
 REQUESTS="$(grep -E '^JSON:' "$RUN/profile-wrk.out" | sed 's/^JSON://' | python3 -c 'import json,sys; print(json.load(sys.stdin)["requests"])')"
 grep -E '^JSON:' "$RUN/profile-wrk.out" | sed 's/^JSON://' >&2
+if [ "$BACKEND" = down ]; then
+  # The outage's figures are those of refusals only: a request answered, or a socket error,
+  # would make them figures of something else.
+  grep -E '^JSON:' "$RUN/profile-wrk.out" | sed 's/^JSON://' | python3 -c '
+import json, sys
+run = json.load(sys.stdin)
+sockets = sum(v for k, v in run.items() if k.startswith("err_") and k != "err_status")
+n, refused = run["requests"], run["err_status"]
+if n == 0 or refused != n or sockets:
+    sys.exit(f"BACKEND=down: {n} requests, {refused} refused, {sockets} socket errors; every one should be refused")
+' || exit 1
+fi
 echo "requests: $REQUESTS" >&2
 case "$MODE" in
   record) python3 "$BENCH_DIR/lib/perf_summary.py" "$PERF_OUT" 40;;

@@ -58,10 +58,15 @@ def util(run):
         return None
 
 
+def wrk_runs(runs):
+    """The wrk runs that have a result."""
+    return [r for r in runs if r["kind"] == "wrk" and r.get("res")]
+
+
 def wrk_rows(runs):
     """{conns: {target: aggregated dict}}"""
     out = {}
-    wrk = [r for r in runs if r["kind"] == "wrk" and r.get("res")]
+    wrk = wrk_runs(runs)
     for c in sorted({r["conns"] for r in wrk}):
         per_target = {}
         for t in ORDER:
@@ -108,7 +113,7 @@ def head_to_head(runs):
     """{conns: [SPILLWAY req/s / NGINX req/s, one per repetition]}: the two paths of one
     repetition ran back to back, so each quotient compares like with like, and their spread
     within a run shows how far one run's median can be trusted."""
-    wrk = [r for r in runs if r["kind"] == "wrk" and r.get("res")]
+    wrk = wrk_runs(runs)
     out = {}
     for c in sorted({r["conns"] for r in wrk}):
         quotients = []

@@ -16,7 +16,8 @@ use crate::Outcome;
 /// Counter, label `outcome`: `fresh_hit`, `stale_hit`, `miss`, `negative_hit`, `redis_hit`,
 /// `store_error`.
 pub const KEY_LOOKUPS_TOTAL: &str = "spillway_key_lookups_total";
-/// Histogram of lookups' durations, in seconds, however they were answered.
+/// Histogram of lookups' durations, in seconds, however they were answered; an answer the
+/// cache gives at once, without waiting, counts as 0 (it takes well under the first bucket).
 pub const KEY_LOOKUP_SECONDS: &str = "spillway_key_lookup_seconds";
 /// Buckets for [`KEY_LOOKUP_SECONDS`]: a cache hit takes microseconds, a store query
 /// milliseconds, a lookup that waited for a failing store up to `load_timeout`.

@@ -263,8 +263,9 @@ impl TenantDirectory for StoreDirectory {
     }
 
     fn cached(&self, digest: &KeyDigest) -> Option<Looked> {
+        let now = tokio::time::Instant::from_std(crate::clock::now());
         self.cache
-            .cached(digest)
+            .cached_at(digest, now)
             .map(|found| Ok(self.answer(found)))
     }
 }

@@ -10,7 +10,7 @@ use std::future::poll_fn;
 use std::io::{self, IoSlice};
 use std::pin::pin;
 use std::task::Poll;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::body::Body;
 use bytes::{BufMut, Bytes, BytesMut};
@@ -243,19 +243,44 @@ fn hex(n: usize, into: &mut [u8; 16]) -> &[u8] {
 /// The `date` header line, its value made once a second.
 fn date(out: &mut BytesMut) {
     thread_local! {
-        static DATE: RefCell<(u64, Option<HeaderValue>)> = const { RefCell::new((0, None)) };
+        static DATE: RefCell<DateLine> = const { RefCell::new(DateLine::new()) };
     }
-    let now = SystemTime::now();
-    let second = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    DATE.with_borrow_mut(|(at, value)| {
-        if *at != second || value.is_none() {
-            *at = second;
-            *value = HeaderValue::from_str(&httpdate::fmt_http_date(now)).ok();
-        }
-        if let Some(value) = value {
+    DATE.with_borrow_mut(|date| {
+        if let Some(value) = date.at(crate::clock::now(), SystemTime::now) {
             line(out, b"date", value.as_bytes());
         }
     });
+}
+
+/// A thread's `date` value, and the monotonic instant its second ends at. The wall clock is read
+/// when that instant has passed, once a second (as nginx reads it once a turn of its loop), not
+/// at every response: within the second the poll's reading of the monotonic clock tells.
+struct DateLine {
+    until: Option<Instant>,
+    value: Option<HeaderValue>,
+}
+
+impl DateLine {
+    const fn new() -> DateLine {
+        DateLine {
+            until: None,
+            value: None,
+        }
+    }
+
+    /// The value at `now` (monotonic), the wall clock read by `wall` when a second has ended.
+    fn at(&mut self, now: Instant, wall: impl FnOnce() -> SystemTime) -> Option<&HeaderValue> {
+        if self.until.is_none_or(|until| now >= until) {
+            let wall = wall();
+            let into = wall
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |since| since.subsec_nanos());
+            let left = Duration::from_secs(1) - Duration::from_nanos(into.into());
+            self.until = Some(now + left);
+            self.value = HeaderValue::from_str(&httpdate::fmt_http_date(wall)).ok();
+        }
+        self.value.as_ref()
+    }
 }
 
 /// Writes `first` then `second`, in one call when the socket takes them; fails when the client
@@ -300,6 +325,38 @@ pub(crate) async fn write_all(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_date_is_read_off_the_wall_clock_once_a_second() {
+        let start = Instant::now();
+        // 10:00:00.75 on the wall clock at `start`.
+        let wall_at =
+            |mono: Instant| UNIX_EPOCH + Duration::from_millis(1_700_000_000_750) + (mono - start);
+        let mut date = DateLine::new();
+        let mut reads = 0;
+        let mut at = |date: &mut DateLine, after_ms: u64| {
+            let mono = start + Duration::from_millis(after_ms);
+            let value = date.at(mono, || {
+                reads += 1;
+                wall_at(mono)
+            });
+            value.unwrap().to_str().unwrap().to_owned()
+        };
+        assert_eq!(at(&mut date, 0), "Tue, 14 Nov 2023 22:13:20 GMT");
+        // The rest of that second: no read.
+        assert_eq!(at(&mut date, 100), "Tue, 14 Nov 2023 22:13:20 GMT");
+        assert_eq!(at(&mut date, 249), "Tue, 14 Nov 2023 22:13:20 GMT");
+        // The next second begins 250 ms in: read again, then not until the one after.
+        assert_eq!(at(&mut date, 250), "Tue, 14 Nov 2023 22:13:21 GMT");
+        assert_eq!(at(&mut date, 1_249), "Tue, 14 Nov 2023 22:13:21 GMT");
+        assert_eq!(at(&mut date, 5_000), "Tue, 14 Nov 2023 22:13:25 GMT");
+        drop(at);
+        assert_eq!(reads, 3);
+        // A wall clock set back is followed within a second.
+        let mono = start + Duration::from_millis(6_300);
+        let set_back = date.at(mono, || UNIX_EPOCH + Duration::from_secs(1_600_000_000));
+        assert_eq!(set_back.unwrap(), "Sun, 13 Sep 2020 12:26:40 GMT");
+    }
 
     #[test]
     fn chunk_sizes_are_lowercase_hex() {

@@ -283,3 +283,40 @@ async fn cached_answers_what_the_cache_holds_and_never_queries() {
         "a revoked key is the store's to answer"
     );
 }
+
+/// A hit answered at once is counted in `spillway_key_lookup_seconds` as taking no time: the
+/// histogram's sum does not grow with hits, only its count (each hit timed itself with two
+/// clock reads before, a few hundred nanoseconds each time).
+#[test]
+fn a_hit_answered_at_once_counts_as_taking_no_time() {
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    let figures = |page: &str| {
+        let figure = |name: &str| -> f64 {
+            let line = page.lines().find(|l| l.starts_with(name)).expect(name);
+            line[name.len()..].trim().parse().unwrap()
+        };
+        (
+            figure("spillway_key_lookup_seconds_sum "),
+            figure("spillway_key_lookup_seconds_count "),
+        )
+    };
+    metrics::with_local_recorder(&recorder, || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let store = FakeStore::with_keys(1, "acme");
+            let dir = directory(&store, short(Duration::from_secs(60), ms(1000))).await;
+            dir.lookup(&digest(0)).await.unwrap();
+            let (sum, count) = figures(&handle.render());
+            assert!(sum > 0.0, "the store's answer took time");
+            for _ in 0..100 {
+                let hit = dir.cached(&digest(0)).expect("a fresh entry");
+                assert_eq!(hit.outcome, Outcome::Fresh);
+            }
+            assert_eq!(figures(&handle.render()), (sum, count + 100.0));
+        });
+    });
+}

@@ -118,6 +118,12 @@ impl Conn {
 
     /// [`send`](Conn::send), given up with [`Error::TimedOut`] when no response head has come by
     /// `deadline`.
+    ///
+    /// The connection's one timer is moved in for a deadline earlier than its own, and left as
+    /// it is for a later one (each exchange's is later than the last's, as time goes on): when
+    /// it fires before the exchange's deadline, it is set to that deadline then. A busy
+    /// connection's timer is thus set once a timeout's length, not once an exchange (each setting
+    /// takes it out of the timer wheel and puts it back).
     pub(crate) async fn send_until(
         &mut self,
         req: &Outgoing,
@@ -125,7 +131,7 @@ impl Conn {
     ) -> Result<Head, Error> {
         let mut timer = match self.timer.take() {
             Some(mut timer) => {
-                if timer.deadline() != deadline {
+                if timer.deadline() > deadline {
                     timer.as_mut().reset(deadline);
                 }
                 timer
@@ -138,7 +144,14 @@ impl Conn {
                 if let Poll::Ready(sent) = send.as_mut().poll(cx) {
                     return Poll::Ready(sent);
                 }
-                timer.as_mut().poll(cx).map(|()| Err(Error::TimedOut))
+                while timer.as_mut().poll(cx).is_ready() {
+                    if timer.deadline() >= deadline {
+                        return Poll::Ready(Err(Error::TimedOut));
+                    }
+                    // An earlier exchange's deadline: this one's is still to come.
+                    timer.as_mut().reset(deadline);
+                }
+                Poll::Pending
             })
             .await
         };

@@ -288,7 +288,7 @@ impl FourXxDetector {
     }
 
     fn index_of(&self, now: Instant) -> u64 {
-        (now.saturating_duration_since(self.epoch).as_nanos() / self.step.as_nanos()) as u64
+        crate::window::whole_steps(now.saturating_duration_since(self.epoch), self.step)
     }
 
     /// The baseline's buckets: the `BASELINE_BUCKETS` wholly before the current window.
@@ -299,7 +299,7 @@ impl FourXxDetector {
         else {
             return 0..0;
         };
-        let first_in_window = (start.as_nanos() / self.step.as_nanos()) as u64;
+        let first_in_window = crate::window::whole_steps(start, self.step);
         first_in_window.saturating_sub(BASELINE_BUCKETS)..first_in_window
     }
 

@@ -222,7 +222,7 @@ impl Aimd {
             return;
         }
         let recovery = self.config.recovery;
-        let periods = now.saturating_duration_since(from).as_nanos() / recovery.as_nanos();
+        let periods = crate::window::whole_steps(now.saturating_duration_since(from), recovery);
         if periods == 0 {
             return;
         }

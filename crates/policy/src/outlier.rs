@@ -398,7 +398,7 @@ pub fn panic_mode(pool_size: usize, healthy: usize, threshold: f64) -> bool {
 struct Window {
     /// Start of step 0, set by the first outcome.
     origin: Option<Instant>,
-    step_nanos: u128,
+    step: Duration,
     buckets: [Bucket; BUCKETS],
 }
 
@@ -414,7 +414,9 @@ impl Window {
     fn new(length: Duration) -> Self {
         Window {
             origin: None,
-            step_nanos: (length.as_nanos() / BUCKETS as u128).max(1),
+            step: Duration::from_nanos(
+                u64::try_from(length.as_nanos() / BUCKETS as u128).map_or(u64::MAX, |n| n.max(1)),
+            ),
             buckets: [Bucket::default(); BUCKETS],
         }
     }
@@ -444,8 +446,8 @@ impl Window {
 
     /// The step `now` falls in; `None` before the first outcome.
     fn step_at(&self, now: Instant) -> Option<u64> {
-        let elapsed = now.saturating_duration_since(self.origin?).as_nanos() / self.step_nanos;
-        Some(u64::try_from(elapsed).unwrap_or(u64::MAX))
+        let elapsed = now.saturating_duration_since(self.origin?);
+        Some(crate::window::whole_steps(elapsed, self.step))
     }
 
     /// Whether a failure lies in the window ending at `now` or in any step after it.

@@ -9,6 +9,20 @@ use std::time::{Duration, Instant};
 /// Steps the window slides in.
 const BUCKETS: usize = 10;
 
+/// How many whole `step`s (not zero) `elapsed` holds: with a 64-bit division where both fit in
+/// nanoseconds (any span under 584 years), not the 128-bit one that `as_nanos()` leads to, which
+/// is a call into a library routine. The policies' time windows take their bucket of a moment
+/// by this, some on every request.
+pub(crate) fn whole_steps(elapsed: Duration, step: Duration) -> u64 {
+    match (
+        u64::try_from(elapsed.as_nanos()),
+        u64::try_from(step.as_nanos()),
+    ) {
+        (Ok(elapsed), Ok(step)) => elapsed / step,
+        _ => u64::try_from(elapsed.as_nanos() / step.as_nanos()).unwrap_or(u64::MAX),
+    }
+}
+
 #[derive(Debug, Clone, Copy, Default)]
 struct Bucket {
     /// Which step of time this bucket holds (its start divided by the step length).
@@ -35,7 +49,7 @@ impl PairWindow {
     }
 
     fn step_of(&self, now: Instant) -> u64 {
-        (now.saturating_duration_since(self.epoch).as_nanos() / self.step.as_nanos()) as u64
+        whole_steps(now.saturating_duration_since(self.epoch), self.step)
     }
 
     /// Counts one event in the counter `which` (0 or 1) at `now`.
@@ -64,6 +78,27 @@ impl PairWindow {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn whole_steps_are_the_128_bit_quotient(
+            // Spans of seconds, of centuries and past what 64 bits of nanoseconds hold.
+            secs in prop_oneof![0..100_000u64, 18_000_000_000..19_000_000_000u64, any::<u64>()],
+            nanos in 0..1_000_000_000u32,
+            step_secs in prop_oneof![Just(0u64), 0..10u64, any::<u64>()],
+            step_nanos in prop_oneof![1..10u32, 0..1_000_000_000u32],
+        ) {
+            let elapsed = Duration::new(secs, nanos);
+            let step = Duration::new(step_secs, step_nanos);
+            prop_assume!(!step.is_zero());
+            let quotient = elapsed.as_nanos() / step.as_nanos();
+            prop_assert_eq!(
+                whole_steps(elapsed, step),
+                u64::try_from(quotient).unwrap_or(u64::MAX)
+            );
+        }
+    }
 
     #[test]
     fn counts_leave_the_window_after_it_has_passed() {

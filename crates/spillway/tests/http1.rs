@@ -36,6 +36,30 @@ async fn until_in_flight(gw: &Proc, want: f64) {
     .await
 }
 
+/// An answer the gateway gives itself (here a refusal: no key) carries a `Date` on the system
+/// clock, which it reads once a second, not at every answer: a later answer carries a later
+/// second.
+#[tokio::test]
+async fn the_gateways_own_answers_are_dated_and_the_date_moves_with_the_clock() {
+    let (gw, _m) = gateway_and_mock(&[]);
+    let c = spillway_testkit::http::client();
+    let refused = || async {
+        let r = c
+            .post(gw.url("/v1/chat/completions"))
+            .json(&chat_body("m", false))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 401);
+        dated_now(r.headers())
+    };
+    let first = refused().await;
+    eventually(Duration::from_secs(5), "a later second's date", || async {
+        refused().await > first
+    })
+    .await;
+}
+
 /// `body` in chunks of `size` bytes, with a chunk extension on the first, and the last chunk.
 fn chunked(body: &[u8], size: usize) -> Vec<u8> {
     let mut out = Vec::new();

@@ -187,6 +187,22 @@ async fn llamacpp_a_concurrent_burst_on_healthy_engines_is_all_served() {
     served_in_full(&gw, 24).await;
     let page = metrics(&gw).await;
     assert_eq!(sample_sum(&page, "spillway_throttled_total"), 0.0, "{page}");
+    // llama.cpp's server sends no `Date`; the gateway dates what it relays.
+    let c = client();
+    let ask = serde_json::json!({
+        "model": "m",
+        "messages": [{"role": "user", "content": "Say a word."}],
+        "max_tokens": 2,
+    });
+    let send = |url: String| c.post(url).timeout(Duration::from_secs(120)).json(&ask);
+    let direct = send(format!("{}/v1/chat/completions", one.url));
+    let direct = direct.send().await.unwrap();
+    assert_eq!(direct.status(), 200);
+    assert!(direct.headers().get("date").is_none(), "{direct:?}");
+    let through = send(gw.url("/v1/chat/completions")).bearer_auth(KEY);
+    let through = through.send().await.unwrap();
+    assert_eq!(through.status(), 200);
+    dated_now(through.headers());
 }
 
 /// The `event:` names of an SSE body in order, each run of one name (the deltas) as one.

@@ -289,6 +289,25 @@ pub fn model(name: &str, backends: &[(&str, &str, String)]) -> String {
     s
 }
 
+/// An answer's `Date` (RFC 9110 §6.6.1), held to be a second of the system clock's at most a
+/// few seconds back.
+pub fn dated_now(headers: &reqwest::header::HeaderMap) -> std::time::SystemTime {
+    let value = headers
+        .get("date")
+        .expect("a date header")
+        .to_str()
+        .unwrap();
+    let at = httpdate::parse_http_date(value).unwrap_or_else(|e| panic!("{value}: {e}"));
+    let behind = std::time::SystemTime::now()
+        .duration_since(at)
+        .unwrap_or_else(|_| panic!("{value} is ahead of the clock"));
+    assert!(
+        behind < Duration::from_secs(3),
+        "{value} is {behind:?} behind the clock"
+    );
+    at
+}
+
 /// Sends `body` to the gateway's chat completions endpoint as tenant-a.
 pub async fn chat(gw: &Proc, body: &serde_json::Value) -> reqwest::Response {
     chat_with_header(gw, body, None).await

@@ -414,9 +414,7 @@ impl Window {
     fn new(length: Duration) -> Self {
         Window {
             origin: None,
-            step: Duration::from_nanos(
-                u64::try_from(length.as_nanos() / BUCKETS as u128).map_or(u64::MAX, |n| n.max(1)),
-            ),
+            step: (length / BUCKETS as u32).max(Duration::from_nanos(1)),
             buckets: [Bucket::default(); BUCKETS],
         }
     }

@@ -191,19 +191,15 @@ impl Directory {
         result
     }
 
-    /// The answer [`Directory::lookup`] would give, when the cache has it and no load is
+    /// The answer [`Directory::lookup`] would give at `now`, when the cache has it and no load is
     /// needed (the request path's usual case, answered without a future); `None` otherwise,
-    /// and always in naive mode. Counted in the lookup metrics like any other answer. A caller
-    /// that then calls `lookup` has the cache read again (two reads, beside the load it leads to).
-    pub fn cached(&self, digest: &KeyDigest) -> Option<Lookup> {
-        self.cached_at(digest, tokio::time::Instant::now())
-    }
-
-    /// [`Directory::cached`] at `now`, a reading of tokio's clock the caller has at hand (the
-    /// request path's poll reads it once). Such an answer is counted in
-    /// `spillway_key_lookup_seconds` as taking no time: it is given without waiting, in well
-    /// under the first bucket's 50 µs, and timing it would read the clock twice a request.
-    pub fn cached_at(&self, digest: &KeyDigest, now: tokio::time::Instant) -> Option<Lookup> {
+    /// and always in naive mode. `now` is a reading of tokio's clock the caller has at hand (the
+    /// request path's poll reads it once). Counted in the lookup metrics like any other answer,
+    /// as taking no time in `spillway_key_lookup_seconds`: it is given without waiting, in well
+    /// under the first bucket's 50 µs, and timing it would read the clock twice a request. A
+    /// caller that then calls `lookup` has the cache read again (two reads, beside the load it
+    /// leads to).
+    pub fn cached(&self, digest: &KeyDigest, now: tokio::time::Instant) -> Option<Lookup> {
         let Lookups::Protected = self.lookup else {
             return None;
         };

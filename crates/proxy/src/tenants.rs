@@ -265,7 +265,7 @@ impl TenantDirectory for StoreDirectory {
     fn cached(&self, digest: &KeyDigest) -> Option<Looked> {
         let now = tokio::time::Instant::from_std(crate::clock::now());
         self.cache
-            .cached_at(digest, now)
+            .cached(digest, now)
             .map(|found| Ok(self.answer(found)))
     }
 }

@@ -198,7 +198,9 @@ async fn naive_mode_has_no_single_flight_and_no_stale_answers() {
         dir.lookup(&digest(i)).await.unwrap();
     }
     // Every naive lookup goes through `lookup`: nothing is answered on the side.
-    assert!(dir.cached(&digest(0)).is_none());
+    assert!(dir
+        .cached(&digest(0), tokio::time::Instant::now())
+        .is_none());
     store.set_latency(ms(20));
     dir.invalidate_all();
     let results = stampede(&dir).await;

@@ -10,7 +10,7 @@ use crate::support::{digest, directory, key_match, FakeStore};
 
 /// The tenant `dir.cached` names for key 0 on this thread, when it answers fresh.
 fn fresh_tenant(dir: &Directory) -> Option<String> {
-    let looked = dir.cached(&digest(0))?;
+    let looked = dir.cached(&digest(0), tokio::time::Instant::now())?;
     assert_eq!(looked.outcome, Outcome::Fresh);
     Some(looked.found?.tenant.spec.name.clone())
 }
@@ -90,7 +90,8 @@ async fn after_a_flush_a_front_asks_the_store_as_the_cache_does() {
     held_in_front(&dir);
     dir.invalidate_all();
     assert!(
-        dir.cached(&digest(0)).is_none(),
+        dir.cached(&digest(0), tokio::time::Instant::now())
+            .is_none(),
         "a flushed answer is re-read"
     );
     assert_eq!(dir.lookup(&digest(0)).await.unwrap().outcome, Outcome::Miss);

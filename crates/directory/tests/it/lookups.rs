@@ -101,7 +101,9 @@ async fn a_stale_entry_is_served_while_the_store_fails() {
     // The request path asks `cached` first: with the store down it serves the stale entry too,
     // and its refreshes back off the same way.
     for _ in 0..20 {
-        let found = dir.cached(&digest(0)).expect("the stale entry");
+        let found = dir
+            .cached(&digest(0), Instant::now())
+            .expect("the stale entry");
         assert_eq!(found.outcome, Outcome::Stale);
     }
     // Failed refreshes back off: forty stale answers did not make forty queries.
@@ -248,24 +250,34 @@ async fn invalidate_if_forgets_one_tenants_keys_only() {
 async fn cached_answers_what_the_cache_holds_and_never_queries() {
     let store = FakeStore::with_keys(1, "acme");
     let dir = directory(&store, short(ms(100), Duration::from_secs(60))).await;
-    assert!(dir.cached(&digest(0)).is_none(), "a miss needs the store");
-    assert!(dir.cached(&digest(9)).is_none(), "so does a key never seen");
+    assert!(
+        dir.cached(&digest(0), Instant::now()).is_none(),
+        "a miss needs the store"
+    );
+    assert!(
+        dir.cached(&digest(9), Instant::now()).is_none(),
+        "so does a key never seen"
+    );
     assert_eq!(store.lookups(), 0, "cached never asks the store");
 
     dir.lookup(&digest(0)).await.unwrap();
     dir.lookup(&digest(9)).await.unwrap();
     assert_eq!(store.lookups(), 2);
-    let fresh = dir.cached(&digest(0)).expect("a fresh entry");
+    let fresh = dir
+        .cached(&digest(0), Instant::now())
+        .expect("a fresh entry");
     assert_eq!(fresh.outcome, Outcome::Fresh);
     assert_eq!(fresh.found.unwrap().tenant.spec.name, "acme");
-    let unknown = dir.cached(&digest(9)).expect("a remembered unknown key");
+    let unknown = dir
+        .cached(&digest(9), Instant::now())
+        .expect("a remembered unknown key");
     assert_eq!(unknown.outcome, Outcome::Negative);
     assert!(unknown.found.is_none());
     assert_eq!(store.lookups(), 2);
 
     tokio::time::sleep(ms(150)).await; // let the TTL pass
     let stale = dir
-        .cached(&digest(0))
+        .cached(&digest(0), Instant::now())
         .expect("a stale entry is served at once");
     assert_eq!(stale.outcome, Outcome::Stale);
     eventually(Duration::from_secs(5), "the refresh it started", || async {
@@ -273,13 +285,13 @@ async fn cached_answers_what_the_cache_holds_and_never_queries() {
     })
     .await;
     eventually(Duration::from_secs(1), "a fresh answer again", || async {
-        dir.cached(&digest(0)).map(|l| l.outcome) == Some(Outcome::Fresh)
+        dir.cached(&digest(0), Instant::now()).map(|l| l.outcome) == Some(Outcome::Fresh)
     })
     .await;
 
     dir.invalidate(&digest(0));
     assert!(
-        dir.cached(&digest(0)).is_none(),
+        dir.cached(&digest(0), Instant::now()).is_none(),
         "a revoked key is the store's to answer"
     );
 }
@@ -313,7 +325,9 @@ fn a_hit_answered_at_once_counts_as_taking_no_time() {
             let (sum, count) = figures(&handle.render());
             assert!(sum > 0.0, "the store's answer took time");
             for _ in 0..100 {
-                let hit = dir.cached(&digest(0)).expect("a fresh entry");
+                let hit = dir
+                    .cached(&digest(0), Instant::now())
+                    .expect("a fresh entry");
                 assert_eq!(hit.outcome, Outcome::Fresh);
             }
             assert_eq!(figures(&handle.render()), (sum, count + 100.0));

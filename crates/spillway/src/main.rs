@@ -194,7 +194,10 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::MockBackend(args) => {
-            runtime(None)?.block_on(spillway_mock::run(args, shutdown_signal()))?;
+            runtime(None)?.block_on(async {
+                let shutdown = shutdown_signal()?;
+                anyhow::Ok(spillway_mock::run(args, shutdown).await?)
+            })?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Tenants { command, store } => {
@@ -206,7 +209,10 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Replay(args) => {
-            runtime(None)?.block_on(spillway_replay::run(args, shutdown_signal()))?;
+            runtime(None)?.block_on(async {
+                let shutdown = shutdown_signal()?;
+                anyhow::Ok(spillway_replay::run(args, shutdown).await?)
+            })?;
             Ok(ExitCode::SUCCESS)
         }
     }
@@ -288,6 +294,8 @@ fn starting_config(
 }
 
 async fn serve(startup: Startup, quickstart: bool) -> anyhow::Result<()> {
+    // Before the listeners: from their first connection on, a signal is a shutdown.
+    let shutdown = shutdown_signal()?;
     let gateway = BoundGateway::bind(startup).await?;
     let addr = gateway.local_addr();
     // One line on stdout that scripts and tests can read the bound addresses from.
@@ -306,7 +314,7 @@ async fn serve(startup: Startup, quickstart: bool) -> anyhow::Result<()> {
             admin = gateway.admin_addr()
         );
     }
-    gateway.serve(shutdown_signal()).await?;
+    gateway.serve(shutdown).await?;
     Ok(())
 }
 
@@ -366,25 +374,28 @@ fn print_config_error(file: &str, e: &ConfigError) {
     }
 }
 
-/// Resolves on SIGINT or SIGTERM.
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+/// A future that resolves on the first SIGINT or SIGTERM. The handlers are set here, when it is
+/// made, not when it is first awaited: made before the listeners are bound, a signal that comes
+/// as soon as they accept is a shutdown, not the end of the process by the signal's default
+/// action. Made inside the runtime.
+fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()> + Send + 'static> {
     #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate())?;
+        let mut interrupt = signal(SignalKind::interrupt())?;
+        Ok(async move {
+            tokio::select! {
+                _ = term.recv() => {},
+                _ = interrupt.recv() => {},
             }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
+        })
+    }
     #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {},
-        _ = term => {},
+    {
+        Ok(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
     }
 }
 

@@ -75,6 +75,30 @@ fn slow_mock(max_tokens: u32) -> Proc {
     mock(&[&flags[..], &["--max-output-tokens", &max]].concat())
 }
 
+/// A SIGTERM (or SIGINT) that comes as soon as the gateway says it listens is a shutdown like any
+/// other: the gateway exits on its own with success, not killed by the signal. Its handlers are
+/// in place before it accepts a connection; they were set only once the shutdown was first
+/// awaited, after the listeners' tasks had started, and a signal in between killed it (seen as
+/// "signal: 15" in a test that stopped a gateway right after its first answer).
+#[test]
+fn a_signal_as_soon_as_the_gateway_listens_shuts_it_down_cleanly() {
+    for (i, signal) in ["TERM", "INT"].iter().cycle().take(16).enumerate() {
+        let mut gw = gateway(&model("m", &[("b", "r", "http://127.0.0.1:9/v1".into())]));
+        // Sent from here, microseconds after the line is read (a `kill` process takes a
+        // millisecond or more to start, past the moment this is about).
+        let pid = rustix::process::Pid::from_raw(gw.pid() as i32).expect("a pid");
+        let sig = match *signal {
+            "TERM" => rustix::process::Signal::TERM,
+            _ => rustix::process::Signal::INT,
+        };
+        rustix::process::kill_process(pid, sig).expect("the signal is sent");
+        let status = gw
+            .wait_exit(Duration::from_secs(30))
+            .expect("the gateway exits after the signal");
+        assert!(status.success(), "start {i}, SIG{signal}: {status}");
+    }
+}
+
 #[tokio::test]
 async fn sigterm_lets_inflight_streams_finish_then_exits() {
     let mock = slow_mock(20);

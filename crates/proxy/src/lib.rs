@@ -12,6 +12,7 @@ mod admin;
 mod admission;
 mod affinity;
 mod anomaly;
+mod answer;
 mod attempt;
 pub mod auth;
 mod call;

@@ -1,5 +1,6 @@
-//! A request's header lines as the request path keeps them: in the order they came, each value a
-//! place in the head it was read from (or a value of its own), looked up by a pass over them.
+//! Header lines as the request path keeps them, a request's and a relayed answer's
+//! (`crate::answer`): in the order they came, each value a place in the head it was read from (or
+//! a value of its own), looked up by a pass over them.
 //!
 //! An `http::HeaderMap` hashes every name it is given and keeps each value as a `Bytes` of its
 //! own; built from an HTTP/1 head that cost about 180 instructions a line and an atomic count on
@@ -37,7 +38,7 @@ enum Value {
 impl Lines {
     /// The lines of `head` whose values lie at the places given, with room for `more` lines
     /// besides. Each value must be a valid field value (RFC 9110 §5.5: no control character
-    /// but a tab), as the head's reader checked it was: they are written upstream as they are.
+    /// but a tab), as the head's reader checked it was: they are written on as they are.
     pub(crate) fn in_head(
         head: Bytes,
         lines: impl ExactSizeIterator<Item = (HeaderName, Range<usize>)>,

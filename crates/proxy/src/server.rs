@@ -207,7 +207,7 @@ impl crate::connections::Serve for Api {
         &self,
         req: http::Request<axum::body::Body>,
         lines: Lines,
-    ) -> impl Future<Output = Response> + Send {
+    ) -> impl Future<Output = crate::answer::Answer> + Send {
         let direct = if req.method() == http::Method::POST {
             Endpoint::of_inference_path(req.uri().path())
         } else {

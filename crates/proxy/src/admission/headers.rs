@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use http::{HeaderMap, HeaderName, HeaderValue};
+use http::{HeaderName, HeaderValue};
 use spillway_policy::{Quota, RateHeaders};
 
 /// The names, per dimension: limit, remaining, reset.
@@ -23,23 +23,31 @@ const TOKENS: [HeaderName; 3] = [
     HeaderName::from_static("x-ratelimit-reset-tokens"),
 ];
 
-/// Adds the headers of every limited dimension to `headers`. A dimension without a limit costs
-/// a test: its names are made only for a header written (an array of both dimensions' names,
-/// built to be looped over, was six names made and dropped on every answer).
-pub(crate) fn insert_rate_headers(headers: &mut HeaderMap, quotas: &RateHeaders) {
+/// Gives `insert` the headers of every limited dimension (a relayed answer's lines, or a
+/// refusal's map take them). A dimension without a limit costs a test: its names are made only
+/// for a header written (an array of both dimensions' names, built to be looped over, was six
+/// names made and dropped on every answer).
+pub(crate) fn insert_rate_headers(
+    quotas: &RateHeaders,
+    mut insert: impl FnMut(HeaderName, HeaderValue),
+) {
     if let Some(q) = quotas.requests {
-        insert(headers, REQUESTS, q);
+        dimension(&mut insert, REQUESTS, q);
     }
     if let Some(q) = quotas.tokens {
-        insert(headers, TOKENS, q);
+        dimension(&mut insert, TOKENS, q);
     }
 }
 
-fn insert(headers: &mut HeaderMap, [limit, remaining, reset]: [HeaderName; 3], q: Quota) {
-    headers.insert(limit, HeaderValue::from(q.limit));
-    headers.insert(remaining, HeaderValue::from(q.remaining));
+fn dimension(
+    insert: &mut impl FnMut(HeaderName, HeaderValue),
+    [limit, remaining, reset]: [HeaderName; 3],
+    q: Quota,
+) {
+    insert(limit, HeaderValue::from(q.limit));
+    insert(remaining, HeaderValue::from(q.remaining));
     if let Ok(value) = HeaderValue::try_from(duration_text(q.reset)) {
-        headers.insert(reset, value);
+        insert(reset, value);
     }
 }
 
@@ -70,6 +78,8 @@ fn trimmed(secs: f64) -> String {
 
 #[cfg(test)]
 mod tests {
+    use http::HeaderMap;
+
     use super::*;
 
     #[test]
@@ -91,12 +101,17 @@ mod tests {
             remaining: 59,
             reset: Duration::from_secs(1),
         };
+        fn into(h: &mut HeaderMap) -> impl FnMut(HeaderName, HeaderValue) + '_ {
+            move |name, value| {
+                h.insert(name, value);
+            }
+        }
         insert_rate_headers(
-            &mut h,
             &RateHeaders {
                 requests: Some(quota),
                 tokens: None,
             },
+            into(&mut h),
         );
         assert_eq!(h["x-ratelimit-limit-requests"], "60");
         assert_eq!(h["x-ratelimit-remaining-requests"], "59");
@@ -110,7 +125,7 @@ mod tests {
                 reset: Duration::from_millis(1500),
             }),
         };
-        insert_rate_headers(&mut h, &both);
+        insert_rate_headers(&both, into(&mut h));
         assert_eq!(h["x-ratelimit-limit-tokens"], "90000");
         assert_eq!(h["x-ratelimit-remaining-tokens"], "0");
         assert_eq!(h["x-ratelimit-reset-tokens"], "1.5s");

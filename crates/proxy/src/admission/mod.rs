@@ -494,7 +494,9 @@ impl Admission {
                 headers: quotas,
             } => {
                 let mut headers = http::HeaderMap::new();
-                insert_rate_headers(&mut headers, &quotas);
+                insert_rate_headers(&quotas, |name, value| {
+                    headers.insert(name, value);
+                });
                 let (kind, outcome, what) = match (which, retry_after) {
                     (Dimension::Tokens, None) => (
                         ErrorKind::TokensOverLimit,

@@ -29,15 +29,17 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::{header, HeaderMap, HeaderName};
+use http::{header, HeaderName};
 use spillway_config::{RetryConfig, UpstreamConfig};
 use spillway_policy::{
     classify, Class, Decision, FourXxDetector, Outcome, Pushback, RetryPolicy, Trigger,
 };
 use tracing::{debug, warn};
 
+use crate::answer::Answer;
 use crate::call::Call;
 use crate::error::ApiError;
+use crate::lines::Lines;
 use crate::pool::{Acquired, Ask, Backend, InFlight, ModelPool, Models};
 use crate::request::rewritten;
 use crate::upstream::{self, Upstream};
@@ -81,7 +83,7 @@ impl Retries {
 
 /// The response chosen to be relayed, with the hold on its backend.
 pub(crate) struct Chosen<B> {
-    pub response: http::Response<Peeked<B>>,
+    pub response: Answer<Peeked<B>>,
     pub hold: InFlight,
     /// The model whose backend gave it: the call's own, or a fallback.
     pub model: Arc<str>,
@@ -288,7 +290,7 @@ impl Loop<'_> {
             // its headers are not looked up.
             let pushback = match (&response, class) {
                 (Some(r), class) if !matches!(class, Class::Success | Class::ClientError) => {
-                    pushback(r.headers())
+                    pushback(&r.lines)
                 }
                 _ => Pushback::default(),
             };
@@ -421,7 +423,7 @@ impl Loop<'_> {
         class: Class,
         pushback: Pushback,
         in_flight: u32,
-        response: Option<&http::Response<B>>,
+        response: Option<&Answer<B>>,
     ) {
         let pool = self.pool();
         pool.record(backend, now, class, in_flight);
@@ -476,9 +478,9 @@ impl Drop for Counted<'_> {
     }
 }
 
-fn pushback(headers: &HeaderMap) -> Pushback {
+fn pushback(lines: &Lines) -> Pushback {
     use crate::error::{RETRY_AFTER_MS, X_SHOULD_RETRY};
-    let get = |name: &HeaderName| headers.get(name).and_then(|v| v.to_str().ok());
+    let get = |name: &HeaderName| lines.get(name).and_then(crate::lines::text);
     Pushback::parse(
         get(&header::RETRY_AFTER),
         get(&RETRY_AFTER_MS),

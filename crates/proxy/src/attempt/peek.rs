@@ -13,6 +13,7 @@ use spillway_policy::fallback::{is_context_window_error, MAX_ERROR_BODY};
 use spillway_policy::{Outcome, Trigger};
 
 use super::Loop;
+use crate::answer::Answer;
 
 /// The longest an error body is waited for.
 const MAX_PEEK_WAIT: Duration = Duration::from_secs(5);
@@ -67,16 +68,21 @@ impl Loop<'_> {
     /// the prompt did not fit, the run ends with that trigger.
     pub(super) async fn peek<B>(
         &mut self,
-        response: http::Response<B>,
+        response: Answer<B>,
         outcome: Outcome,
-    ) -> http::Response<Peeked<B>>
+    ) -> Answer<Peeked<B>>
     where
         B: Body<Data = Bytes> + Unpin,
     {
-        let (head, mut body) = response.into_parts();
         if outcome != Outcome::Response(400) || !self.fallback_waits(Trigger::ContextWindow) {
-            return http::Response::from_parts(head, Peeked::new(body));
+            return response.map(Peeked::new);
         }
+        let Answer {
+            status,
+            lines,
+            mut body,
+            extensions,
+        } = response;
         let mut read = BytesMut::new();
         let _ = tokio::time::timeout(MAX_PEEK_WAIT, async {
             while read.len() < MAX_ERROR_BODY {
@@ -98,6 +104,11 @@ impl Loop<'_> {
             head: (!read.is_empty()).then(|| read.freeze()),
             rest: body,
         };
-        http::Response::from_parts(head, peeked)
+        Answer {
+            status,
+            lines,
+            body: peeked,
+            extensions,
+        }
     }
 }

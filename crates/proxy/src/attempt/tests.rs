@@ -13,6 +13,8 @@ use spillway_config::{BackendKind, Config};
 use spillway_policy::Outcome;
 use tokio::time::Instant;
 
+use crate::answer::Answer;
+
 use super::{run, Retries};
 use crate::auth::{Tenant, TenantLimits};
 use crate::call::Call;
@@ -71,7 +73,7 @@ impl Upstream for Scripted {
         &self,
         backend: &Arc<Backend>,
         _attempt: Attempt<'_>,
-    ) -> Result<http::Response<Self::Body>, Outcome> {
+    ) -> Result<Answer<Self::Body>, Outcome> {
         self.sent.lock().unwrap().push(Sent {
             backend: backend.name.clone(),
             at: Instant::now(),
@@ -82,10 +84,12 @@ impl Upstream for Scripted {
             tokio::time::sleep(*after).await;
         }
         let answer = |status, body| {
-            Ok(http::Response::builder()
-                .status(status)
-                .body(Full::new(Bytes::from_static(body)))
-                .unwrap())
+            Ok(Answer::from(
+                http::Response::builder()
+                    .status(status)
+                    .body(Full::new(Bytes::from_static(body)))
+                    .unwrap(),
+            ))
         };
         match step {
             Step::Status(status, _) => answer(status, b"{}"),
@@ -108,16 +112,18 @@ impl Upstream for BreaksMidStream {
         &self,
         _backend: &Arc<Backend>,
         _attempt: Attempt<'_>,
-    ) -> Result<http::Response<Self::Body>, Outcome> {
+    ) -> Result<Answer<Self::Body>, Outcome> {
         self.sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let frames = vec![
             Ok(http_body::Frame::data(Bytes::from_static(b"data: {}\n\n"))),
             Err(std::io::Error::other("the backend went away")),
         ];
-        Ok(http::Response::builder()
-            .header("content-type", "text/event-stream")
-            .body(StreamBody::new(futures_util::stream::iter(frames)))
-            .unwrap())
+        Ok(Answer::from(
+            http::Response::builder()
+                .header("content-type", "text/event-stream")
+                .body(StreamBody::new(futures_util::stream::iter(frames)))
+                .unwrap(),
+        ))
     }
 }
 
@@ -469,7 +475,7 @@ impl EndObserver for Noted {
 }
 
 /// The chosen answer, its body boxed so that those of different upstreams relay alike.
-fn boxed<B>(chosen: super::Chosen<B>) -> (http::Response<UnsyncBoxBody<Bytes, String>>, InFlight)
+fn boxed<B>(chosen: super::Chosen<B>) -> (Answer<UnsyncBoxBody<Bytes, String>>, InFlight)
 where
     B: http_body::Body<Data = Bytes, Error: std::fmt::Display> + Send + Unpin + 'static,
 {

@@ -43,6 +43,7 @@ use tokio::sync::{watch, Semaphore};
 use tower::ServiceExt;
 use tracing::debug;
 
+use crate::answer::Answer;
 use crate::lines::Lines;
 
 use activity::{Activity, Busy, Deadlines, Verdict};
@@ -303,20 +304,14 @@ pub(super) async fn outstayed(activity: &Activity) -> Verdict {
 /// routes itself and leaves the rest to one.
 pub(crate) trait Serve: Clone + Send + Sync + 'static {
     /// Answers `req`, whose header lines are `lines` (its own map is empty).
-    fn serve(
-        &self,
-        req: Request<Body>,
-        lines: Lines,
-    ) -> impl Future<Output = Response<Body>> + Send;
+    fn serve(&self, req: Request<Body>, lines: Lines) -> impl Future<Output = Answer> + Send;
 }
 
 impl Serve for Router {
-    async fn serve(&self, mut req: Request<Body>, lines: Lines) -> Response<Body> {
+    async fn serve(&self, mut req: Request<Body>, lines: Lines) -> Answer {
         *req.headers_mut() = lines.into_map();
-        self.clone()
-            .oneshot(req)
-            .await
-            .unwrap_or_else(|e| match e {})
+        let response = self.clone().oneshot(req).await;
+        Answer::from(response.unwrap_or_else(|e| match e {}))
     }
 }
 
@@ -329,12 +324,14 @@ async fn respond<S: Serve>(
 ) -> Response<Tracked> {
     let (req, mut lines) = crate::lines::taken(req);
     let id = request_ids.then(|| crate::call::request_id(&mut lines));
-    let mut response = router.serve(req.map(Body::new), lines).await;
+    let mut answer = router.serve(req.map(Body::new), lines).await;
     if let Some(id) = id {
-        response.headers_mut().insert(crate::call::X_REQUEST_ID, id);
+        answer.lines.insert(crate::call::X_REQUEST_ID, id);
     }
     // Handed to hyper as it is: no second box around the router's body.
-    response.map(|inner| Tracked { inner, _busy: busy })
+    answer
+        .map(|inner| Tracked { inner, _busy: busy })
+        .into_response()
 }
 
 /// A response body that keeps its connection busy until it is done with.

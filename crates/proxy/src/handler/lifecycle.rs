@@ -155,15 +155,15 @@ pub(super) async fn send(
         &mut headers,
         Some(&gw.live().config.server.region_header),
     )?;
-    let response = gw
+    let mut answer = gw
         .upstream
         .forward(backend, method, uri, headers, body)
         .await?;
-    let (mut head, body) = response.into_parts();
-    upstream::keep_upstream_request_id(&mut head.headers);
+    upstream::keep_upstream_request_id(&mut answer.lines);
     let stall = gw.live().config.upstream.stream_idle_timeout;
-    let body = upstream::StallLimited::new(body, stall);
-    Ok(Response::from_parts(head, Body::new(body)))
+    Ok(answer
+        .map(|body| Body::new(upstream::StallLimited::new(body, stall)))
+        .into_response())
 }
 
 /// The model pool and the index of the backend that keeps the stored object `id` for `tenant`,

@@ -25,6 +25,7 @@ use axum::extract::{Request, State};
 use axum::response::Response;
 use tracing::debug;
 
+use crate::answer::Answer;
 use crate::call::Call;
 use crate::endpoint::{Dialect, Endpoint};
 use crate::error::ApiError;
@@ -43,47 +44,56 @@ pub(crate) const X_SPILLWAY_MODEL: http::HeaderName =
 
 pub(crate) async fn chat_completions(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
     let (req, lines) = crate::lines::taken(req);
-    handle(&gw, Endpoint::ChatCompletions, req, lines).await
+    handle(&gw, Endpoint::ChatCompletions, req, lines)
+        .await
+        .into_response()
 }
 
 pub(crate) async fn completions(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
     let (req, lines) = crate::lines::taken(req);
-    handle(&gw, Endpoint::Completions, req, lines).await
+    handle(&gw, Endpoint::Completions, req, lines)
+        .await
+        .into_response()
 }
 
 pub(crate) async fn embeddings(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
     let (req, lines) = crate::lines::taken(req);
-    handle(&gw, Endpoint::Embeddings, req, lines).await
+    handle(&gw, Endpoint::Embeddings, req, lines)
+        .await
+        .into_response()
 }
 
 pub(crate) async fn responses(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
     let (req, lines) = crate::lines::taken(req);
-    handle(&gw, Endpoint::Responses, req, lines).await
+    handle(&gw, Endpoint::Responses, req, lines)
+        .await
+        .into_response()
 }
 
 pub(crate) async fn compact(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
     let (req, lines) = crate::lines::taken(req);
-    handle(&gw, Endpoint::ResponsesCompact, req, lines).await
+    handle(&gw, Endpoint::ResponsesCompact, req, lines)
+        .await
+        .into_response()
 }
 
 pub(crate) async fn messages(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
     let (req, lines) = crate::lines::taken(req);
-    handle(&gw, Endpoint::Messages, req, lines).await
+    handle(&gw, Endpoint::Messages, req, lines)
+        .await
+        .into_response()
 }
 
 pub(crate) async fn count_tokens(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
     let (req, lines) = crate::lines::taken(req);
-    handle(&gw, Endpoint::CountTokens, req, lines).await
+    handle(&gw, Endpoint::CountTokens, req, lines)
+        .await
+        .into_response()
 }
 
 /// Serves one inference call: `req`, whose header lines come apart in `lines` (its own map is
 /// not read).
-pub(crate) async fn handle(
-    gw: &Gateway,
-    endpoint: Endpoint,
-    req: Request,
-    lines: Lines,
-) -> Response {
+pub(crate) async fn handle(gw: &Gateway, endpoint: Endpoint, req: Request, lines: Lines) -> Answer {
     let dialect = endpoint.dialect();
     let started = crate::clock::now();
     // The Messages API names its request id `request-id`: the same id as `x-request-id`.
@@ -93,11 +103,11 @@ pub(crate) async fn handle(
     let trace = gw.tracing.start(&lines, endpoint);
     // The config this request runs on, to its end, whatever a reload does meanwhile.
     let live = gw.live();
-    let with_id = |mut response: Response| {
+    let with_id = |mut answer: Answer| {
         if let Some(id) = anthropic_id {
-            response.headers_mut().insert(crate::call::REQUEST_ID, id);
+            answer.lines.insert(crate::call::REQUEST_ID, id);
         }
-        response
+        answer
     };
     let mut labels = RequestLabels::unrouted();
     // The call is bound apart from the result it came in, which is gone before the next await:
@@ -127,7 +137,7 @@ async fn admit_attempt_respond(
     gw: &Gateway,
     live: &Live,
     call: &mut Call,
-) -> Result<Response, ApiError> {
+) -> Result<Answer, ApiError> {
     let ticket = live.admission.admit(call).await?;
     call.trace.admitted(ticket.waited());
     let attempted = crate::attempt::run(call, &live.retries, &gw.upstream, &live.models).await;
@@ -142,7 +152,7 @@ async fn admit_attempt_respond(
     if let Some(model) = attempted.fallback.or(unasked) {
         // The model that answered, when it was not the one asked for.
         if let Ok(value) = http::HeaderValue::from_str(&model) {
-            response.headers_mut().insert(X_SPILLWAY_MODEL, value);
+            response.lines.insert(X_SPILLWAY_MODEL, value);
         }
     }
     Ok(response)
@@ -167,19 +177,19 @@ fn not_relayed(
     );
 }
 
-fn refused(e: ApiError, dialect: Dialect) -> Response {
+fn refused(e: ApiError, dialect: Dialect) -> Answer {
     debug!(
         code = e.parts().2,
         status = e.status().as_u16(),
         "request refused: {}",
         e.message
     );
-    e.response(dialect)
+    Answer::from(e.response(dialect))
 }
 
-fn answered(response: Response, labels: RequestLabels) -> Response {
-    labels.answered(response.status().as_u16());
-    response
+fn answered(answer: Answer, labels: RequestLabels) -> Answer {
+    labels.answered(answer.status.as_u16());
+    answer
 }
 
 /// A refusal of a request that reached no handler of the API, counted in

@@ -7,17 +7,18 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
-use axum::response::Response;
 use bytes::Bytes;
-use http::{header, HeaderMap, HeaderValue};
+use http::{header, HeaderValue};
 use tracing::debug;
 
 use crate::admission::{insert_rate_headers, Ticket};
+use crate::answer::Answer;
 use crate::attempt::Chosen;
 use crate::call::Call;
 use crate::endpoint::{Endpoint, Surface};
 use crate::gateway::Gateway;
 use crate::homes::{Home, Homes, IdScanner};
+use crate::lines::Lines;
 use crate::live::Live;
 use crate::pool::{Backend, ModelPool};
 use crate::relay::{BodyEnd, EndObserver, RelayBody};
@@ -33,7 +34,7 @@ pub(super) fn respond<B>(
     call: &Call,
     (ticket, trace): (Ticket, CallTrace),
     chosen: Chosen<B>,
-) -> Response
+) -> Answer
 where
     B: http_body::Body<Data = Bytes, Error: std::fmt::Display> + Send + Unpin + 'static,
 {
@@ -43,17 +44,22 @@ where
         model,
         trace: attempt,
     } = chosen;
-    let (mut head, body) = response.into_parts();
-    let theirs = upstream::keep_upstream_request_id(&mut head.headers);
+    let Answer {
+        status,
+        mut lines,
+        body,
+        extensions,
+    } = response;
+    let theirs = upstream::keep_upstream_request_id(&mut lines);
     debug!(
         request_id = ?call.id,
         upstream_request_id = ?theirs,
         backend = %hold.backend().name,
-        status = head.status.as_u16(),
+        status = status.as_u16(),
         "relaying the backend's response"
     );
-    if head.status.is_server_error() && live.relay.discourage_caller_retries {
-        head.headers.insert(
+    if status.is_server_error() && live.relay.discourage_caller_retries {
+        lines.insert(
             crate::error::X_SHOULD_RETRY,
             HeaderValue::from_static("false"),
         );
@@ -64,10 +70,12 @@ where
         .models
         .get(&model)
         .and_then(|p| p.rollout.clone())
-        .filter(|_| head.status.is_success())
+        .filter(|_| status.is_success())
         .map(|cell| Counted { cell });
-    let sse = is_sse(&head.headers);
-    insert_rate_headers(&mut head.headers, ticket.rate_headers());
+    let sse = is_sse(&lines);
+    insert_rate_headers(ticket.rate_headers(), |name, value| {
+        lines.insert(name, value)
+    });
     // A create's answer names the object its backend stored: remember where it lives.
     let stored = match call.endpoint {
         // `store: false` keeps nothing to come back to.
@@ -81,7 +89,7 @@ where
         _ => None,
     };
     let home = stored
-        .filter(|_| head.status.is_success())
+        .filter(|_| status.is_success())
         .map(|prefix| Remember {
             scanner: IdScanner::new(prefix),
             homes: gw.homes.clone(),
@@ -99,7 +107,7 @@ where
         Finish {
             backend,
             started: call.started,
-            status: head.status.as_u16(),
+            status: status.as_u16(),
             sse,
             endpoint: call.endpoint,
             pool: call.pool.clone(),
@@ -120,13 +128,18 @@ where
         live.relay.stream_idle_timeout,
         state,
     );
-    Response::from_parts(head, Body::new(relay))
+    Answer {
+        status,
+        lines,
+        body: Body::new(relay),
+        extensions,
+    }
 }
 
-fn is_sse(headers: &HeaderMap) -> bool {
-    headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
+fn is_sse(lines: &Lines) -> bool {
+    lines
+        .get(&header::CONTENT_TYPE)
+        .and_then(crate::lines::text)
         .is_some_and(|v| v.starts_with("text/event-stream"))
 }
 

@@ -28,6 +28,7 @@ use spillway_policy::Outcome;
 use tower::ServiceExt;
 use tracing::{debug, warn};
 
+use crate::answer::Answer;
 use crate::endpoint::Endpoint;
 use crate::lines::Lines;
 use crate::metrics::UpstreamFailure;
@@ -73,7 +74,7 @@ pub(crate) trait Upstream: Send + Sync {
         &self,
         backend: &Arc<Backend>,
         attempt: Attempt<'_>,
-    ) -> impl Future<Output = Result<http::Response<Self::Body>, Outcome>> + Send;
+    ) -> impl Future<Output = Result<Answer<Self::Body>, Outcome>> + Send;
 }
 
 /// The upstream of production: HTTP/1 connections (TLS where the backend's URL says `https`),
@@ -128,7 +129,7 @@ impl HttpUpstream {
         backend: &Backend,
         (now, deadline): (Instant, Instant),
         req: &Outgoing,
-    ) -> Result<http::Response<UpstreamBody>, Failure> {
+    ) -> Result<Answer<UpstreamBody>, Failure> {
         let deadline = tokio::time::Instant::from_std(deadline);
         let (mut conn, kept) = self.checkout(backend, now, deadline).await?;
         let error = match conn.send_until(req, deadline).await {
@@ -191,12 +192,7 @@ impl HttpUpstream {
 
     /// The response of `head` with its connection, which goes back to `idle` when the body has
     /// been read.
-    fn relayed(
-        &self,
-        head: h1::Head,
-        conn: Conn,
-        idle: &Arc<IdleConns>,
-    ) -> http::Response<UpstreamBody> {
+    fn relayed(&self, head: h1::Head, conn: Conn, idle: &Arc<IdleConns>) -> Answer<UpstreamBody> {
         let body = UpstreamBody::new(conn, (head.framing, head.reusable), idle, self.keep);
         head.response.map(|()| body)
     }
@@ -209,7 +205,7 @@ impl Upstream for HttpUpstream {
         &self,
         backend: &Arc<Backend>,
         attempt: Attempt<'_>,
-    ) -> Result<http::Response<UpstreamBody>, Outcome> {
+    ) -> Result<Answer<UpstreamBody>, Outcome> {
         let req = request(
             backend,
             (attempt.endpoint, attempt.query),
@@ -268,7 +264,7 @@ impl HttpUpstream {
         uri: http::Uri,
         headers: Lines,
         body: Bytes,
-    ) -> Result<http::Response<UpstreamBody>, crate::error::ApiError> {
+    ) -> Result<Answer<UpstreamBody>, crate::error::ApiError> {
         use crate::error::{ApiError, ErrorKind};
         let untraced = HeaderMap::new();
         let own = own_headers(backend, !body.is_empty(), &untraced);
@@ -403,20 +399,13 @@ pub(crate) const X_UPSTREAM_REQUEST_ID: HeaderName =
 
 /// Moves the backend's own request id to [`X_UPSTREAM_REQUEST_ID`], so the caller's
 /// `x-request-id` (and the Messages API's `request-id`) can be spillway's without losing it.
-pub(crate) fn keep_upstream_request_id(headers: &mut HeaderMap) -> Option<HeaderValue> {
-    // Most backends send neither: a look along the few names costs less than two removes,
-    // each of which hashes its name.
-    let named =
-        |name: &HeaderName| name == crate::call::X_REQUEST_ID || name == crate::call::REQUEST_ID;
-    if !headers.keys().any(named) {
-        return None;
-    }
-    let theirs = headers
-        .remove(crate::call::X_REQUEST_ID)
-        .into_iter()
-        .chain(headers.remove(crate::call::REQUEST_ID))
-        .next()?;
-    headers.insert(X_UPSTREAM_REQUEST_ID, theirs.clone());
+pub(crate) fn keep_upstream_request_id(lines: &mut Lines) -> Option<HeaderValue> {
+    let theirs = lines
+        .value(&crate::call::X_REQUEST_ID)
+        .or_else(|| lines.value(&crate::call::REQUEST_ID))?;
+    lines.remove(&crate::call::X_REQUEST_ID);
+    lines.remove(&crate::call::REQUEST_ID);
+    lines.insert(X_UPSTREAM_REQUEST_ID, theirs.clone());
     Some(theirs)
 }
 
@@ -494,11 +483,24 @@ mod tests {
 
     #[test]
     fn the_backends_request_id_is_kept_under_its_own_name() {
-        let mut h = HeaderMap::new();
-        h.insert("request-id", HeaderValue::from_static("req_upstream"));
+        let name = |n: &'static str| HeaderName::from_static(n);
+        let mut h: Lines = [(name("request-id"), HeaderValue::from_static("req_upstream"))]
+            .into_iter()
+            .collect();
         assert_eq!(keep_upstream_request_id(&mut h).unwrap(), "req_upstream");
-        assert_eq!(h[X_UPSTREAM_REQUEST_ID], "req_upstream");
-        assert!(!h.contains_key("request-id"));
-        assert_eq!(keep_upstream_request_id(&mut HeaderMap::new()), None);
+        assert_eq!(h.get(&X_UPSTREAM_REQUEST_ID), Some(&b"req_upstream"[..]));
+        assert_eq!(h.get(&name("request-id")), None);
+        assert_eq!(keep_upstream_request_id(&mut Lines::default()), None);
+
+        // Both: the `x-request-id` is the one kept, and neither is left.
+        let mut h: Lines = [
+            (name("request-id"), HeaderValue::from_static("second")),
+            (name("x-request-id"), HeaderValue::from_static("first")),
+        ]
+        .into_iter()
+        .collect();
+        assert_eq!(keep_upstream_request_id(&mut h).unwrap(), "first");
+        assert_eq!(h.get(&X_UPSTREAM_REQUEST_ID), Some(&b"first"[..]));
+        assert_eq!(h.iter().count(), 1);
     }
 }

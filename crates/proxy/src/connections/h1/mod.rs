@@ -231,7 +231,7 @@ impl<S: Serve> Conn<S> {
         let body_done = read_whole || self.socket.lock().body_done();
         let close = !keep_alive || !body_done || self.shutting_down();
         if let Some(id) = id {
-            response.headers_mut().insert(crate::call::X_REQUEST_ID, id);
+            response.lines.insert(crate::call::X_REQUEST_ID, id);
         }
         let asked = write::Asked {
             head: asked_head,

@@ -15,10 +15,11 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use axum::body::Body;
 use bytes::{BufMut, Bytes, BytesMut};
 use http::header::{self, HeaderValue};
-use http::{Response, StatusCode, Version};
+use http::{StatusCode, Version};
 use http_body::{Body as _, Frame};
 
 use super::body::Socket;
+use crate::answer::Answer;
 
 /// Data frames up to this size (a stream's events, a small answer) are copied next to the head
 /// or the chunk framing and written with it; larger ones are written from where they are, with
@@ -55,16 +56,20 @@ enum Framing {
 /// Writes `response` whole; true when the connection may carry another request after it.
 /// False when the client left (a write failed, or it closed its side while the body was
 /// awaited), the body failed (the client sees it cut short), or the connection is to close.
-pub(crate) async fn response(socket: &Socket, response: Response<Body>, asked: Asked) -> bool {
-    let (parts, body) = response.into_parts();
-    let status = parts.status;
+pub(crate) async fn response(socket: &Socket, response: Answer, asked: Asked) -> bool {
+    let Answer {
+        status,
+        lines,
+        body,
+        extensions: _,
+    } = response;
     let bodiless = status.is_informational()
         || status == StatusCode::NO_CONTENT
         || status == StatusCode::NOT_MODIFIED;
     let mut close = asked.close
-        || parts.headers.get_all(header::CONNECTION).iter().any(|v| {
-            crate::upstream::hop::list_items(v.as_bytes()).any(|i| i.eq_ignore_ascii_case(b"close"))
-        });
+        || lines
+            .get_all(&header::CONNECTION)
+            .any(|v| crate::upstream::hop::list_items(v).any(|i| i.eq_ignore_ascii_case(b"close")));
     let framing = if bodiless {
         Framing::None
     } else if let Some(n) = body.size_hint().exact() {
@@ -83,14 +88,14 @@ pub(crate) async fn response(socket: &Socket, response: Response<Body>, asked: A
     out.put_slice(b"\r\n");
     let mut said_connection = false;
     let mut dated = false;
-    for (name, value) in &parts.headers {
+    for (name, value) in lines.iter() {
         // Framing is the body's, written below; a HEAD answer's length is the handler's to say.
         if (name == header::CONTENT_LENGTH && !asked.head) || name == header::TRANSFER_ENCODING {
             continue;
         }
         said_connection |= name == header::CONNECTION;
         dated |= name == header::DATE;
-        line(&mut out, name.as_str().as_bytes(), value.as_bytes());
+        line(&mut out, name.as_str().as_bytes(), value);
     }
     if !dated {
         date(&mut out);
@@ -113,7 +118,7 @@ pub(crate) async fn response(socket: &Socket, response: Response<Body>, asked: A
     out.put_slice(b"\r\n");
     // The head is written into `out`: its header values (slices of the backend's read buffer)
     // are not held while a long body streams.
-    drop(parts);
+    drop(lines);
     if asked.head || matches!(framing, Framing::None) {
         return write_all(socket, &out, &[], asked.stall).await.is_ok() && !close;
     }
@@ -436,7 +441,8 @@ mod tests {
             close: false,
             stall: Duration::from_secs(5),
         };
-        assert!(response(&socket, Response::new(Body::new(body)), asked).await);
+        let relayed = Answer::from(http::Response::new(Body::new(body)));
+        assert!(response(&socket, relayed, asked).await);
         let seen = seen.lock().unwrap();
         assert!(
             seen.starts_with(b"HTTP/1.1 200 OK\r\n") && seen.ends_with(&answer),

@@ -19,7 +19,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::{BufMut, Bytes, BytesMut};
-use http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Version};
+use http::{header, HeaderName, Method, StatusCode, Version};
 use smallvec::SmallVec;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 
@@ -27,6 +27,8 @@ pub(crate) mod decode;
 pub(crate) mod names;
 
 use super::hop;
+use crate::answer::Answer;
+use crate::lines::Lines;
 use decode::{DecodeError, Framing};
 
 /// The most a connection buffers of what it reads (the memory budget counts it).
@@ -102,7 +104,7 @@ impl std::error::Error for Error {}
 /// A response head, with how its body is framed and whether the connection may carry another
 /// request after it.
 pub(crate) struct Head {
-    pub response: http::Response<()>,
+    pub response: Answer<()>,
     pub framing: Framing,
     pub reusable: bool,
 }
@@ -237,7 +239,7 @@ impl Conn {
     ) -> Poll<Result<Head, Error>> {
         loop {
             while let Some(head) = self.parse_head(method)? {
-                if !head.response.status().is_informational() {
+                if !head.response.status.is_informational() {
                     return Poll::Ready(Ok(head));
                 }
                 *seen = true;
@@ -305,21 +307,16 @@ impl Conn {
         kept.retain(|(name, _)| !hop::stays_behind(name, &nominated));
         // It borrows the buffer, which is split next.
         drop(nominated);
+        let (framing, reusable) = framing(method, (status, version), facts, &mut kept)?;
         let head = self.buf.split_to(len).freeze();
-        // Room for the `x-request-id` spillway sets on the answer it relays, so setting it does
-        // not grow the map (which moves every entry).
-        let mut headers = HeaderMap::with_capacity(kept.len() + 1);
-        // Drained in place: iterating it by value would move its inline array (760 bytes).
-        for (name, at) in kept.drain(..) {
-            let value = HeaderValue::from_maybe_shared(head.slice(at))
-                .map_err(|_| Error::Head("invalid header value"))?;
-            headers.append(name, value);
+        if !kept.iter().all(|(_, at)| field_value(&head[at.clone()])) {
+            return Err(Error::Head("invalid header value"));
         }
-        let (framing, reusable) = framing(method, (status, version), facts, &mut headers)?;
-        let mut response = http::Response::new(());
-        *response.status_mut() = status;
-        *response.version_mut() = version;
-        *response.headers_mut() = headers;
+        // Room for the `x-request-id` spillway sets on the answer it relays, so setting it does
+        // not grow the list. Drained in place: iterating it by value would move its inline
+        // array (760 bytes).
+        let lines = Lines::in_head(head, kept.drain(..), 1);
+        let response = Answer::new(status, lines, ());
         Ok(Some(Head {
             response,
             framing,
@@ -531,6 +528,14 @@ impl Facts {
     }
 }
 
+/// Whether `value` may be a field's value as `http::HeaderValue` takes one (RFC 9110 §5.5): no
+/// control character but a tab.
+fn field_value(value: &[u8]) -> bool {
+    value
+        .iter()
+        .all(|&b| b == b'\t' || (b >= 0x20 && b != 0x7f))
+}
+
 /// How a response's body is framed (RFC 9112 §6.3), and whether its connection may carry
 /// another request after it. A head with both `Transfer-Encoding` and `Content-Length` loses
 /// the length and its connection.
@@ -538,7 +543,7 @@ fn framing(
     method: &Method,
     (status, version): (StatusCode, Version),
     facts: Facts,
-    headers: &mut HeaderMap,
+    kept: &mut SmallVec<[(HeaderName, Range<usize>); 16]>,
 ) -> Result<(Framing, bool), Error> {
     let mut reusable = match version {
         Version::HTTP_11 => !facts.close,
@@ -558,7 +563,9 @@ fn framing(
     if let Some(chunked) = facts.coded {
         // Faulty framing for HTTP/1.0 (RFC 9112 §6.1), and a smuggling sign with a length:
         // neither connection carries another request.
-        if headers.remove(header::CONTENT_LENGTH).is_some() || version != Version::HTTP_11 {
+        let lines = kept.len();
+        kept.retain(|(name, _)| *name != header::CONTENT_LENGTH);
+        if kept.len() < lines || version != Version::HTTP_11 {
             reusable = false;
         }
         return Ok(match chunked {

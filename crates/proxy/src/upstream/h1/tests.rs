@@ -1,5 +1,5 @@
 use super::*;
-use http::Request;
+use http::{HeaderValue, Request};
 use tokio::io::{AsyncReadExt, DuplexStream};
 
 /// A connection whose far end is the returned stream.
@@ -55,8 +55,30 @@ async fn a_request_is_written_with_its_bodys_own_length() {
     assert!(head.reusable);
 }
 
+/// The answer's lines are written to the client as they came: a value is taken for exactly the
+/// bytes an `http::HeaderValue` may hold, and the head is refused for any other.
+#[tokio::test]
+async fn an_answers_value_is_refused_for_exactly_the_bytes_a_header_value_may_not_hold() {
+    for b in (0..=255u8).filter(|b| !matches!(b, b'\r' | b'\n')) {
+        let mut answer = b"HTTP/1.1 200 OK\r\nx-any: a".to_vec();
+        answer.extend_from_slice(&[b, b'z']);
+        answer.extend_from_slice(b"\r\ncontent-length: 0\r\n\r\n");
+        let (head, _) = exchange(post("{}"), answer.leak()).await;
+        let valid = HeaderValue::from_bytes(&[b'a', b, b'z']).is_ok();
+        match head {
+            Ok(head) => {
+                assert!(valid, "byte {b} was taken");
+                let value = head.response.lines.get(&HeaderName::from_static("x-any"));
+                assert_eq!(value, Some(&[b'a', b, b'z'][..]), "byte {b}");
+            }
+            Err(Error::Head(_)) => assert!(!valid, "byte {b} was refused"),
+            Err(e) => panic!("byte {b}: {e}"),
+        }
+    }
+}
+
 /// A backend's hop-by-hop headers, and those its `Connection` names (in any case, over several
-/// headers, before or after it), never enter the answer's header map; the rest keep their order
+/// headers, before or after it), never enter the answer's lines; the rest keep their order
 /// and every value.
 #[tokio::test]
 async fn an_answers_hop_by_hop_headers_stay_behind_as_its_head_is_read() {
@@ -73,9 +95,9 @@ async fn an_answers_hop_by_hop_headers_stay_behind_as_its_head_is_read() {
     assert_eq!(head.framing, Framing::Chunked);
     let left: Vec<_> = head
         .response
-        .headers()
+        .lines
         .iter()
-        .map(|(n, v)| (n.as_str(), v.to_str().unwrap()))
+        .map(|(n, v)| (n.as_str(), std::str::from_utf8(v).unwrap()))
         .collect();
     assert_eq!(
         left,
@@ -100,9 +122,9 @@ async fn an_answer_of_many_headers_keeps_every_one_that_crosses() {
     let left: Vec<_> = head
         .unwrap()
         .response
-        .headers()
+        .lines
         .iter()
-        .map(|(n, v)| format!("{}: {}", n, v.to_str().unwrap()))
+        .map(|(n, v)| format!("{}: {}", n, std::str::from_utf8(v).unwrap()))
         .collect();
     let crossed: Vec<_> = (0..40)
         .filter(|&i| i != 3)
@@ -195,7 +217,7 @@ async fn each_head_gets_its_framing_and_only_exact_ones_keep_the_connection() {
             String::from_utf8_lossy(answer)
         );
         if framing == Framing::Chunked {
-            assert!(!head.response.headers().contains_key(header::CONTENT_LENGTH));
+            assert_eq!(head.response.lines.get(&header::CONTENT_LENGTH), None);
         }
     }
 }

@@ -136,11 +136,12 @@ where
     }
 }
 
+/// Whether the answer is an event stream: its content type, read as `HeaderValue::to_str` would
+/// read it, begins so (the whole value is looked at only then).
 fn is_sse(lines: &Lines) -> bool {
     lines
         .get(&header::CONTENT_TYPE)
-        .and_then(crate::lines::text)
-        .is_some_and(|v| v.starts_with("text/event-stream"))
+        .is_some_and(|v| v.starts_with(b"text/event-stream") && crate::lines::text(v).is_some())
 }
 
 /// The end of a relayed response: its backend's metrics, the GenAI metrics, the ticket it

@@ -56,7 +56,8 @@ async fn a_request_is_written_with_its_bodys_own_length() {
 }
 
 /// The answer's lines are written to the client as they came: a value is taken for exactly the
-/// bytes an `http::HeaderValue` may hold, and the head is refused for any other.
+/// bytes an `http::HeaderValue` may hold, and the head is refused for any other (by httparse,
+/// which the reader relies on for it).
 #[tokio::test]
 async fn an_answers_value_is_refused_for_exactly_the_bytes_a_header_value_may_not_hold() {
     for b in (0..=255u8).filter(|b| !matches!(b, b'\r' | b'\n')) {

@@ -290,9 +290,9 @@ impl Conn {
             _ => Version::HTTP_10,
         };
         // The answer's hop-by-hop headers (RFC 9110 §7.6.1: those that always are, and those
-        // its `Connection` names) stay behind as the head is read rather than entering the map
-        // to be taken out of it. Values are kept as slices of the head, split off the buffer
-        // once read: where each lies is noted while httparse borrows the buffer.
+        // its `Connection` names) stay behind as the head is read rather than entering the
+        // answer's lines to be taken out of them. Values are kept as places in the head, split
+        // off the buffer once read: where each lies is noted while httparse borrows the buffer.
         let base = self.buf.as_ptr() as usize;
         let mut facts = Facts::default();
         let mut nominated = hop::Nominated::default();

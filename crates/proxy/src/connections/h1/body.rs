@@ -6,8 +6,8 @@
 //! Both run in the connection's task, one after the other, so the lock is never contended; it
 //! is there because the body is a separate value the handler owns. It is a spin lock: taking
 //! one is a compare-and-swap and giving it back a plain store, where std's mutex gives it back
-//! with an atomic swap (it must learn whether to wake a waiter); the connection takes it some
-//! seven times a request. No guard is held across an await, so a lock that did meet another
+//! with an atomic swap (it must learn whether to wake a waiter); the connection takes it about
+//! three times a request (`bench/instructions.sh`, one client), more when a request waits. No guard is held across an await, so a lock that did meet another
 //! (a body read from another task) would spin only while the other side ran synchronous code.
 
 use std::io;

@@ -311,8 +311,8 @@ impl Conn {
         let head = self.buf.split_to(len).freeze();
         // Each value is one `http::HeaderValue` may hold: httparse refuses a head with any other
         // (a test holds it to that). Room for the `x-request-id` spillway sets on the answer it
-        // relays, so setting it does not grow the list. Drained in place: iterating it by value would move its inline
-        // array (760 bytes).
+        // relays, so setting it does not grow the list. Drained in place: iterating it by value
+        // would move its inline array (760 bytes).
         let lines = Lines::in_head(head, kept.drain(..), 1);
         let response = Answer::new(status, lines, ());
         Ok(Some(Head {

@@ -6,9 +6,9 @@
 //! attempt loop and the respond stage to the client's writer, which writes them from there. An
 //! `http::HeaderMap` would take two allocations and an atomic count on the head's buffer for
 //! each value, and hash each name, for lines that are looked at a few times and written once.
-//! A response that axum or the gateway's own errors make comes as an `http::Response` and is
-//! taken as it is ([`Answer::from`]); HTTP/2, which hyper writes, gets one back
-//! ([`Answer::into_response`]).
+//! The gateway's own refusals are made as one (`ApiError::answer`); a response that axum makes
+//! comes as an `http::Response` and is taken as it is ([`Answer::from`]); HTTP/2, which hyper
+//! writes, gets one back ([`Answer::into_response`]).
 
 use axum::body::Body;
 use http::{Extensions, StatusCode};

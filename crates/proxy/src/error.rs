@@ -6,10 +6,13 @@
 
 use std::time::Duration;
 
+use axum::body::Body;
 use axum::response::{IntoResponse, Response};
 use http::{header, HeaderValue, StatusCode};
 
+use crate::answer::Answer;
 use crate::endpoint::{Dialect, Endpoint};
+use crate::lines::Lines;
 
 /// `Retry-After` in milliseconds, as the OpenAI SDKs read it.
 pub(crate) const RETRY_AFTER_MS: http::HeaderName = http::HeaderName::from_static("retry-after-ms");
@@ -336,12 +339,27 @@ impl ApiError {
         format!("event: error\ndata: {data}\n\n")
     }
 
-    /// The answer to send in `dialect`, with the retry headers.
-    pub fn response(self, dialect: Dialect) -> Response {
-        let mut response = (self.status(), axum::Json(self.body_in(dialect))).into_response();
-        let headers = response.headers_mut();
+    /// The answer to send in `dialect`, with the retry headers: made as the writer writes it (its
+    /// lines a list, its body the JSON's bytes), for a refusal costs what a relayed answer does.
+    pub(crate) fn answer(self, dialect: Dialect) -> Answer {
+        let body = serde_json::to_vec(&self.body_in(dialect)).unwrap_or_default();
+        let extra = self.headers.as_deref().map_or(0, http::HeaderMap::len);
+        let mut lines = Lines::with_capacity(4 + extra);
+        lines.append(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
         if let Some(extra) = &self.headers {
-            headers.extend((**extra).clone());
+            // A name's values replace any it had, as a map extended by them would.
+            let mut last: Option<&http::HeaderName> = None;
+            for (name, value) in extra.iter() {
+                if last == Some(name) {
+                    lines.append(name.clone(), value.clone());
+                } else {
+                    lines.insert(name.clone(), value.clone());
+                }
+                last = Some(name);
+            }
         }
         // A client error fails the same way again; anything else spillway gives up on has had
         // its retries here already, within the budget, so a retry stacked on top would only
@@ -349,14 +367,19 @@ impl ApiError {
         // and so is a gateway shutting down (another instance can serve the retry): those say
         // when to come back with `Retry-After`.
         if !self.retry_may_help() {
-            headers.insert(X_SHOULD_RETRY, HeaderValue::from_static("false"));
+            lines.insert(X_SHOULD_RETRY, HeaderValue::from_static("false"));
         }
         if let Some(after) = self.retry_after {
             let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);
-            headers.insert(header::RETRY_AFTER, HeaderValue::from(secs.max(1)));
-            headers.insert(RETRY_AFTER_MS, HeaderValue::from(after.as_millis() as u64));
+            lines.insert(header::RETRY_AFTER, HeaderValue::from(secs.max(1)));
+            lines.insert(RETRY_AFTER_MS, HeaderValue::from(after.as_millis() as u64));
         }
-        response
+        Answer::new(self.status(), lines, Body::from(body))
+    }
+
+    /// The same answer as an `http::Response`, for the handlers axum serves.
+    pub fn response(self, dialect: Dialect) -> Response {
+        self.answer(dialect).into_response()
     }
 }
 
@@ -392,6 +415,42 @@ mod tests {
         assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(r.headers()[header::RETRY_AFTER], "2");
         assert_eq!(r.headers()["retry-after-ms"], "1500");
+    }
+
+    #[tokio::test]
+    async fn a_refusals_answer_is_its_json_with_its_own_headers_and_the_retry_ones_last_word() {
+        let mut extra = http::HeaderMap::new();
+        extra.append(
+            "x-ratelimit-remaining-requests",
+            HeaderValue::from_static("0"),
+        );
+        extra.append(header::VARY, HeaderValue::from_static("a"));
+        extra.append(header::VARY, HeaderValue::from_static("b"));
+        // The error's own retry headers are the last word on when to come back.
+        extra.append(header::RETRY_AFTER, HeaderValue::from_static("99"));
+        let answer = ApiError::new(ErrorKind::RequestRateLimited, "slow down")
+            .with_headers(extra)
+            .retry_after(Duration::from_millis(250))
+            .answer(Dialect::Anthropic);
+
+        assert_eq!(answer.status(), StatusCode::TOO_MANY_REQUESTS);
+        let lines: Vec<(&str, &[u8])> = answer.lines.iter().map(|(n, v)| (n.as_str(), v)).collect();
+        assert_eq!(
+            lines,
+            [
+                ("content-type", &b"application/json"[..]),
+                ("x-ratelimit-remaining-requests", b"0"),
+                ("vary", b"a"),
+                ("vary", b"b"),
+                ("retry-after", b"1"),
+                ("retry-after-ms", b"250"),
+            ]
+        );
+        let body = axum::body::to_bytes(answer.body, 1 << 16).await.unwrap();
+        let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(body["type"], "error");
+        assert_eq!(body["error"]["type"], "rate_limit_error");
+        assert_eq!(body["error"]["message"], "slow down");
     }
 
     #[test]

@@ -57,6 +57,14 @@ impl Lines {
         Lines { head, list }
     }
 
+    /// No lines yet, with room for `n`.
+    pub(crate) fn with_capacity(n: usize) -> Self {
+        Lines {
+            head: Bytes::new(),
+            list: Vec::with_capacity(n),
+        }
+    }
+
     /// The lines of `map`, in its order (a name's values together, in the order they came).
     pub(crate) fn from_map(map: HeaderMap) -> Self {
         let mut list = Vec::with_capacity(map.len());
@@ -129,7 +137,6 @@ impl Lines {
     }
 
     /// Another line, last.
-    #[cfg(test)]
     pub(crate) fn append(&mut self, name: HeaderName, value: HeaderValue) {
         self.list.push((name, Value::Own(value)));
     }

@@ -184,7 +184,7 @@ fn refused(e: ApiError, dialect: Dialect) -> Answer {
         "request refused: {}",
         e.message
     );
-    Answer::from(e.response(dialect))
+    e.answer(dialect)
 }
 
 fn answered(answer: Answer, labels: RequestLabels) -> Answer {

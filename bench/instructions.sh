@@ -26,14 +26,17 @@
 #   again, so their number is its code's cost there more than its instruction count; and the
 #   4 KiB pages they lie in; and how many of crates/spillway/hot-symbols.txt's functions, which
 #   the release link lays out first, the binary has), HOT_SYMBOLS= (with FOOTPRINT=1: a file to
-#   write this binary's hot functions to, hottest first, as hot-symbols.txt lists them).
+#   write this binary's hot functions to, hottest first, as hot-symbols.txt lists them),
+#   BACKEND=up (`down`: the mock backend is not started, so every call is refused 503
+#   `capacity_exhausted`, by NGINX 502: the outage path's instructions a refusal).
 # Output: per binary, instructions per request and the top functions.
 set -euo pipefail
 BENCH_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO_DIR="$(cd "$BENCH_DIR/.." && pwd)"
-case "${1:-}" in -h|--help|"") sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit 0;; esac
+case "${1:-}" in -h|--help|"") sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'; exit 0;; esac
 REQUESTS="${REQUESTS:-2000}"; WARMUP="${WARMUP:-300}"; TOP="${TOP:-25}"; LOCKED="${LOCKED:-0}"
-FOOTPRINT="${FOOTPRINT:-0}"
+FOOTPRINT="${FOOTPRINT:-0}"; BACKEND="${BACKEND:-up}"
+case "$BACKEND" in up) EXPECT=200;; down) EXPECT=503;; *) echo "BACKEND must be up or down" >&2; exit 2;; esac
 DUMP_INSTR=no; { [ "$LOCKED" = 1 ] || [ "$FOOTPRINT" = 1 ]; } && DUMP_INSTR=yes
 CACHE_SIM=no; [ "${CACHE:-0}" = 1 ] && CACHE_SIM=yes
 BENCH_HEADERS="${BENCH_HEADERS:-}"
@@ -59,7 +62,7 @@ trap cleanup EXIT
 for p in 18080 18081 18090 18091; do
   if (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then echo "port $p is in use" >&2; exit 1; fi
 done
-start_mock_backend
+[ "$BACKEND" = down ] || start_mock_backend
 
 n=0
 for bin in "$@"; do
@@ -79,10 +82,10 @@ for bin in "$@"; do
   # Under callgrind a server starts some 50 times slower.
   for _ in $(seq 600); do ready "http://127.0.0.1:$port$probe" && break; sleep 0.2; done
   ready "http://127.0.0.1:$port$probe" || { echo "$bin not ready; see bench/run/callgrind-*.log" >&2; exit 1; }
-  python3 - "$WARMUP" "$REQUESTS" "$SPILLWAY_PID" "$BENCH_DIR/lib/request.json" "$port" <<'PY'
+  python3 - "$WARMUP" "$REQUESTS" "$SPILLWAY_PID" "$BENCH_DIR/lib/request.json" "$port" "$([ "$bin" = nginx ] && [ "$BACKEND" = down ] && echo 502 || echo "$EXPECT")" <<'PY'
 import http.client, os, subprocess, sys
 warmup, requests, pid, body_file = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
-port = int(sys.argv[5])
+port, expect = int(sys.argv[5]), int(sys.argv[6])
 body = open(body_file, "rb").read()
 headers = {"Content-Type": "application/json", "Accept": "application/json",
            "Authorization": "Bearer sk-bench-0000", "User-Agent": "bench-instructions/1"}
@@ -95,8 +98,8 @@ def send(k):
     for _ in range(k):
         conn.request("POST", "/v1/chat/completions", body, headers)
         r = conn.getresponse(); r.read()
-        if r.status != 200:
-            sys.exit(f"answered {r.status}")
+        if r.status != expect:
+            sys.exit(f"answered {r.status}, not {expect}")
 send(warmup)
 subprocess.run(["callgrind_control", "-z", pid], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 send(requests)

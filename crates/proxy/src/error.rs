@@ -339,9 +339,11 @@ impl ApiError {
         format!("event: error\ndata: {data}\n\n")
     }
 
-    /// The answer to send in `dialect`, with the retry headers: made as the writer writes it (its
-    /// lines a list, its body the JSON's bytes), for a refusal costs what a relayed answer does.
+    /// The answer to send in `dialect`, with the retry headers, made as the client's writer takes
+    /// it (its lines a list, its body the JSON's bytes), so that a refusal, the whole of the
+    /// traffic when every backend is down, costs no header map and no conversion.
     pub(crate) fn answer(self, dialect: Dialect) -> Answer {
+        // A `serde_json::Value` always serializes (its keys are strings).
         let body = serde_json::to_vec(&self.body_in(dialect)).unwrap_or_default();
         let extra = self.headers.as_deref().map_or(0, http::HeaderMap::len);
         let mut lines = Lines::with_capacity(4 + extra);

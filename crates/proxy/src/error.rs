@@ -19,6 +19,10 @@ pub(crate) const RETRY_AFTER_MS: http::HeaderName = http::HeaderName::from_stati
 /// The OpenAI SDKs' hint: `false` tells them not to retry.
 pub(crate) const X_SHOULD_RETRY: http::HeaderName = http::HeaderName::from_static("x-should-retry");
 
+/// The most header lines [`ApiError::answer`] adds of its own: the content type, `x-should-retry`
+/// and the two `Retry-After`s.
+pub(crate) const OWN_HEADERS: usize = 4;
+
 /// How long a caller refused for lack of capacity is told to wait.
 pub(crate) const NO_CAPACITY_RETRY_AFTER: Duration = Duration::from_secs(1);
 
@@ -96,8 +100,9 @@ pub struct ApiError {
     pub kind: ErrorKind,
     pub message: String,
     pub retry_after: Option<Duration>,
-    /// Sent with the error (`x-ratelimit-*` on a 429); boxed, as most errors have none.
-    pub headers: Option<Box<http::HeaderMap>>,
+    /// Sent with the error (`x-ratelimit-*` on a 429), the answer's lines to which its own are
+    /// added; boxed, as most errors have none.
+    pub(crate) headers: Option<Box<Lines>>,
 }
 
 impl ApiError {
@@ -110,7 +115,7 @@ impl ApiError {
         }
     }
 
-    pub fn with_headers(mut self, headers: http::HeaderMap) -> Self {
+    pub(crate) fn with_headers(mut self, headers: Lines) -> Self {
         self.headers = Some(Box::new(headers));
         self
     }
@@ -342,27 +347,18 @@ impl ApiError {
     /// The answer to send in `dialect`, with the retry headers, made as the client's writer takes
     /// it (its lines a list, its body the JSON's bytes), so that a refusal, the whole of the
     /// traffic when every backend is down, costs no header map and no conversion.
-    pub(crate) fn answer(self, dialect: Dialect) -> Answer {
+    pub(crate) fn answer(mut self, dialect: Dialect) -> Answer {
         // A `serde_json::Value` always serializes (its keys are strings).
         let body = serde_json::to_vec(&self.body_in(dialect)).unwrap_or_default();
-        let extra = self.headers.as_deref().map_or(0, http::HeaderMap::len);
-        let mut lines = Lines::with_capacity(4 + extra);
-        lines.append(
+        // The error's own lines first, then this answer's, which have the last word.
+        let mut lines = match self.headers.take() {
+            Some(extra) => *extra,
+            None => Lines::with_capacity(OWN_HEADERS),
+        };
+        lines.insert(
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
-        if let Some(extra) = &self.headers {
-            // A name's values replace any it had, as a map extended by them would.
-            let mut last: Option<&http::HeaderName> = None;
-            for (name, value) in extra.iter() {
-                if last == Some(name) {
-                    lines.append(name.clone(), value.clone());
-                } else {
-                    lines.insert(name.clone(), value.clone());
-                }
-                last = Some(name);
-            }
-        }
         // A client error fails the same way again; anything else spillway gives up on has had
         // its retries here already, within the budget, so a retry stacked on top would only
         // multiply load (IL-0248). Limits and caps that free up with time are the exception,
@@ -421,15 +417,20 @@ mod tests {
 
     #[tokio::test]
     async fn a_refusals_answer_is_its_json_with_its_own_headers_and_the_retry_ones_last_word() {
-        let mut extra = http::HeaderMap::new();
-        extra.append(
-            "x-ratelimit-remaining-requests",
-            HeaderValue::from_static("0"),
-        );
-        extra.append(header::VARY, HeaderValue::from_static("a"));
-        extra.append(header::VARY, HeaderValue::from_static("b"));
-        // The error's own retry headers are the last word on when to come back.
-        extra.append(header::RETRY_AFTER, HeaderValue::from_static("99"));
+        let extra: Lines = [
+            (
+                http::HeaderName::from_static("x-ratelimit-remaining-requests"),
+                HeaderValue::from_static("0"),
+            ),
+            (header::VARY, HeaderValue::from_static("a")),
+            (header::VARY, HeaderValue::from_static("b")),
+            // The error's own retry headers are the last word on when to come back, and its
+            // body's content type on what it is.
+            (header::RETRY_AFTER, HeaderValue::from_static("99")),
+            (header::CONTENT_TYPE, HeaderValue::from_static("text/plain")),
+        ]
+        .into_iter()
+        .collect();
         let answer = ApiError::new(ErrorKind::RequestRateLimited, "slow down")
             .with_headers(extra)
             .retry_after(Duration::from_millis(250))
@@ -440,11 +441,11 @@ mod tests {
         assert_eq!(
             lines,
             [
-                ("content-type", &b"application/json"[..]),
-                ("x-ratelimit-remaining-requests", b"0"),
+                ("x-ratelimit-remaining-requests", &b"0"[..]),
                 ("vary", b"a"),
                 ("vary", b"b"),
                 ("retry-after", b"1"),
+                ("content-type", b"application/json"),
                 ("retry-after-ms", b"250"),
             ]
         );

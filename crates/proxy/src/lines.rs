@@ -137,6 +137,7 @@ impl Lines {
     }
 
     /// Another line, last.
+    #[cfg(test)]
     pub(crate) fn append(&mut self, name: HeaderName, value: HeaderValue) {
         self.list.push((name, Value::Own(value)));
     }

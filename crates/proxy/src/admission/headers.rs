@@ -11,6 +11,8 @@ use std::time::Duration;
 use http::{HeaderName, HeaderValue};
 use spillway_policy::{Quota, RateHeaders};
 
+use crate::lines::Lines;
+
 /// The names, per dimension: limit, remaining, reset.
 const REQUESTS: [HeaderName; 3] = [
     HeaderName::from_static("x-ratelimit-limit-requests"),
@@ -23,31 +25,24 @@ const TOKENS: [HeaderName; 3] = [
     HeaderName::from_static("x-ratelimit-reset-tokens"),
 ];
 
-/// Gives `insert` the headers of every limited dimension (a relayed answer's lines, or a
-/// refusal's map take them). A dimension without a limit costs a test: its names are made only
-/// for a header written (an array of both dimensions' names, built to be looped over, was six
-/// names made and dropped on every answer).
-pub(crate) fn insert_rate_headers(
-    quotas: &RateHeaders,
-    mut insert: impl FnMut(HeaderName, HeaderValue),
-) {
+/// Sets the headers of every limited dimension in `lines` (a relayed answer's, or a refusal's).
+/// A dimension without a limit costs a test: its names are made only for a header written (an
+/// array of both dimensions' names, built to be looped over, was six names made and dropped on
+/// every answer).
+pub(crate) fn insert_rate_headers(lines: &mut Lines, quotas: &RateHeaders) {
     if let Some(q) = quotas.requests {
-        dimension(&mut insert, REQUESTS, q);
+        dimension(lines, REQUESTS, q);
     }
     if let Some(q) = quotas.tokens {
-        dimension(&mut insert, TOKENS, q);
+        dimension(lines, TOKENS, q);
     }
 }
 
-fn dimension(
-    insert: &mut impl FnMut(HeaderName, HeaderValue),
-    [limit, remaining, reset]: [HeaderName; 3],
-    q: Quota,
-) {
-    insert(limit, HeaderValue::from(q.limit));
-    insert(remaining, HeaderValue::from(q.remaining));
+fn dimension(lines: &mut Lines, [limit, remaining, reset]: [HeaderName; 3], q: Quota) {
+    lines.insert(limit, HeaderValue::from(q.limit));
+    lines.insert(remaining, HeaderValue::from(q.remaining));
     if let Ok(value) = HeaderValue::try_from(duration_text(q.reset)) {
-        insert(reset, value);
+        lines.insert(reset, value);
     }
 }
 
@@ -78,8 +73,6 @@ fn trimmed(secs: f64) -> String {
 
 #[cfg(test)]
 mod tests {
-    use http::HeaderMap;
-
     use super::*;
 
     #[test]
@@ -95,28 +88,27 @@ mod tests {
 
     #[test]
     fn only_limited_dimensions_get_headers() {
-        let mut h = HeaderMap::new();
+        let mut h = Lines::default();
+        let get = |h: &Lines, name: &'static str| {
+            h.get(&HeaderName::from_static(name))
+                .map(|v| String::from_utf8(v.to_vec()).unwrap())
+        };
         let quota = Quota {
             limit: 60,
             remaining: 59,
             reset: Duration::from_secs(1),
         };
-        fn into(h: &mut HeaderMap) -> impl FnMut(HeaderName, HeaderValue) + '_ {
-            move |name, value| {
-                h.insert(name, value);
-            }
-        }
         insert_rate_headers(
+            &mut h,
             &RateHeaders {
                 requests: Some(quota),
                 tokens: None,
             },
-            into(&mut h),
         );
-        assert_eq!(h["x-ratelimit-limit-requests"], "60");
-        assert_eq!(h["x-ratelimit-remaining-requests"], "59");
-        assert_eq!(h["x-ratelimit-reset-requests"], "1s");
-        assert!(!h.contains_key("x-ratelimit-limit-tokens"));
+        assert_eq!(get(&h, "x-ratelimit-limit-requests").unwrap(), "60");
+        assert_eq!(get(&h, "x-ratelimit-remaining-requests").unwrap(), "59");
+        assert_eq!(get(&h, "x-ratelimit-reset-requests").unwrap(), "1s");
+        assert_eq!(get(&h, "x-ratelimit-limit-tokens"), None);
         let both = RateHeaders {
             requests: Some(quota),
             tokens: Some(Quota {
@@ -125,10 +117,11 @@ mod tests {
                 reset: Duration::from_millis(1500),
             }),
         };
-        insert_rate_headers(&both, into(&mut h));
-        assert_eq!(h["x-ratelimit-limit-tokens"], "90000");
-        assert_eq!(h["x-ratelimit-remaining-tokens"], "0");
-        assert_eq!(h["x-ratelimit-reset-tokens"], "1.5s");
+        insert_rate_headers(&mut h, &both);
+        assert_eq!(get(&h, "x-ratelimit-limit-tokens").unwrap(), "90000");
+        assert_eq!(get(&h, "x-ratelimit-remaining-tokens").unwrap(), "0");
+        assert_eq!(get(&h, "x-ratelimit-reset-tokens").unwrap(), "1.5s");
+        // Set again, the first dimension's headers are replaced, not repeated.
         assert_eq!(h.len(), 6);
     }
 }

@@ -42,7 +42,8 @@ use spillway_policy::{Dimension, TenantLimiter};
 use crate::auth::{Tenant, TenantLimits};
 use crate::call::Call;
 use crate::endpoint::Endpoint;
-use crate::error::{ApiError, ErrorKind, NO_CAPACITY_RETRY_AFTER};
+use crate::error::{ApiError, ErrorKind, NO_CAPACITY_RETRY_AFTER, OWN_HEADERS};
+use crate::lines::Lines;
 use crate::pool::ModelPool;
 use crate::request::RequestSummary;
 use crate::traffic::{Refused, TenantTraffic};
@@ -493,10 +494,10 @@ impl Admission {
                 retry_after,
                 headers: quotas,
             } => {
-                let mut headers = http::HeaderMap::new();
-                insert_rate_headers(&quotas, |name, value| {
-                    headers.insert(name, value);
-                });
+                // Room for the refusal's own headers (`ApiError::answer`): its lines are
+                // these, with them added, and written as they are.
+                let mut headers = Lines::with_capacity(6 + OWN_HEADERS);
+                insert_rate_headers(&mut headers, &quotas);
                 let (kind, outcome, what) = match (which, retry_after) {
                     (Dimension::Tokens, None) => (
                         ErrorKind::TokensOverLimit,

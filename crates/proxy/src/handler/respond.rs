@@ -73,9 +73,7 @@ where
         .filter(|_| status.is_success())
         .map(|cell| Counted { cell });
     let sse = is_sse(&lines);
-    insert_rate_headers(ticket.rate_headers(), |name, value| {
-        lines.insert(name, value)
-    });
+    insert_rate_headers(&mut lines, ticket.rate_headers());
     // A create's answer names the object its backend stored: remember where it lives.
     let stored = match call.endpoint {
         // `store: false` keeps nothing to come back to.

@@ -224,7 +224,7 @@ fn api_router(gw: Arc<Gateway>) -> Router {
     Router::new()
         .route(
             "/v1/chat/completions",
-            post(handler::chat_completions).get(handler::stored::list),
+            handler::inference(Endpoint::ChatCompletions).get(handler::stored::list),
         )
         .route(
             "/v1/chat/completions/{id}",
@@ -236,10 +236,13 @@ fn api_router(gw: Arc<Gateway>) -> Router {
             "/v1/chat/completions/{id}/messages",
             get(handler::stored::messages),
         )
-        .route("/v1/completions", post(handler::completions))
-        .route("/v1/embeddings", post(handler::embeddings))
-        .route("/v1/responses", post(handler::responses))
-        .route("/v1/responses/compact", post(handler::compact))
+        .route("/v1/completions", handler::inference(Endpoint::Completions))
+        .route("/v1/embeddings", handler::inference(Endpoint::Embeddings))
+        .route("/v1/responses", handler::inference(Endpoint::Responses))
+        .route(
+            "/v1/responses/compact",
+            handler::inference(Endpoint::ResponsesCompact),
+        )
         .route(
             "/v1/responses/{id}",
             get(handler::lifecycle::get).delete(handler::lifecycle::delete),
@@ -252,8 +255,11 @@ fn api_router(gw: Arc<Gateway>) -> Router {
             "/v1/responses/{id}/input_items",
             get(handler::lifecycle::input_items),
         )
-        .route("/v1/messages", post(handler::messages))
-        .route("/v1/messages/count_tokens", post(handler::count_tokens))
+        .route("/v1/messages", handler::inference(Endpoint::Messages))
+        .route(
+            "/v1/messages/count_tokens",
+            handler::inference(Endpoint::CountTokens),
+        )
         .route("/v1/models", get(crate::models::list))
         .route("/v1/models/{id}", get(crate::models::one))
         .route("/livez", get(|| async { "ok" }))

@@ -23,6 +23,7 @@ use std::sync::Arc;
 
 use axum::extract::{Request, State};
 use axum::response::Response;
+use axum::routing::{post, MethodRouter};
 use tracing::debug;
 
 use crate::answer::Answer;
@@ -42,53 +43,16 @@ pub(crate) use read::authenticate;
 pub(crate) const X_SPILLWAY_MODEL: http::HeaderName =
     http::HeaderName::from_static("x-spillway-model");
 
-pub(crate) async fn chat_completions(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
-    let (req, lines) = crate::lines::taken(req);
-    handle(&gw, Endpoint::ChatCompletions, req, lines)
-        .await
-        .into_response()
-}
-
-pub(crate) async fn completions(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
-    let (req, lines) = crate::lines::taken(req);
-    handle(&gw, Endpoint::Completions, req, lines)
-        .await
-        .into_response()
-}
-
-pub(crate) async fn embeddings(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
-    let (req, lines) = crate::lines::taken(req);
-    handle(&gw, Endpoint::Embeddings, req, lines)
-        .await
-        .into_response()
-}
-
-pub(crate) async fn responses(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
-    let (req, lines) = crate::lines::taken(req);
-    handle(&gw, Endpoint::Responses, req, lines)
-        .await
-        .into_response()
-}
-
-pub(crate) async fn compact(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
-    let (req, lines) = crate::lines::taken(req);
-    handle(&gw, Endpoint::ResponsesCompact, req, lines)
-        .await
-        .into_response()
-}
-
-pub(crate) async fn messages(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
-    let (req, lines) = crate::lines::taken(req);
-    handle(&gw, Endpoint::Messages, req, lines)
-        .await
-        .into_response()
-}
-
-pub(crate) async fn count_tokens(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
-    let (req, lines) = crate::lines::taken(req);
-    handle(&gw, Endpoint::CountTokens, req, lines)
-        .await
-        .into_response()
+/// The router's `POST` handler for `endpoint`'s path. The API listener's service answers these
+/// routes before the router (`server::Api`); the router has them too, so that another method on
+/// the path is refused as not allowed, and so that it would answer them the same way.
+pub(crate) fn inference(endpoint: Endpoint) -> MethodRouter<Arc<Gateway>> {
+    post(
+        move |State(gw): State<Arc<Gateway>>, req: Request| async move {
+            let (req, lines) = crate::lines::taken(req);
+            handle(&gw, endpoint, req, lines).await.into_response()
+        },
+    )
 }
 
 /// Serves one inference call: `req`, whose header lines come apart in `lines` (its own map is

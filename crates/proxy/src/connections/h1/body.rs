@@ -7,8 +7,9 @@
 //! is there because the body is a separate value the handler owns. It is a spin lock: taking
 //! one is a compare-and-swap and giving it back a plain store, where std's mutex gives it back
 //! with an atomic swap (it must learn whether to wake a waiter); the connection takes it about
-//! three times a request (`bench/instructions.sh`, one client), more when a request waits. No guard is held across an await, so a lock that did meet another
-//! (a body read from another task) would spin only while the other side ran synchronous code.
+//! three times a request (`bench/instructions.sh`, one client), more when a request waits. No
+//! guard is held across an await, so a lock that did meet another (a body read from another
+//! task) would spin only while the other side ran synchronous code.
 
 use std::io;
 use std::pin::Pin;

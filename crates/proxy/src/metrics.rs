@@ -44,7 +44,7 @@ pub const RESIDENT_MEMORY: &str = "spillway_process_resident_memory_bytes";
 pub const MEMORY_BUDGET: &str = "spillway_memory_budget_bytes";
 pub const MEMORY_LIMIT: &str = "spillway_memory_limit_bytes";
 
-const LATENCY_BUCKETS: &[f64] = &[
+pub(crate) const LATENCY_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
     120.0, 300.0,
 ];

@@ -299,11 +299,13 @@ async fn an_idle_connection_is_open_until_closed_or_sent_unasked_bytes() {
     assert!(!conn.is_open());
 }
 
-#[tokio::test]
-async fn an_answer_before_the_whole_request_was_read_is_returned_and_the_connection_not_kept() {
-    // A backend that reads a little of a large body, answers 413 and reads no more.
-    let (near, mut far) = tokio::io::duplex(1024);
-    let mut conn = Conn::new(Box::new(near));
+/// A backend on `far` that reads a little of a large body, answers 413 and reads no more: the
+/// connection `near` hears the answer while it cannot write the rest, and is not kept.
+async fn early_answer_is_heard<F>(near: Box<dyn Io>, mut far: F, body: usize)
+where
+    F: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
+{
+    let mut conn = Conn::new(near);
     let backend = tokio::spawn(async move {
         let mut some = [0u8; 512];
         far.read_exact(&mut some).await.unwrap();
@@ -313,7 +315,7 @@ async fn an_answer_before_the_whole_request_was_read_is_returned_and_the_connect
         far // held open, unread
     });
     let mut req = post("");
-    *req.body_mut() = Bytes::from(vec![b'x'; 256 * 1024]);
+    *req.body_mut() = Bytes::from(vec![b'x'; body]);
     let req = Outgoing::of(&req);
     let head = tokio::time::timeout(std::time::Duration::from_secs(10), conn.send(&req))
         .await
@@ -322,6 +324,18 @@ async fn an_answer_before_the_whole_request_was_read_is_returned_and_the_connect
     assert_eq!(head.response.status(), 413);
     assert!(!head.reusable);
     drop(backend.await.unwrap());
+}
+
+#[tokio::test]
+async fn an_answer_before_the_whole_request_was_read_is_returned_and_the_connection_not_kept() {
+    let (near, far) = tokio::io::duplex(1024);
+    early_answer_is_heard(Box::new(near), far, 256 * 1024).await;
+    // Over TCP the request is written by `crate::send`; the body is larger than what the two
+    // ends' socket buffers on loopback take.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let near = TcpStream::connect(listener.local_addr().unwrap());
+    let (near, far) = tokio::join!(near, listener.accept());
+    early_answer_is_heard(Box::new(near.unwrap()), far.unwrap().0, 64 << 20).await;
 }
 
 /// A connection's exchanges share its one timer, each held to its own deadline: one later than

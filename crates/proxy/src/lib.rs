@@ -45,7 +45,6 @@ mod relay;
 pub mod reload;
 pub mod request;
 pub mod rollout;
-mod send;
 mod server;
 pub mod shared_limits;
 mod store_connect;

@@ -228,7 +228,7 @@ impl http_body::Body for RequestBody {
             // for. Nothing else is being written then (the last response was written whole), so
             // the socket takes these few bytes at once; one that does not is given up on.
             r.continue_owed = false;
-            match crate::send::try_send(this.socket.write.as_ref(), CONTINUE, &[]) {
+            match this.socket.write.try_write(CONTINUE) {
                 Ok(n) if n == CONTINUE.len() => {}
                 Ok(_) => {
                     return Poll::Ready(Some(Err(BodyError::Io(io::ErrorKind::WriteZero.into()))))

@@ -7,7 +7,7 @@
 
 use std::cell::RefCell;
 use std::future::poll_fn;
-use std::io;
+use std::io::{self, IoSlice};
 use std::pin::pin;
 use std::task::Poll;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -299,7 +299,15 @@ pub(crate) async fn write_all(
 ) -> io::Result<()> {
     let (mut a, mut b) = (first, second);
     while !a.is_empty() || !b.is_empty() {
-        let written = crate::send::try_send(socket.write.as_ref(), a, b);
+        let written = if a.is_empty() {
+            socket.write.try_write(b)
+        } else if b.is_empty() {
+            socket.write.try_write(a)
+        } else {
+            socket
+                .write
+                .try_write_vectored(&[IoSlice::new(a), IoSlice::new(b)])
+        };
         match written {
             Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
             Ok(mut n) => {

@@ -22,7 +22,6 @@ use bytes::{BufMut, Bytes, BytesMut};
 use http::{header, HeaderName, Method, StatusCode, Version};
 use smallvec::SmallVec;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
-use tokio::net::TcpStream;
 
 pub(crate) mod decode;
 pub(crate) mod names;
@@ -46,24 +45,8 @@ const SMALLEST_READ: usize = 2 * 1024;
 const INLINE_BODY: usize = 16 * 1024;
 
 /// What a connection runs on: TCP, or TLS over it.
-pub(crate) trait Io: AsyncRead + AsyncWrite + Send + Unpin {
-    /// The socket itself when the connection is plain TCP: a request is then written to it
-    /// directly (`crate::send`), not through `AsyncWrite`.
-    fn tcp(&self) -> Option<&TcpStream> {
-        None
-    }
-}
-
-impl Io for TcpStream {
-    fn tcp(&self) -> Option<&TcpStream> {
-        Some(self)
-    }
-}
-
-impl<T: hyper::rt::Read + hyper::rt::Write + Send + Unpin> Io for hyper_util::rt::TokioIo<T> {}
-
-#[cfg(test)]
-impl Io for tokio::io::DuplexStream {}
+pub(crate) trait Io: AsyncRead + AsyncWrite + Send + Unpin {}
+impl<T: AsyncRead + AsyncWrite + Send + Unpin> Io for T {}
 
 /// An HTTP/1.1 connection to a backend, idle between requests.
 pub(crate) struct Conn {
@@ -222,11 +205,7 @@ impl Conn {
                 n if n < head.len() + rest.len() => &rest[n - head.len()..],
                 _ => return Poll::Ready(Ok(None)),
             };
-            let sent = match self.io.tcp() {
-                Some(tcp) => crate::send::poll_send(tcp, cx, piece),
-                None => Pin::new(&mut self.io).poll_write(cx, piece),
-            };
-            match sent {
+            match Pin::new(&mut self.io).poll_write(cx, piece) {
                 Poll::Ready(Ok(0)) => {
                     return Poll::Ready(Err(failed(io::ErrorKind::WriteZero.into(), *written)))
                 }

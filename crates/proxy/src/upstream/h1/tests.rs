@@ -330,10 +330,9 @@ where
 async fn an_answer_before_the_whole_request_was_read_is_returned_and_the_connection_not_kept() {
     let (near, far) = tokio::io::duplex(1024);
     early_answer_is_heard(Box::new(near), far, 256 * 1024).await;
-    // Over TCP the request is written by `crate::send`; the body is larger than what the two
-    // ends' socket buffers on loopback take.
+    // And over TCP, with a body larger than what the two ends' socket buffers on loopback take.
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let near = TcpStream::connect(listener.local_addr().unwrap());
+    let near = tokio::net::TcpStream::connect(listener.local_addr().unwrap());
     let (near, far) = tokio::join!(near, listener.accept());
     early_answer_is_heard(Box::new(near.unwrap()), far.unwrap().0, 64 << 20).await;
 }

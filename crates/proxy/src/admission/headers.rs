@@ -13,17 +13,23 @@ use spillway_policy::{Quota, RateHeaders};
 
 use crate::lines::Lines;
 
-/// The names, per dimension: limit, remaining, reset.
-const REQUESTS: [HeaderName; 3] = [
+/// A dimension's names: limit, remaining, reset.
+const NAMES: usize = 3;
+
+/// The names, per dimension.
+const REQUESTS: [HeaderName; NAMES] = [
     HeaderName::from_static("x-ratelimit-limit-requests"),
     HeaderName::from_static("x-ratelimit-remaining-requests"),
     HeaderName::from_static("x-ratelimit-reset-requests"),
 ];
-const TOKENS: [HeaderName; 3] = [
+const TOKENS: [HeaderName; NAMES] = [
     HeaderName::from_static("x-ratelimit-limit-tokens"),
     HeaderName::from_static("x-ratelimit-remaining-tokens"),
     HeaderName::from_static("x-ratelimit-reset-tokens"),
 ];
+
+/// The most lines [`insert_rate_headers`] sets: each of the two dimensions' names.
+pub(crate) const RATE_HEADERS: usize = 2 * NAMES;
 
 /// Sets the headers of every limited dimension in `lines` (a relayed answer's, or a refusal's).
 /// A dimension without a limit costs a test: its names are made only for a header written (an
@@ -38,7 +44,7 @@ pub(crate) fn insert_rate_headers(lines: &mut Lines, quotas: &RateHeaders) {
     }
 }
 
-fn dimension(lines: &mut Lines, [limit, remaining, reset]: [HeaderName; 3], q: Quota) {
+fn dimension(lines: &mut Lines, [limit, remaining, reset]: [HeaderName; NAMES], q: Quota) {
     lines.insert(limit, HeaderValue::from(q.limit));
     lines.insert(remaining, HeaderValue::from(q.remaining));
     if let Ok(value) = HeaderValue::try_from(duration_text(q.reset)) {
@@ -123,5 +129,10 @@ mod tests {
         assert_eq!(get(&h, "x-ratelimit-reset-tokens").unwrap(), "1.5s");
         // Set again, the first dimension's headers are replaced, not repeated.
         assert_eq!(h.len(), 6);
+        assert_eq!(
+            h.len(),
+            RATE_HEADERS,
+            "the most lines it sets, as the refusal makes room for"
+        );
     }
 }

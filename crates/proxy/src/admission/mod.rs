@@ -50,6 +50,7 @@ use crate::traffic::{Refused, TenantTraffic};
 
 use gate::{Entered, Gate, Slot};
 pub(crate) use headers::insert_rate_headers;
+use headers::RATE_HEADERS;
 pub(crate) use metrics::QueueFigures;
 use queue::PoolQueue;
 pub(crate) use queue::Shed;
@@ -496,7 +497,7 @@ impl Admission {
             } => {
                 // Room for the refusal's own headers (`ApiError::answer`): its lines are
                 // these, with them added, and written as they are.
-                let mut headers = Lines::with_capacity(6 + OWN_HEADERS);
+                let mut headers = Lines::with_capacity(RATE_HEADERS + OWN_HEADERS);
                 insert_rate_headers(&mut headers, &quotas);
                 let (kind, outcome, what) = match (which, retry_after) {
                     (Dimension::Tokens, None) => (

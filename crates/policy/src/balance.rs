@@ -124,6 +124,33 @@ pub struct Pick {
     pub saturated: bool,
     /// What became of the affinity key, if one was given.
     pub affinity: AffinityOutcome,
+    /// The most requests the chosen backend may have outstanding once it takes this one, under
+    /// the strategy's load bound (affinity's; see [`affinity`]): the caller takes its unit only
+    /// while the backend's load is below it (and below its `limit`), and picks again otherwise,
+    /// since the loads the choice was made from may have grown since they were read. `None`
+    /// when only the backend's `limit` applies.
+    pub load_bound: Option<u32>,
+}
+
+/// A strategy's choice within a tier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Choice {
+    /// Index into the candidate slice.
+    pub index: usize,
+    pub affinity: AffinityOutcome,
+    /// [`Pick::load_bound`].
+    pub load_bound: Option<u32>,
+}
+
+impl Choice {
+    /// A choice with no affinity asked and no bound but the backend's limit.
+    fn plain(index: usize) -> Choice {
+        Choice {
+            index,
+            affinity: AffinityOutcome::NotAsked,
+            load_bound: None,
+        }
+    }
 }
 
 /// What became of an affinity key.
@@ -176,12 +203,14 @@ pub fn pick<R: Rng + ?Sized>(
         let scope = |c: &Candidate<'_>| region.is_none_or(|r| c.region == r);
         let in_tier =
             |c: &Candidate<'_>| c.eligible() && c.saturated(saturation) == saturated && scope(c);
-        if let Some((index, affinity)) = choose(candidates, &in_tier, &scope, strategy, rng) {
+        if let Some(choice) = choose(candidates, &in_tier, &scope, strategy, rng) {
+            let index = choice.index;
             return Some(Pick {
                 index,
                 spilled_over: preferred_region.is_some_and(|r| candidates[index].region != r),
                 saturated,
-                affinity,
+                affinity: choice.affinity,
+                load_bound: choice.load_bound,
             });
         }
     }
@@ -278,14 +307,10 @@ fn choose<R: Rng + ?Sized>(
     scope: &impl Fn(&Candidate<'_>) -> bool,
     strategy: Strategy,
     rng: &mut R,
-) -> Option<(usize, AffinityOutcome)> {
+) -> Option<Choice> {
     match strategy {
-        Strategy::LeastLoad => {
-            two_choices(candidates, in_tier, rng).map(|i| (i, AffinityOutcome::NotAsked))
-        }
-        Strategy::RoundRobin { turn } => {
-            round_robin(candidates, in_tier, turn).map(|i| (i, AffinityOutcome::NotAsked))
-        }
+        Strategy::LeastLoad => two_choices(candidates, in_tier, rng).map(Choice::plain),
+        Strategy::RoundRobin { turn } => round_robin(candidates, in_tier, turn).map(Choice::plain),
         Strategy::Affinity { key, load_factor } => {
             affinity::choose(candidates, in_tier, scope, key, load_factor)
         }

@@ -26,8 +26,16 @@
 //! every load would exceed its share, so their sum would exceed itself), and keys move only as
 //! far as the bound requires. Loads here are spillway's `outstanding`, the requests it routes,
 //! which are what the bound can hold.
+//!
+//! Why the bound travels with the pick ([`super::Pick::load_bound`]): the loads are read before
+//! the choice, and a caller on another thread may take the same backend in between, so a bound
+//! judged on the loads alone holds one pick at a time but not a burst of concurrent ones (two
+//! pickers that both see room for one more both take it). The caller takes its unit with a
+//! compare-and-swap against the bound, not only against the backend's limit, and picks again
+//! from fresh loads when that fails. Loads read before the swap are no larger than at the swap
+//! while nothing finishes, so the bound then holds at every moment of a burst.
 
-use super::{AffinityOutcome, Candidate};
+use super::{AffinityOutcome, Candidate, Choice};
 
 /// A typical load factor: no backend more than 25 % above its share of the tier's load.
 pub const DEFAULT_LOAD_FACTOR: f64 = 1.25;
@@ -58,16 +66,16 @@ pub fn hrw_score(key: u64, id: u64, weight: u32) -> f64 {
     -f64::from(weight) / u.ln()
 }
 
-/// The first backend within the bound in `key`'s ranking of the candidates that pass `in_tier`,
-/// and whether it is the key's first-ranked backend of all those in `scope` (the tier's regions,
-/// whether or not they could take a request now).
+/// The first backend within the bound in `key`'s ranking of the candidates that pass `in_tier`:
+/// which it is, whether it is the key's first-ranked backend of all those in `scope` (the tier's
+/// regions, whether or not they could take a request now), and its bound (see [`Choice`]).
 pub(super) fn choose(
     candidates: &[Candidate<'_>],
     in_tier: &impl Fn(&Candidate<'_>) -> bool,
     scope: &impl Fn(&Candidate<'_>) -> bool,
     key: u64,
     load_factor: f64,
-) -> Option<(usize, AffinityOutcome)> {
+) -> Option<Choice> {
     // `max` also turns a NaN into 1.
     let load_factor = load_factor.max(1.0);
     let (outstanding, weight) = candidates
@@ -85,15 +93,24 @@ pub(super) fn choose(
     };
     let within = |c: &Candidate<'_>| in_tier(c) && f64::from(c.outstanding) < share(c);
     // Walking the ranking to the first within the bound is taking the best score among them.
-    // One always is (see the module documentation); the fallback only guards rounding.
-    let chosen = best(candidates, key, within).or_else(|| best(candidates, key, in_tier))?;
+    // One always is (see the module documentation); the fallback only guards rounding, and
+    // then only the backend's own limit holds it.
+    let (index, load_bound) = match best(candidates, key, within) {
+        // For an integer load, load < share is load < ceil(share); the cast saturates.
+        Some(i) => (i, Some(share(&candidates[i]).ceil() as u32)),
+        None => (best(candidates, key, in_tier)?, None),
+    };
     let first = best(candidates, key, |c| scope(c) && c.weight > 0);
-    let outcome = if first == Some(chosen) {
+    let affinity = if first == Some(index) {
         AffinityOutcome::Hit
     } else {
         AffinityOutcome::Overflow
     };
-    Some((chosen, outcome))
+    Some(Choice {
+        index,
+        affinity,
+        load_bound,
+    })
 }
 
 /// The candidate passing `keep` that ranks first for `key` (the earlier one on a tie).

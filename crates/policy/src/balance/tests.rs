@@ -166,6 +166,7 @@ fn home_region_is_preferred_while_it_has_room() {
                 spilled_over: false,
                 saturated: false,
                 affinity: AffinityOutcome::NotAsked,
+                load_bound: None,
             })
         );
     }
@@ -186,6 +187,7 @@ fn spills_over_when_home_region_is_full_or_unavailable() {
             spilled_over: true,
             saturated: false,
             affinity: AffinityOutcome::NotAsked,
+            load_bound: None,
         })
     );
 }

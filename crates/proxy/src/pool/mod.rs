@@ -10,9 +10,12 @@ mod host;
 pub(crate) mod idle;
 mod learn;
 mod pass;
+mod uris;
 
 pub use build::{Models, Rebuilt};
 pub use pass::ThrottlePass;
+pub(crate) use uris::origin_form;
+use uris::{join, stored_chat_uri, upstream_uri};
 
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -38,6 +41,11 @@ use crate::engine::EngineLoad;
 use crate::health::BackendHealth;
 use crate::metrics::{BackendMetrics, PoolMetrics};
 use crate::request::Changes;
+
+/// How many times one pick starts again from fresh loads because other callers took its backend
+/// to the load bound it was chosen under. Each such turn means another pick succeeded, so the
+/// pool as a whole makes progress; the cap keeps one caller from spinning through a long burst.
+const RACES: u32 = 8;
 
 /// A value per backend of a pool, made per pick: on the stack for pools of up to eight backends.
 type PerBackend<T> = smallvec::SmallVec<[T; 8]>;
@@ -266,19 +274,29 @@ impl Backend {
     /// Takes one unit of this backend's concurrency (its adaptive limit), or returns `None`
     /// when it is full.
     pub fn try_acquire(self: &Arc<Self>) -> Option<InFlight> {
+        self.try_acquire_within(None).ok()
+    }
+
+    /// Takes one unit while the backend is below its limit and below `load_bound` (a balancer's
+    /// bound on its load, [`spillway_policy::Pick::load_bound`]), in one compare-and-swap.
+    fn try_acquire_within(self: &Arc<Self>, load_bound: Option<u32>) -> Result<InFlight, Full> {
         let limit = self.health.limit();
-        self.outstanding
+        let cap = load_bound.map_or(limit, |b| b.min(limit));
+        match self
+            .outstanding
             .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| {
-                (n < limit).then_some(n + 1)
-            })
-            .ok()
-            .map(|_| {
+                (n < cap).then_some(n + 1)
+            }) {
+            Ok(_) => {
                 // Each unit taken is one attempt about to be sent.
                 if let Some(engine) = &self.engine {
                     engine.note_sent();
                 }
-                InFlight(self.clone())
-            })
+                Ok(InFlight(self.clone()))
+            }
+            Err(n) if n < limit => Err(Full::OverBound),
+            Err(_) => Err(Full::AtLimit),
+        }
     }
 
     /// Skips this backend for `cooldown` (it refused a connection or timed out).
@@ -301,6 +319,15 @@ impl Backend {
     }
 }
 
+/// Why a backend did not take a unit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Full {
+    /// At its concurrency limit.
+    AtLimit,
+    /// Below its limit, but at the balancer's load bound (others took it there since the pick).
+    OverBound,
+}
+
 /// One request's hold on a backend; releases it when dropped (response finished or abandoned).
 #[derive(Debug)]
 pub struct InFlight(Arc<Backend>);
@@ -315,47 +342,6 @@ impl Drop for InFlight {
     fn drop(&mut self) {
         self.0.outstanding.fetch_sub(1, Ordering::AcqRel);
         self.0.freed.wake();
-    }
-}
-
-fn join(base: &Uri, path: &str) -> Result<Uri, String> {
-    let text = format!("{}{path}", base.to_string().trim_end_matches('/'));
-    text.parse()
-        .map_err(|e| format!("cannot build health check URL {text:?}: {e}"))
-}
-
-fn upstream_uri(kind: &BackendKind, base: &Uri, endpoint: Endpoint) -> Result<Uri, String> {
-    let root = base.to_string();
-    let root = root.trim_end_matches('/');
-    let text = match kind {
-        BackendKind::Azure {
-            api_version,
-            deployment,
-            ..
-        } => format!(
-            "{root}/openai/deployments/{deployment}{}?api-version={api_version}",
-            endpoint.path()
-        ),
-        BackendKind::OpenAi { .. } | BackendKind::Mock(_) => format!("{root}{}", endpoint.path()),
-    };
-    text.parse()
-        .map_err(|e| format!("cannot build upstream URL {text:?}: {e}"))
-}
-
-/// Where a backend's stored chat completions are: beside its chat completions, but for Azure
-/// OpenAI, which keeps them per resource (`/openai/chat/completions`), not per deployment.
-fn stored_chat_uri(kind: &BackendKind, base: &Uri) -> Result<Uri, String> {
-    match kind {
-        BackendKind::Azure { api_version, .. } => {
-            let root = base.to_string();
-            let text = format!(
-                "{}/openai/chat/completions?api-version={api_version}",
-                root.trim_end_matches('/')
-            );
-            text.parse()
-                .map_err(|e| format!("cannot build upstream URL {text:?}: {e}"))
-        }
-        _ => upstream_uri(kind, base, Endpoint::ChatCompletions),
     }
 }
 
@@ -549,9 +535,13 @@ impl ModelPool {
         // A backend may fill up between the snapshot and the CAS, or have its one probe out:
         // re-pick without it. The list is allocated only in that rare case.
         let mut full: Vec<usize> = Vec::new();
+        // Other callers may also have taken a backend to the load bound it was picked under
+        // (affinity's): re-pick from fresh loads, where it may still fit as the tier's load has
+        // grown too; after RACES such turns, without it.
+        let mut races = 0;
         // Filled in place each round (`collect` would return its inline array by value).
         let mut candidates: PerBackend<Candidate<'_>> = PerBackend::new();
-        for _ in 0..self.backends.len() {
+        while full.len() < self.backends.len() {
             candidates.clear();
             candidates.extend(self.backends.iter().enumerate().map(|(i, b)| Candidate {
                 region: &b.region,
@@ -565,13 +555,20 @@ impl ModelPool {
             let choice = pick(&candidates, ask.region, strategy, self.saturation, &mut rng)?;
             let backend = &self.backends[choice.index];
             if panic || backend.health.admit(now) {
-                if let Some(hold) = backend.try_acquire() {
-                    return Some(Acquired {
-                        index: choice.index,
-                        hold,
-                        spilled_over: choice.spilled_over,
-                        affinity: choice.affinity,
-                    });
+                match backend.try_acquire_within(choice.load_bound) {
+                    Ok(hold) => {
+                        return Some(Acquired {
+                            index: choice.index,
+                            hold,
+                            spilled_over: choice.spilled_over,
+                            affinity: choice.affinity,
+                        })
+                    }
+                    Err(Full::OverBound) if races < RACES => {
+                        races += 1;
+                        continue;
+                    }
+                    Err(_) => {}
                 }
             }
             full.push(choice.index);
@@ -580,11 +577,5 @@ impl ModelPool {
     }
 }
 
-/// `uri`'s path and query alone (origin form, RFC 9112 section 3.2.1), as an HTTP/1 request line
-/// names its target; `/` when it has none.
-pub(crate) fn origin_form(uri: &Uri) -> Uri {
-    match uri.path_and_query() {
-        Some(pq) => Uri::from(pq.clone()),
-        None => Uri::from_static("/"),
-    }
-}
+#[cfg(test)]
+mod tests;

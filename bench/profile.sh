@@ -17,7 +17,10 @@
 #   backend is not started, so its port refuses every connection and every call is answered
 #   503 `capacity_exhausted`: the outage path, which the PGO and BOLT profiles never run).
 # Output: wrk's summary on stderr; for `record` the perf data file and
-# lib/perf_summary.py's report (self time by group, top symbols) on stdout.
+# lib/perf_summary.py's report (self time by group, top symbols) on stdout; for `stat` the
+# figures per request, the voluntary context switches (the process waited for work) apart from
+# the involuntary ones (the kernel gave its CPU to another process: on two cores shared by
+# wrk, the backend and the proxy, throughput at 16 connections follows these).
 # Debug line tables come from the release profile.
 set -euo pipefail
 BENCH_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -101,9 +104,13 @@ sleep 0.3
 ticks() { # utime and stime of the profiled process, in clock ticks
   sed 's/^.*) //' "/proc/$PROFILED/stat" | awk '{print $12, $13}'
 }
-TICKS_BEFORE="$(ticks)"
+switches() { # its main thread's voluntary and involuntary context switches so far
+  awk '/^voluntary_ctxt_switches/ {v = $2} /^nonvoluntary_ctxt_switches/ {n = $2} END {print v, n}' \
+    "/proc/$PROFILED/status"
+}
+TICKS_BEFORE="$(ticks)"; SWITCHES_BEFORE="$(switches)"
 drive "$DURATION" || true
-TICKS_AFTER="$(ticks)"
+TICKS_AFTER="$(ticks)"; SWITCHES_AFTER="$(switches)"
 wait "$PERF_PID" || { tail -5 "$RUN/perf.err" >&2; exit 1; }
 REQUESTS="$(grep -E '^JSON:' "$RUN/profile-wrk.out" | sed 's/^JSON://' | python3 -c 'import json,sys; print(json.load(sys.stdin)["requests"])')"
 grep -E '^JSON:' "$RUN/profile-wrk.out" | sed 's/^JSON://' >&2
@@ -122,12 +129,16 @@ fi
 echo "requests: $REQUESTS" >&2
 case "$MODE" in
   record) python3 "$BENCH_DIR/lib/perf_summary.py" "$PERF_OUT" 40;;
-  stat) python3 - "$RUN/perf.err" "$REQUESTS" "$TICKS_BEFORE" "$TICKS_AFTER" "$(getconf CLK_TCK)" "${EVENTS:-}" <<'PY'
+  stat) python3 - "$RUN/perf.err" "$REQUESTS" "$TICKS_BEFORE" "$TICKS_AFTER" "$(getconf CLK_TCK)" "${EVENTS:-}" \
+          "$SWITCHES_BEFORE" "$SWITCHES_AFTER" <<'PY'
 import re, sys
 text, n = open(sys.argv[1]).read(), int(sys.argv[2])
 (u0, s0), (u1, s1) = (map(int, sys.argv[i].split()) for i in (3, 4))
 hz = int(sys.argv[5])
 print(f"{(u1 - u0) * 1e6 / hz / n:8.2f} us user, {(s1 - s0) * 1e6 / hz / n:.2f} us system per request (/proc, whole wrk run)")
+(v0, i0), (v1, i1) = (map(int, sys.argv[i].split()) for i in (7, 8))
+print(f"{(v1 - v0) / n:8.3f} voluntary, {(i1 - i0) / n:.3f} involuntary context switches per request"
+      " (/proc, the main thread, whole wrk run)")
 for name, unit in (("task-clock", "us CPU"), ("context-switches", "context switches"),
                    ("raw_syscalls:sys_enter", "system calls")):
     m = re.search(r"([\d.,]+)\s+(?:msec\s+)?" + re.escape(name), text)

@@ -3,7 +3,8 @@
 //! A `Backend` holds what the request path needs at run time: where to send each kind of request,
 //! the upstream key header, how many requests it has outstanding, and until when it is skipped
 //! after refusing a connection. Outstanding counts are taken with a compare-and-swap against the
-//! backend's `max_concurrency`, so the cap holds under any number of concurrent pickers.
+//! backend's adaptive limit (at most its `max_concurrency`) and, for affinity, the load bound the
+//! pick was made under, so both hold under any number of concurrent pickers.
 
 mod build;
 mod host;

@@ -9,7 +9,7 @@ use bytes::Bytes;
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full, StreamBody};
 use proptest::prelude::*;
-use spillway_config::{BackendKind, Config};
+use spillway_config::Config;
 use spillway_policy::Outcome;
 use tokio::time::Instant;
 
@@ -185,11 +185,7 @@ engine = "none"
 /// The models and retry settings of a configuration.
 pub(super) fn models_from(toml: &str) -> (Models, Retries) {
     let config = Config::from_toml(toml).unwrap();
-    let models = Models::new(&config, |_, b| match &b.kind {
-        BackendKind::OpenAi { url } => Ok(url.clone()),
-        other => Err(format!("unexpected {other:?}")),
-    })
-    .unwrap();
+    let models = crate::pool::tests::models(&config);
     let retries = Retries::new(&config.retry, &config.upstream, Duration::from_secs(1));
     (models, retries)
 }

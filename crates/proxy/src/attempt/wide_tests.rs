@@ -10,6 +10,7 @@ use spillway_policy::Class;
 
 use super::run;
 use super::tests::{call, chosen, models_from, paused, Scripted};
+use crate::pool::tests::backends;
 
 /// Model `m` with `n` backends `b0`, `b1`, ..., each taking one request at a time.
 fn wide(n: usize, balance: &str) -> (crate::pool::Models, super::Retries) {
@@ -17,18 +18,6 @@ fn wide(n: usize, balance: &str) -> (crate::pool::Models, super::Retries) {
         "[[models]]\nname = \"m\"\nbalance = \"{balance}\"\n{}",
         backends(n, 1)
     ))
-}
-
-/// `n` backends `b0`, `b1`, ... of model `m`'s table, each taking `room` requests at a time.
-fn backends(n: usize, room: u32) -> String {
-    (0..n)
-        .map(|i| {
-            format!(
-                "[[models.backends]]\nname = \"b{i}\"\nurl = \"http://127.0.0.1:9/v1\"\n\
-                 engine = \"none\"\nmax_concurrency = {room}\n"
-            )
-        })
-        .collect()
 }
 
 /// With every backend of twelve full but one, the call goes to that one, wherever it lies, by

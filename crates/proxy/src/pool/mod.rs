@@ -579,4 +579,4 @@ impl ModelPool {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -7,19 +7,21 @@ use spillway_config::{BackendKind, Config};
 
 use super::{Ask, ModelPool, Models};
 
-/// Model `m` with `n` backends `b0`, `b1`, ... of room `room`, balanced by `balance`.
-fn models(n: usize, room: u32, balance: &str) -> Models {
-    let backends: String = (0..n)
+/// `n` backends `b0`, `b1`, ... of a model's table, each taking `room` requests at a time.
+pub(crate) fn backends(n: usize, room: u32) -> String {
+    (0..n)
         .map(|i| {
             format!(
                 "[[models.backends]]\nname = \"b{i}\"\nurl = \"http://127.0.0.1:9/v1\"\n\
                  engine = \"none\"\nmax_concurrency = {room}\n"
             )
         })
-        .collect();
-    let toml = format!("[[models]]\nname = \"m\"\nbalance = \"{balance}\"\n{backends}");
-    let config = Config::from_toml(&toml).unwrap();
-    Models::new(&config, |_, b| match &b.kind {
+        .collect()
+}
+
+/// The model pools of `config`, whose backends must all be `openai` ones.
+pub(crate) fn models(config: &Config) -> Models {
+    Models::new(config, |_, b| match &b.kind {
         BackendKind::OpenAi { url } => Ok(url.clone()),
         other => Err(format!("unexpected {other:?}")),
     })
@@ -77,7 +79,11 @@ fn race_on_one_key(pool: &ModelPool, threads: usize, each: usize) {
 /// racing on one key never put a backend over `load_factor` times its share.
 #[test]
 fn racing_picks_on_one_key_keep_every_backend_within_the_load_bound() {
-    let pool_models = models(2, 1_000_000, "prefix_affinity");
+    let toml = format!(
+        "[[models]]\nname = \"m\"\nbalance = \"prefix_affinity\"\n{}",
+        backends(2, 1_000_000)
+    );
+    let pool_models = models(&Config::from_toml(&toml).unwrap());
     let pool = pool_models.get("m").unwrap();
     race_on_one_key(pool, 4, 20_000);
     assert_eq!(loads(pool), [0, 0], "every unit is given back");

@@ -91,11 +91,7 @@ url = "{url}"
 "#
     ))
     .unwrap();
-    let models = Models::new(&config, |_, b| match &b.kind {
-        BackendKind::OpenAi { url } => Ok(url.clone()),
-        other => Err(format!("unexpected {other:?}")),
-    })
-    .unwrap();
+    let models = crate::pool::tests::models(&config);
     let client = crate::upstream::client(&config.upstream);
     (models, config.engine_metrics, client)
 }

@@ -486,3 +486,71 @@ async fn llamacpp_a_rollout_onto_an_identical_engine_completes_through_a_reload(
         "{page}"
     );
 }
+
+/// Affinity's load bound on real engines under a burst on one prompt prefix: twelve requests
+/// sharing a system prompt, sent at once to two llama.cpp servers of two slots each (engine
+/// metrics off, so the bound alone decides), each holding its slot for seconds. Every one is
+/// served; the key's backend takes no more than 1.25 x its share of the twelve in flight
+/// (ceil(1.25 x 12 / 2) = 8); the rest overflow to the other.
+#[tokio::test]
+async fn llamacpp_a_burst_on_one_prefix_is_all_served_within_the_load_bound() {
+    let Some(one) = llama(2) else { return };
+    let Some(two) = llama(2) else { return };
+    let cfg = format!(
+        "[health_check]\nenabled = false\n\n[upstream]\nresponse_timeout = \"120s\"\n\n\
+         [[models]]\nname = \"m\"\nbalance = \"prefix_affinity\"\naffinity_prefix_chars = 256\n\
+         [[models.backends]]\nname = \"a\"\nurl = \"{}/v1\"\nengine = \"none\"\n\
+         [[models.backends]]\nname = \"b\"\nurl = \"{}/v1\"\nengine = \"none\"\n",
+        one.url, two.url
+    );
+    let gw = gateway(&cfg);
+    let system = "You summarise support tickets for the on-call engineer, briefly. ".repeat(6);
+    let c = client();
+    let sends = (0..12).map(|i| {
+        let req = c
+            .post(gw.url("/v1/chat/completions"))
+            .bearer_auth(KEY)
+            .timeout(Duration::from_secs(120))
+            .json(&serde_json::json!({
+                "model": "m",
+                "messages": [
+                    {"role": "system", "content": system},
+                    {"role": "user", "content": format!("Ticket {i}: the printer is on fire.")}
+                ],
+                "max_tokens": 48,
+                "ignore_eos": true,
+            }));
+        async move {
+            let r = req.send().await.map_err(|e| e.to_string())?;
+            let status = r.status().as_u16();
+            Ok::<_, String>((status, r.text().await.map_err(|e| e.to_string())?))
+        }
+    });
+    for (i, answer) in futures_util::future::join_all(sends)
+        .await
+        .into_iter()
+        .enumerate()
+    {
+        let (status, body) = answer.unwrap_or_else(|e| panic!("{i}: {e}"));
+        assert_eq!(status, 200, "request {i}: {body}");
+    }
+    let page = metrics(&gw).await;
+    let on = |backend: &str| {
+        sample(
+            &page,
+            &format!(
+                "spillway_requests_total{{tenant=\"tenant-a\",model=\"m\",backend=\"{backend}\",status=\"200\"}}"
+            ),
+        )
+        .unwrap_or(0.0)
+    };
+    let (on_a, on_b) = (on("a"), on("b"));
+    assert_eq!(on_a + on_b, 12.0, "{page}");
+    assert!(on_a.max(on_b) <= 8.0, "{on_a} / {on_b}");
+    assert!(on_a.min(on_b) >= 4.0, "{on_a} / {on_b}");
+    let overflows = sample(
+        &page,
+        "spillway_affinity_total{model=\"m\",outcome=\"overflow\"}",
+    );
+    assert!(overflows.unwrap_or(0.0) >= 4.0, "{page}");
+}

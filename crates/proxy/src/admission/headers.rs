@@ -127,12 +127,11 @@ mod tests {
         assert_eq!(get(&h, "x-ratelimit-limit-tokens").unwrap(), "90000");
         assert_eq!(get(&h, "x-ratelimit-remaining-tokens").unwrap(), "0");
         assert_eq!(get(&h, "x-ratelimit-reset-tokens").unwrap(), "1.5s");
-        // Set again, the first dimension's headers are replaced, not repeated.
+        // Set again, the first dimension's headers are replaced, not repeated: three of each.
         assert_eq!(h.len(), 6);
-        assert_eq!(
-            h.len(),
-            RATE_HEADERS,
-            "the most lines it sets, as the refusal makes room for"
+        assert!(
+            h.len() <= RATE_HEADERS,
+            "a refusal makes room for every line it sets"
         );
     }
 }

@@ -121,6 +121,19 @@ async fn tokens_are_reconciled_with_the_reported_usage_plain_and_streamed() {
     assert!(reserved > 6.0 * 500.0, "{m}");
     assert!(reported > 0.0 && reported < 6.0 * 100.0, "{m}");
 
+    // A tenant without a tokens limit has nothing reconciled, but what its backends report
+    // is counted all the same (per-tenant usage for those that are not limited).
+    let r = chat(&gw, &chat_body("m", false)).await;
+    assert_eq!(r.status(), 200);
+    let _ = r.bytes().await.unwrap();
+    const UNLIMITED: &str = "spillway_tokens_reported_total{tenant=\"tenant-a\"}";
+    eventually(
+        Duration::from_secs(10),
+        "the unlimited tenant's usage is counted",
+        || async { sample(&metrics(&gw).await, UNLIMITED).unwrap_or(0.0) > 0.0 },
+    )
+    .await;
+
     // A request that needs more than the whole limit at once can never pass.
     body["max_tokens"] = 5000.into();
     let r = chat_as(&gw, "limited-key", &body).await;

@@ -43,7 +43,8 @@ pub(super) struct Places {
     pub prompt: u64,
     /// The tenant's quotas after this admission, for the response's `x-ratelimit-*` headers.
     pub headers: RateHeaders,
-    /// The tenant has a tokens-per-minute limit: its usage is read and reconciled.
+    /// The tenant has a tokens-per-minute limit: its reservation is reconciled with the usage
+    /// reported.
     pub meters_tokens: bool,
 }
 
@@ -107,18 +108,26 @@ impl Ticket {
     }
 
     /// The relayed body ended, `complete` or not, with the usage the backend `reported` (read
-    /// by the relay, `crate::usage`): the reservation is reconciled with it. Without a report
-    /// the estimate stands for a response that completed; a stream cut short is charged its
-    /// prompt and about a token per event it carried.
+    /// by the relay, `crate::usage`). A report is counted for every tenant
+    /// (`spillway_tokens_reported_total`); a tenant with a tokens limit has its reservation
+    /// reconciled with it. Without a report the estimate stands for a response that completed;
+    /// a metered stream cut short is charged its prompt and about a token per event it carried.
     pub(crate) fn ended(&mut self, complete: bool, reported: Option<Usage>) {
         if self.settled {
             return;
         }
-        let metered = self.places.meters_tokens;
-        let reported = reported.filter(|_| metered).map(|u| u.total_tokens);
+        let reported = reported.map(|u| u.total_tokens);
+        if !self.places.meters_tokens {
+            // Nothing reserved to reconcile: the report is only counted.
+            self.settled = true;
+            if let Some(tokens) = reported {
+                self.places.gate.series.tokens_reported.increment(tokens);
+            }
+            return;
+        }
         let used = match reported {
             Some(tokens) => Some(tokens),
-            None if !complete && self.sse && metered => Some(self.places.prompt + self.data_frames),
+            None if !complete && self.sse => Some(self.places.prompt + self.data_frames),
             None => None,
         };
         self.settle(used);

@@ -131,15 +131,7 @@ async fn llamacpp_metrics_are_read_and_a_queueing_engine_spills_over() {
     .await;
 
     let c = client();
-    let send = || {
-        let req = c
-            .post(gw.url("/v1/chat/completions"))
-            .bearer_auth(KEY)
-            .timeout(Duration::from_secs(120))
-            .json(&long_request())
-            .send();
-        tokio::spawn(req)
-    };
+    let send = || tokio::spawn(chat_through(&c, &gw, &long_request()).send());
     // The home engine's one slot takes the first request...
     let first = send();
     eventually(deadline, "home running one request", || {
@@ -194,13 +186,14 @@ async fn llamacpp_a_concurrent_burst_on_healthy_engines_is_all_served() {
         "messages": [{"role": "user", "content": "Say a word."}],
         "max_tokens": 2,
     });
-    let send = |url: String| c.post(url).timeout(Duration::from_secs(120)).json(&ask);
-    let direct = send(format!("{}/v1/chat/completions", one.url));
+    let direct = c
+        .post(format!("{}/v1/chat/completions", one.url))
+        .timeout(Duration::from_secs(120))
+        .json(&ask);
     let direct = direct.send().await.unwrap();
     assert_eq!(direct.status(), 200);
     assert!(direct.headers().get("date").is_none(), "{direct:?}");
-    let through = send(gw.url("/v1/chat/completions")).bearer_auth(KEY);
-    let through = through.send().await.unwrap();
+    let through = chat_through(&c, &gw, &ask).send().await.unwrap();
     assert_eq!(through.status(), 200);
     dated_now(through.headers());
 }
@@ -366,14 +359,7 @@ async fn llamacpp_a_prompt_over_a_models_context_falls_back_to_one_with_room() {
     let why = direct.text().await.unwrap();
     assert!(why.contains("exceed_context_size"), "{why}");
     // Through spillway, the request moves on to the model with room.
-    let r = client()
-        .post(gw.url("/v1/chat/completions"))
-        .bearer_auth(KEY)
-        .timeout(Duration::from_secs(120))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let r = chat_through(&client(), &gw, &body).send().await.unwrap();
     assert_eq!(r.status(), 200);
     assert_eq!(r.headers()["x-spillway-model"], "long");
     let page = metrics(&gw).await;
@@ -387,36 +373,51 @@ async fn llamacpp_a_prompt_over_a_models_context_falls_back_to_one_with_room() {
     );
 }
 
-/// Sends `n` small chats at once (every third streamed) and asserts each was answered in full.
-async fn served_in_full(gw: &Proc, n: usize) {
-    let c = client();
-    let sends = (0..n).map(|i| {
-        let stream = i % 3 == 0;
-        let req = c
-            .post(gw.url("/v1/chat/completions"))
-            .bearer_auth(KEY)
-            .timeout(Duration::from_secs(120))
-            .json(&serde_json::json!({
-                "model": "m",
-                "messages": [{"role": "user", "content": format!("Say a word, {i}.")}],
-                "max_tokens": 8,
-                "stream": stream,
-            }));
-        async move {
-            let r = req.send().await.map_err(|e| e.to_string())?;
-            let status = r.status().as_u16();
-            let body = r.text().await.map_err(|e| e.to_string())?;
-            Ok::<_, String>((status, stream, body))
-        }
+/// A chat completion through `gw` with the test key, given the time a CPU-bound engine needs.
+fn chat_through(
+    c: &reqwest::Client,
+    gw: &Proc,
+    body: &serde_json::Value,
+) -> reqwest::RequestBuilder {
+    c.post(gw.url("/v1/chat/completions"))
+        .bearer_auth(KEY)
+        .timeout(Duration::from_secs(120))
+        .json(body)
+}
+
+/// Sends `requests` at once; each one's status and body, in order (a send that failed panics,
+/// naming its index).
+async fn all_at_once(requests: Vec<reqwest::RequestBuilder>) -> Vec<(u16, String)> {
+    let sends = requests.into_iter().map(|req| async move {
+        let r = req.send().await.map_err(|e| e.to_string())?;
+        let status = r.status().as_u16();
+        Ok::<_, String>((status, r.text().await.map_err(|e| e.to_string())?))
     });
-    for (i, answer) in futures_util::future::join_all(sends)
+    futures_util::future::join_all(sends)
         .await
         .into_iter()
         .enumerate()
-    {
-        let (status, stream, body) = answer.unwrap_or_else(|e| panic!("{i}: {e}"));
+        .map(|(i, answer)| answer.unwrap_or_else(|e| panic!("{i}: {e}")))
+        .collect()
+}
+
+/// Sends `n` small chats at once (every third streamed) and asserts each was answered in full.
+async fn served_in_full(gw: &Proc, n: usize) {
+    let c = client();
+    let requests = (0..n)
+        .map(|i| {
+            let body = serde_json::json!({
+                "model": "m",
+                "messages": [{"role": "user", "content": format!("Say a word, {i}.")}],
+                "max_tokens": 8,
+                "stream": i % 3 == 0,
+            });
+            chat_through(&c, gw, &body)
+        })
+        .collect();
+    for (i, (status, body)) in all_at_once(requests).await.into_iter().enumerate() {
         assert_eq!(status, 200, "request {i}: {body}");
-        if stream {
+        if i % 3 == 0 {
             assert!(
                 body.trim_end().ends_with("data: [DONE]"),
                 "stream {i}: {body}"
@@ -506,12 +507,9 @@ async fn llamacpp_a_burst_on_one_prefix_is_all_served_within_the_load_bound() {
     let gw = gateway(&cfg);
     let system = "You summarise support tickets for the on-call engineer, briefly. ".repeat(6);
     let c = client();
-    let sends = (0..12).map(|i| {
-        let req = c
-            .post(gw.url("/v1/chat/completions"))
-            .bearer_auth(KEY)
-            .timeout(Duration::from_secs(120))
-            .json(&serde_json::json!({
+    let requests = (0..12)
+        .map(|i| {
+            let body = serde_json::json!({
                 "model": "m",
                 "messages": [
                     {"role": "system", "content": system},
@@ -519,19 +517,11 @@ async fn llamacpp_a_burst_on_one_prefix_is_all_served_within_the_load_bound() {
                 ],
                 "max_tokens": 48,
                 "ignore_eos": true,
-            }));
-        async move {
-            let r = req.send().await.map_err(|e| e.to_string())?;
-            let status = r.status().as_u16();
-            Ok::<_, String>((status, r.text().await.map_err(|e| e.to_string())?))
-        }
-    });
-    for (i, answer) in futures_util::future::join_all(sends)
-        .await
-        .into_iter()
-        .enumerate()
-    {
-        let (status, body) = answer.unwrap_or_else(|e| panic!("{i}: {e}"));
+            });
+            chat_through(&c, &gw, &body)
+        })
+        .collect();
+    for (i, (status, body)) in all_at_once(requests).await.into_iter().enumerate() {
         assert_eq!(status, 200, "request {i}: {body}");
     }
     let page = metrics(&gw).await;

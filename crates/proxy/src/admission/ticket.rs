@@ -116,30 +116,26 @@ impl Ticket {
         if self.settled {
             return;
         }
-        let reported = reported.map(|u| u.total_tokens);
-        if !self.places.meters_tokens {
-            // Nothing reserved to reconcile: the report is only counted.
-            self.settled = true;
-            if let Some(tokens) = reported {
-                self.places.gate.series.tokens_reported.increment(tokens);
-            }
-            return;
-        }
         let used = match reported {
-            Some(tokens) => Some(tokens),
-            None if !complete && self.sse => Some(self.places.prompt + self.data_frames),
+            Some(usage) => Some(usage.total_tokens),
+            None if !complete && self.sse && self.places.meters_tokens => {
+                Some(self.places.prompt + self.data_frames)
+            }
             None => None,
         };
         self.settle(used);
     }
 
-    /// Settles the reservation: `used` tokens if known (the backend's report, or a count of what
-    /// was streamed); `None` keeps the reservation as it is.
+    /// Settles the ticket: `used` tokens if known (the backend's report, or a count of what was
+    /// streamed) are counted, and reconciled with the reservation of a tenant with a tokens
+    /// limit; `None` keeps the reservation as it is.
     pub(super) fn settle(&mut self, used: Option<u64>) {
         self.settled = true;
         if let Some(used) = used {
             self.places.gate.series.tokens_reported.increment(used);
-            self.reconcile(used);
+            if self.places.meters_tokens {
+                self.reconcile(used);
+            }
         }
     }
 

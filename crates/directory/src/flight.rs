@@ -5,6 +5,8 @@
 //! flight (a spawned task that does the loading), and every lookup of that key that arrives
 //! while it is in the air waits for the same answer instead of asking the store again.
 //! Background refreshes are flights too, so a key is never loaded and refreshed at once either.
+//! Nor one after the other: a flight that starts just after another of its key landed (its
+//! lookup looked at the cache before that) takes the answer the other left there.
 //!
 //! The flight is a spawned task rather than the leader's own future, so that a caller who gives
 //! up (a client that disconnects) does not cancel a query the others are waiting for, and the
@@ -19,13 +21,16 @@ use spillway_store::{KeyDigest, KeyMatch};
 use tokio::sync::watch;
 
 use crate::entry::Entry;
-use crate::Outcome;
+use crate::{Lookup, Outcome};
 
 /// What a flight brings back.
 #[derive(Debug, Clone)]
 pub(crate) enum Answer {
     Found(Arc<KeyMatch>, Source),
     Unknown(Source),
+    /// What the cache held when the flight started: another flight of the key had landed
+    /// since the lookup that started this one looked.
+    Cached(Lookup),
     /// No answer (store error, timeout, no free load slot). `fallback` is a usable older
     /// answer, if the flight had one, for every waiter to serve instead.
     Failed {

@@ -129,6 +129,7 @@ impl State {
                     outcome: source.outcome(),
                 })
             }
+            Some(Answer::Cached(lookup)) => return Ok(lookup),
             Some(Answer::Failed { why, fallback }) => (why, fallback),
             None => ("the load was abandoned".to_owned(), None),
         };
@@ -171,6 +172,11 @@ impl State {
             digest,
             id: leader.id,
         };
+        if let Some(lookup) = self.landed_before(&digest, &mode) {
+            drop(landing);
+            leader.answer.send_replace(Some(Answer::Cached(lookup)));
+            return;
+        }
         let epoch = self.epoch.load(Ordering::SeqCst);
         let seq = self.invalidations.load(Ordering::SeqCst);
         let (mine, permit) = match mode {
@@ -189,6 +195,25 @@ impl State {
         // Land before answering: from here on a lookup finds the cache, not this flight.
         drop(landing);
         leader.answer.send_replace(Some(answer));
+    }
+
+    /// The answer another flight of `digest` put in the cache after this flight's lookup looked
+    /// there and before this flight started (its thread was preempted in between, say): what
+    /// a lookup finds now for a waiting flight; a newer entry than the stale one for a refresh.
+    /// Without it a key could be asked for twice in a row.
+    fn landed_before(self: &Arc<Self>, digest: &KeyDigest, mode: &Mode) -> Option<Lookup> {
+        let now = Instant::now();
+        match mode {
+            // This flight is in the air, so a stale answer found here starts no refresh.
+            Mode::Wait { .. } => self.cached(digest, now).ok(),
+            Mode::Refresh { stale, .. } => {
+                let entry = self.known.get(digest)?;
+                let epoch = self.epoch.load(Ordering::SeqCst);
+                let newer = !Arc::ptr_eq(&entry, stale)
+                    && self.judge(&entry, now, epoch) == Freshness::Fresh;
+                newer.then(|| served(&entry, Outcome::Fresh))
+            }
+        }
     }
 
     /// The older answer that stands in for a failed load stays cached as a stale entry of this
@@ -408,5 +433,72 @@ pub(crate) fn served(entry: &Entry, outcome: Outcome) -> Lookup {
     Lookup {
         found: Some(entry.found.clone()),
         outcome,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use spillway_config::CacheConfig;
+    use spillway_testkit::{digest, eventually, FakeStore};
+
+    use super::*;
+
+    fn state(store: &Arc<FakeStore>) -> Arc<State> {
+        Arc::new(State::new(store.clone(), CacheConfig::default(), None))
+    }
+
+    /// Waits until no flight of `d` is in the air (it has landed, asking the store or not).
+    async fn landed(state: &State, d: &KeyDigest) {
+        eventually(Duration::from_secs(10), "the flight landed", || async {
+            !state.flights.is_in_air(d)
+        })
+        .await;
+    }
+
+    // A lookup finds nothing, and before it starts its flight another lookup's flight of the
+    // same key lands (a thread preempted between the two steps, on a busy machine). Its flight
+    // takes the answer that is in the cache now instead of asking the store again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_flight_started_just_after_another_landed_takes_its_answer() {
+        let store = FakeStore::with_keys(1, "acme");
+        let state = state(&store);
+        let d = digest(0);
+        let Err(fallback) = state.cached(&d, Instant::now()) else {
+            panic!("nothing is cached yet");
+        };
+        let first = state.lookup(&d, Instant::now()).await.unwrap();
+        assert_eq!(first.outcome, Outcome::Miss);
+        let second = state.load(&d, fallback).await.unwrap();
+        assert!(second.found.is_some());
+        assert_eq!(second.outcome, Outcome::Fresh);
+        assert_eq!(store.lookups(), 1, "one query for the key");
+    }
+
+    // A lookup reads a stale entry, and before it starts a refresh another lookup's refresh
+    // of that entry lands. The second refresh asks the store nothing: the entry it would
+    // refresh is no longer the cache's.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_refresh_of_an_entry_already_replaced_asks_nothing() {
+        let store = FakeStore::with_keys(1, "acme");
+        let state = state(&store);
+        let d = digest(0);
+        let now = Instant::now();
+        let window = Window {
+            fresh_until: now,
+            stale_until: now + Duration::from_secs(60),
+        };
+        let found = Arc::new(spillway_testkit::key_match(0, "acme"));
+        let stale = Arc::new(Entry::new(found, window, unix_ms(), 0));
+        assert!(state.insert_known(&d, stale.clone(), 0));
+        state.start_refresh(&d, &stale, now);
+        landed(&state, &d).await;
+        assert_eq!(store.lookups(), 1);
+        let Ok(fresh) = state.cached(&d, Instant::now()) else {
+            panic!("refreshed");
+        };
+        assert_eq!(fresh.outcome, Outcome::Fresh);
+        state.start_refresh(&d, &stale, now);
+        landed(&state, &d).await;
+        assert_eq!(store.lookups(), 1, "no second query for the key");
     }
 }

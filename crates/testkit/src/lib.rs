@@ -14,7 +14,8 @@
 //!   `SPILLWAY_TEST_REDIS_URL`; a service that is not there fails the test, naming its variable.
 //! - [`closed_port`]: a port on 127.0.0.1 where nothing listens.
 //! - `http` (feature `http`): a client, JSON fetches, the OpenAI error shape, SSE payloads.
-//! - `key_match` (feature `store`): a key's answer from the store, for tests of the key caches.
+//! - `key_match`, `digest`, `FakeStore` (feature `store`): a key's answer from the store, and a
+//!   store of such answers that counts its queries, for tests of the key caches.
 //!
 //! The process RSS reader is not here: the replay reports RSS, so its reader is product code
 //! (`spillway_replay::resident_bytes`), and tests that measure RSS use that one rather than a
@@ -38,4 +39,4 @@ pub use services::{
     POSTGRES_URL_VAR, REDIS_URL_VAR,
 };
 #[cfg(feature = "store")]
-pub use store::key_match;
+pub use store::{digest, key_match, FakeStore};

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Instructions spillway executes per request, counted by valgrind's callgrind: the mock backend
 # and spillway with bench/spillway.toml as bench/profile.sh starts them (127.0.0.1 only), spillway
-# under callgrind, and one keep-alive client sending the benchmark's chat request one at a time.
+# under callgrind, and one keep-alive client (or CONNS) sending the benchmark's chat request one
+# at a time.
 # The counters are zeroed after a warm-up and read after N more requests, so the figure is the
 # request path's alone. On a quiet machine the same binary gives nearly the same count (within
 # about 1 %: work driven by time, such as the metrics exporter's upkeep, falls in it, and grows
-# by up to 2 % while other work, a test run, slows the count), so small changes are comparable
+# by up to 4 %, and the locked instructions by up to 15 %, while other work, a test run, slows
+# the count), so small changes are comparable
 # (`A B` below). It counts instructions, not cycles: cache misses and system calls are not in it.
 #
 # Usage: bench/instructions.sh BINARY [BINARY_B]   (a BINARY of `nginx`: the NGINX reference, one
@@ -28,12 +30,15 @@
 #   the release link lays out first, the binary has), HOT_SYMBOLS= (with FOOTPRINT=1: a file to
 #   write this binary's hot functions to, hottest first, as hot-symbols.txt lists them),
 #   BACKEND=up (`down`: the mock backend is not started, so every call is refused 503
-#   `capacity_exhausted`, by NGINX 502: the outage path's instructions a refusal).
+#   `capacity_exhausted`, by NGINX 502: the outage path's instructions a refusal), CONNS=1
+#   (keep-alive connections sending at once, each one request at a time: with more than one,
+#   the server under callgrind is the slow part and finds several requests ready a wake-up, as
+#   under the benchmark's load; the runtime's share a request falls with it).
 # Output: per binary, instructions per request and the top functions.
 set -euo pipefail
 BENCH_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO_DIR="$(cd "$BENCH_DIR/.." && pwd)"
-case "${1:-}" in -h|--help|"") sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'; exit 0;; esac
+case "${1:-}" in -h|--help|"") sed -n '2,37p' "$0" | sed 's/^# \{0,1\}//'; exit 0;; esac
 REQUESTS="${REQUESTS:-2000}"; WARMUP="${WARMUP:-300}"; TOP="${TOP:-25}"; LOCKED="${LOCKED:-0}"
 FOOTPRINT="${FOOTPRINT:-0}"; BACKEND="${BACKEND:-up}"
 case "$BACKEND" in up) EXPECT=200;; down) EXPECT=503;; *) echo "BACKEND must be up or down" >&2; exit 2;; esac
@@ -83,7 +88,7 @@ for bin in "$@"; do
   for _ in $(seq 600); do ready "http://127.0.0.1:$port$probe" && break; sleep 0.2; done
   ready "http://127.0.0.1:$port$probe" || { echo "$bin not ready; see bench/run/callgrind-*.log" >&2; exit 1; }
   python3 - "$WARMUP" "$REQUESTS" "$SPILLWAY_PID" "$BENCH_DIR/lib/request.json" "$port" "$([ "$bin" = nginx ] && [ "$BACKEND" = down ] && echo 502 || echo "$EXPECT")" <<'PY'
-import http.client, os, subprocess, sys
+import http.client, os, subprocess, sys, threading
 warmup, requests, pid, body_file = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
 port, expect = int(sys.argv[5]), int(sys.argv[6])
 body = open(body_file, "rb").read()
@@ -93,13 +98,24 @@ for item in os.environ.get("BENCH_HEADERS", "").split("|"):
     name, sep, value = item.partition(":")
     if sep and name.strip():
         headers[name.strip()] = value.strip()
-conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-def send(k):
+conns = int(os.environ.get("CONNS", "1"))
+clients = [http.client.HTTPConnection("127.0.0.1", port, timeout=120) for _ in range(conns)]
+def client(conn, k, failed):
     for _ in range(k):
         conn.request("POST", "/v1/chat/completions", body, headers)
         r = conn.getresponse(); r.read()
         if r.status != expect:
-            sys.exit(f"answered {r.status}, not {expect}")
+            failed.append(r.status)
+            return
+def send(k):
+    # CONNS keep-alive connections, each sending its share one request at a time.
+    failed = []
+    threads = [threading.Thread(target=client, args=(c, k // conns + (i < k % conns), failed))
+               for i, c in enumerate(clients)]
+    for t in threads: t.start()
+    for t in threads: t.join()
+    if failed:
+        sys.exit(f"answered {failed[0]}, not {expect}")
 send(warmup)
 subprocess.run(["callgrind_control", "-z", pid], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 send(requests)

@@ -8,6 +8,8 @@ one costs some 20 cycles or more (perf's samples pile up on them), so they are c
 Usage: locked.py CALLGRIND_OUT REQUESTS [TOP [SITES]]   (CALLGRIND_OUT written with
   --dump-instr=yes; SITES: also the SITES instructions run most, each with its source lines,
   inlined callers included)
+Output: the count a request, then by origin (glibc, tokio, bytes, spillway's own with what is
+inlined into it, other), then the TOP functions.
 """
 import collections
 import re
@@ -87,6 +89,21 @@ def costs(path):
                 yield ob, addr, fn, values + [0] * (width - len(values))
 
 
+def origin(ob, fn):
+    """Whose code ran a locked instruction: the C library, tokio, `bytes`, spillway's own (what
+    is inlined into its functions, its `Arc`s and mutexes, counts as its own) or another crate."""
+    if ob and "/libc" in ob:
+        return "glibc"
+    # The runtime's loop is inlined into spillway's `run`.
+    if fn.startswith("tokio::") or fn.startswith("<tokio::") or fn == "spillway::run":
+        return "tokio"
+    if fn.startswith("bytes::"):
+        return "bytes"
+    if "spillway" in fn or "arc_swap" in fn:
+        return "spillway"
+    return "other"
+
+
 def main():
     out, requests = sys.argv[1], int(sys.argv[2])
     top = int(sys.argv[3]) if len(sys.argv) > 3 else 15
@@ -95,6 +112,7 @@ def main():
     total = 0
     by_fn = collections.Counter()
     by_site = collections.Counter()
+    fnof = {}
     for ob, addr, fn, values in costs(out):
         n = values[0]
         if ob not in locked:
@@ -103,7 +121,13 @@ def main():
             total += n
             by_fn[fn] += n
             by_site[(ob, addr)] += n
+            fnof[(ob, addr)] = fn or ""
     print(f"{total / requests:.1f} locked instructions per request")
+    by_origin = collections.Counter()
+    for (ob, _), n in by_site.items():
+        by_origin[origin(ob, fnof[(ob, _)])] += n
+    print("  by origin: " + ", ".join(f"{name} {n / requests:.1f}"
+                                      for name, n in by_origin.most_common()))
     for fn, n in by_fn.most_common(top):
         print(f"  {n / requests:6.2f}  {fn[:150]}")
     for (ob, addr), n in by_site.most_common(sites):

@@ -19,7 +19,7 @@ use tokio::time::{Instant, Sleep};
 
 use crate::endpoint::Endpoint;
 use crate::error::{ApiError, ErrorKind};
-use crate::pool::InFlight;
+use crate::pool::{Backend, InFlight};
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -43,11 +43,12 @@ pub enum BodyEnd {
 /// client connection, which writes an answer of known length once it has all of it, writes it
 /// before the gateway reads it (a stream's event is read when the next one is asked for, which
 /// may come before it is written); every frame is read before [`ended`](EndObserver::ended),
-/// however the body ends.
+/// however the body ends. The end is told with the backend that answered (the relay's hold on
+/// it), which the observer reads from there rather than holding it a second time.
 pub trait EndObserver: Send + Sync + Unpin + 'static {
     fn arrived(&mut self, _data: &Bytes) {}
     fn frame(&mut self, _data: &Bytes) {}
-    fn ended(&mut self, end: BodyEnd);
+    fn ended(&mut self, end: BodyEnd, backend: &Backend);
 }
 
 pub struct RelayBody<B: Body<Data = Bytes> + Unpin, O: EndObserver> {
@@ -99,8 +100,9 @@ impl<B: Body<Data = Bytes> + Unpin, O: EndObserver> RelayBody<B, O> {
     fn finish(&mut self, end: BodyEnd) {
         self.read_passed();
         if let Some(mut state) = self.state.take() {
+            let (hold, observer) = &mut *state;
+            observer.ended(end, hold.backend());
             // Then dropped: the hold before the observer, as a tuple's fields drop.
-            state.1.ended(end);
         }
     }
 

@@ -131,7 +131,7 @@ impl Upstream for BreaksMidStream {
 struct Ending(Arc<Mutex<Option<BodyEnd>>>);
 
 impl EndObserver for Ending {
-    fn ended(&mut self, end: BodyEnd) {
+    fn ended(&mut self, end: BodyEnd, _: &Backend) {
         *self.0.lock().unwrap() = Some(end);
     }
 }
@@ -465,7 +465,7 @@ impl EndObserver for Noted {
     fn frame(&mut self, data: &Bytes) {
         self.0.lock().unwrap().push(format!("read {}", data.len()));
     }
-    fn ended(&mut self, end: BodyEnd) {
+    fn ended(&mut self, end: BodyEnd, _: &Backend) {
         self.0.lock().unwrap().push(format!("ended {end:?}"));
     }
 }

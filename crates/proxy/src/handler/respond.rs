@@ -98,12 +98,10 @@ where
             },
         });
     let fields = trace.recording().then(Fields::default);
-    let backend = hold.backend().clone();
     // Built where it is boxed (see `RelayBody::new`).
     let state = Box::new((
         hold,
         Finish {
-            backend,
             started: call.started,
             status: status.as_u16(),
             sse,
@@ -145,7 +143,6 @@ fn is_sse(lines: &Lines) -> bool {
 /// The end of a relayed response: its backend's metrics, the GenAI metrics, the ticket it
 /// settles, the home of the response it stored, its rollout's count and its trace.
 struct Finish {
-    backend: Arc<Backend>,
     started: Instant,
     status: u16,
     sse: bool,
@@ -196,8 +193,8 @@ impl EndObserver for Finish {
         }
     }
 
-    fn ended(&mut self, end: BodyEnd) {
-        let m = &self.backend.metrics;
+    fn ended(&mut self, end: BodyEnd, backend: &Backend) {
+        let m = &backend.metrics;
         let duration = crate::clock::since(self.started);
         m.body_ended(duration);
         let broken = match end {
@@ -236,7 +233,7 @@ impl EndObserver for Finish {
             let broke = matches!(end, BodyEnd::UpstreamBroke | BodyEnd::UpstreamStalled);
             if end != BodyEnd::ClientGone {
                 c.cell
-                    .body_ended(self.backend.side, self.status, self.first_byte, broke);
+                    .body_ended(backend.side, self.status, self.first_byte, broke);
             }
         }
         if let Some(r) = self.home.take().filter(|_| end == BodyEnd::Complete) {

@@ -24,6 +24,46 @@ impl ThrottlePass {
 
 impl Drop for ThrottlePass {
     fn drop(&mut self) {
-        self.close();
+        // Owned here: whether it is open is read and cleared without a locked swap (most
+        // passes were closed by their first attempt already).
+        if std::mem::take(self.open.get_mut()) {
+            if let Some(pending) = &self.pending {
+                pending.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pass(pending: &Arc<AtomicU64>) -> ThrottlePass {
+        pending.fetch_add(1, Ordering::AcqRel);
+        ThrottlePass {
+            pending: Some(pending.clone()),
+            open: AtomicBool::new(true),
+        }
+    }
+
+    #[test]
+    fn a_pass_counts_as_pending_until_closed_or_dropped_and_only_once() {
+        let pending = Arc::new(AtomicU64::new(0));
+        let closed = pass(&pending);
+        let dropped = pass(&pending);
+        assert_eq!(pending.load(Ordering::Acquire), 2);
+        closed.close();
+        closed.close();
+        assert_eq!(pending.load(Ordering::Acquire), 1);
+        drop(closed);
+        assert_eq!(pending.load(Ordering::Acquire), 1, "closed before its drop");
+        drop(dropped);
+        assert_eq!(pending.load(Ordering::Acquire), 0, "dropped unclosed");
+        drop(ThrottlePass::default());
+        assert_eq!(
+            pending.load(Ordering::Acquire),
+            0,
+            "a pass without throttling"
+        );
     }
 }

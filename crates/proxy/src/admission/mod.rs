@@ -52,8 +52,8 @@ use gate::{Entered, Gate, Slot};
 pub(crate) use headers::insert_rate_headers;
 use headers::RATE_HEADERS;
 pub(crate) use metrics::QueueFigures;
-use queue::PoolQueue;
 pub(crate) use queue::Shed;
+use queue::{PoolQueue, Queues};
 use rate::{Rates, Ruling};
 pub(crate) use ticket::Ticket;
 
@@ -85,16 +85,13 @@ pub(crate) struct Admission {
     /// (`retry.shed_client_retries`).
     shed_client_retries: bool,
     /// One queue per model and bulkhead (`None`: the shared backends).
-    queues: HashMap<QueueKey, Arc<PoolQueue>>,
+    queues: Queues,
     /// The longest a request waits for a seat, or, once seated, for a backend to free up.
     queue_wait: Duration,
 }
 
 /// The line everyone waits in when tenants have no lines of their own (`admission.naive`).
 static ONE_LINE: std::sync::LazyLock<Arc<str>> = std::sync::LazyLock::new(|| Arc::from(""));
-
-/// A model's name, and the bulkhead of the backends a queue seats (`None`: shared ones).
-type QueueKey = (Arc<str>, Option<Arc<str>>);
 
 /// What an admission needs to know about the request.
 pub(crate) struct Ask<'a> {
@@ -161,13 +158,18 @@ impl Admission {
             };
             (bounds, config.queue_wait, config.max_in_flight)
         };
-        let queue = |key: &QueueKey| {
-            previous
-                .and_then(|a| a.queues.get(key))
-                .filter(|q| q.settings() == (bounds, wait))
-                .cloned()
-                .unwrap_or_else(|| PoolQueue::new(bounds, wait))
-        };
+        let mut queues = Queues::default();
+        for p in pools {
+            for b in &p.backends {
+                queues.add(&p.name, &b.bulkhead, || {
+                    previous
+                        .and_then(|a| a.queues.get(&p.name, b.bulkhead.as_deref()))
+                        .filter(|q| q.settings() == (bounds, wait))
+                        .cloned()
+                        .unwrap_or_else(|| PoolQueue::new(bounds, wait))
+                });
+            }
+        }
         Admission {
             gates: previous.map_or_else(Arc::default, |a| a.gates.clone()),
             in_flight: previous.map_or_else(Arc::default, |a| a.in_flight.clone()),
@@ -178,18 +180,7 @@ impl Admission {
             shed_client_retries,
             default_completion_tokens: config.default_completion_tokens,
             rates,
-            queues: pools
-                .into_iter()
-                .flat_map(|p| {
-                    p.backends
-                        .iter()
-                        .map(|b| (p.name.clone(), b.bulkhead.clone()))
-                })
-                .map(|key| {
-                    let q = queue(&key);
-                    (key, q)
-                })
-                .collect(),
+            queues,
         }
     }
 
@@ -207,8 +198,7 @@ impl Admission {
         tenant: &Tenant,
         traffic: &TenantTraffic,
     ) -> Result<(&Arc<PoolQueue>, usize), ApiError> {
-        let key = (pool.name.clone(), tenant.pool.clone());
-        let Some(queue) = self.queues.get(&key) else {
+        let Some(queue) = self.queues.get(&pool.name, tenant.pool.as_deref()) else {
             traffic.shed(Refused::NoBackend);
             let whose = match &tenant.pool {
                 Some(p) => format!("in this tenant's pool {p:?}"),
@@ -285,7 +275,7 @@ impl Admission {
     pub(crate) fn queue_figures(&self) -> Vec<QueueFigures> {
         self.queues
             .iter()
-            .map(|((model, bulkhead), q)| {
+            .map(|(model, bulkhead, q)| {
                 let (queued, in_use, seats) = q.figures();
                 QueueFigures {
                     model: model.clone(),

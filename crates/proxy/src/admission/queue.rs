@@ -17,6 +17,44 @@ use spillway_policy::fair::{FairQueue, Offer, QueueBounds, Rejection, Released, 
 use spillway_policy::Priority;
 use tokio::sync::oneshot;
 
+/// One queue per model and bulkhead (`None`: the model's shared backends), found by the names
+/// a request borrows: looking one up takes no reference count.
+#[derive(Default)]
+pub(super) struct Queues(foldhash::HashMap<Arc<str>, Vec<Line>>);
+
+/// A model's queue for one bulkhead.
+type Line = (Option<Arc<str>>, Arc<PoolQueue>);
+
+impl Queues {
+    pub fn get(&self, model: &str, bulkhead: Option<&str>) -> Option<&Arc<PoolQueue>> {
+        let lines = self.0.get(model)?;
+        lines
+            .iter()
+            .find(|(b, _)| b.as_deref() == bulkhead)
+            .map(|(_, q)| q)
+    }
+
+    /// Adds the queue of `model` and `bulkhead`, made by `make`, unless it is there.
+    pub fn add(
+        &mut self,
+        model: &Arc<str>,
+        bulkhead: &Option<Arc<str>>,
+        make: impl FnOnce() -> Arc<PoolQueue>,
+    ) {
+        let lines = self.0.entry(model.clone()).or_default();
+        if !lines.iter().any(|(b, _)| b == bulkhead) {
+            lines.push((bulkhead.clone(), make()));
+        }
+    }
+
+    /// Every queue, with its model and bulkhead.
+    pub fn iter(&self) -> impl Iterator<Item = (&Arc<str>, &Option<Arc<str>>, &Arc<PoolQueue>)> {
+        self.0
+            .iter()
+            .flat_map(|(model, lines)| lines.iter().map(move |(b, q)| (model, b, q)))
+    }
+}
+
 /// Why a request got no seat.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Shed {

@@ -26,18 +26,28 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// One backend's health state.
 #[derive(Debug)]
 pub struct BackendHealth {
-    outlier: Option<Mutex<Outlier>>,
+    /// The outlier state and the adaptive limit, behind one lock: a finished attempt records
+    /// into both, and one lock taken is two locked instructions fewer than two.
+    learned: Mutex<Learned>,
+    /// Whether `learned` has an outlier state and an adaptive limit (settings, fixed at start).
+    has_outlier: bool,
+    has_aimd: bool,
     /// The outlier state was calm ([`Outlier::calm`]) when last recorded into: healthy, not
     /// degraded and admitted until the next outcome or check, so a pick reads that without the
     /// lock (a balancer looks at every backend of the pool, twice a request).
     calm: AtomicBool,
-    aimd: Option<Mutex<Aimd>>,
     /// The concurrency limit in force: the adaptive one, or `max_concurrency` without it.
     limit: AtomicU32,
     /// Milliseconds since `epoch` from which the adaptive limit may recover (`u64::MAX`: not
     /// before something else changes it), so that reading the limit takes no lock until then.
     recover_at_ms: AtomicU64,
     epoch: Instant,
+}
+
+#[derive(Debug)]
+struct Learned {
+    outlier: Option<Outlier>,
+    aimd: Option<Aimd>,
 }
 
 impl BackendHealth {
@@ -48,14 +58,20 @@ impl BackendHealth {
     ) -> Self {
         let aimd = adaptive.map(Aimd::new);
         let limit = aimd.as_ref().map_or(max_concurrency, Aimd::limit);
+        let outlier = outlier.map(Outlier::new);
         Self {
-            outlier: outlier.map(|c| Mutex::new(Outlier::new(c))),
+            has_outlier: outlier.is_some(),
+            has_aimd: aimd.is_some(),
+            learned: Mutex::new(Learned { outlier, aimd }),
             calm: AtomicBool::new(true),
-            aimd: aimd.map(Mutex::new),
             limit: AtomicU32::new(limit),
             recover_at_ms: AtomicU64::new(u64::MAX),
             epoch: crate::clock::now(),
         }
+    }
+
+    fn learned(&self) -> MutexGuard<'_, Learned> {
+        lock(&self.learned)
     }
 
     /// The concurrency limit now. An adaptive limit that was cut recovers while no overload
@@ -65,10 +81,9 @@ impl BackendHealth {
         if due != u64::MAX {
             let now = crate::clock::now();
             if millis(self.epoch, now) >= due {
-                if let Some(aimd) = &self.aimd {
-                    let mut aimd = lock(aimd);
+                if let Some(aimd) = &mut self.learned().aimd {
                     aimd.tick(now);
-                    self.publish(&aimd);
+                    self.publish(aimd);
                 }
             }
         }
@@ -87,18 +102,18 @@ impl BackendHealth {
     /// A fresh reading of the engine's own load: it sets the limit's floor (the engine runs that
     /// many at once) and its queue growing past `max_queue` is an overload signal.
     pub fn engine_reading(&self, now: Instant, running: u32, waiting: u32, max_queue: u32) {
-        if let Some(aimd) = &self.aimd {
-            let mut aimd = lock(aimd);
+        if !self.has_aimd {
+            return;
+        }
+        if let Some(aimd) = &mut self.learned().aimd {
             aimd.on_engine(now, running, waiting, max_queue);
-            self.publish(&aimd);
+            self.publish(aimd);
         }
     }
 
-    /// The outlier state, when it is not known to be calm.
-    fn unsettled(&self) -> Option<&Mutex<Outlier>> {
-        self.outlier
-            .as_ref()
-            .filter(|_| !self.calm.load(Ordering::Relaxed))
+    /// Whether the outlier state is not known to be calm, and must be read under the lock.
+    fn unsettled(&self) -> bool {
+        self.has_outlier && !self.calm.load(Ordering::Relaxed)
     }
 
     /// Notes whether `outlier`, just recorded into, is calm.
@@ -107,22 +122,33 @@ impl BackendHealth {
     }
 
     pub fn health(&self, now: Instant) -> Health {
-        self.unsettled()
-            .map_or(Health::Healthy, |o| lock(o).health(now))
+        if !self.unsettled() {
+            return Health::Healthy;
+        }
+        let learned = self.learned();
+        learned
+            .outlier
+            .as_ref()
+            .map_or(Health::Healthy, |o| o.health(now))
     }
 
     /// The health, and whether the backend is degraded (failing while the ejection cap keeps it
     /// in rotation), in one look.
     pub fn state(&self, now: Instant) -> (Health, bool) {
-        self.unsettled().map_or((Health::Healthy, false), |o| {
-            let o = lock(o);
-            (o.health(now), o.degraded(now))
-        })
+        if !self.unsettled() {
+            return (Health::Healthy, false);
+        }
+        self.learned()
+            .outlier
+            .as_ref()
+            .map_or((Health::Healthy, false), |o| {
+                (o.health(now), o.degraded(now))
+            })
     }
 
     /// Whether a request may go to this backend now (one probe at a time once an ejection ends).
     pub fn admit(&self, now: Instant) -> bool {
-        self.unsettled().is_none_or(|o| lock(o).admit(now))
+        !self.unsettled() || self.learned().outlier.as_mut().is_none_or(|o| o.admit(now))
     }
 
     /// Records an attempt's outcome; `in_flight` is the backend's outstanding requests when it
@@ -136,35 +162,39 @@ impl BackendHealth {
         in_flight: u32,
         may_eject: bool,
     ) -> Option<Instant> {
-        if let Some(aimd) = &self.aimd {
-            let mut aimd = lock(aimd);
+        // A client error says nothing about the backend either way.
+        let outlier = self.has_outlier && class != Class::ClientError;
+        if !self.has_aimd && !outlier {
+            return None;
+        }
+        let mut learned = self.learned();
+        if let Some(aimd) = &mut learned.aimd {
             if class.is_overload() {
                 aimd.on_overload(now);
             } else if class == Class::Success {
                 aimd.on_success(now, in_flight);
             }
-            self.publish(&aimd);
+            self.publish(aimd);
         }
-        let failed = class.is_backend_failure();
-        if class == Class::ClientError {
-            // Says nothing about the backend either way.
+        if !outlier {
             return None;
         }
-        self.outlier.as_ref().and_then(|o| {
-            let mut o = lock(o);
-            let ejected = o.record(now, !failed, may_eject);
-            self.settle(&o, now);
-            ejected
-        })
+        let failed = class.is_backend_failure();
+        let o = learned.outlier.as_mut()?;
+        let ejected = o.record(now, !failed, may_eject);
+        self.settle(o, now);
+        ejected
     }
 
     pub(crate) fn health_check(&self, now: Instant, ok: bool, may_eject: bool) -> Option<Instant> {
-        self.outlier.as_ref().and_then(|o| {
-            let mut o = lock(o);
-            let ejected = o.health_check(now, ok, may_eject);
-            self.settle(&o, now);
-            ejected
-        })
+        if !self.has_outlier {
+            return None;
+        }
+        let mut learned = self.learned();
+        let o = learned.outlier.as_mut()?;
+        let ejected = o.health_check(now, ok, may_eject);
+        self.settle(o, now);
+        ejected
     }
 }
 

@@ -265,15 +265,16 @@ impl Loop<'_> {
             self.made += 1;
             self.spare_retry = false;
             self.tried.push(index);
-            let backend = hold.backend().clone();
+            // The pool's own: the hold is given away with the answer it chose.
+            let backend = &pool.backends[index];
             if self.made == 1 {
                 pool.metrics.affinity(affinity);
             }
             let in_flight = backend.outstanding();
             let span = call
                 .trace
-                .attempt(self.made, &backend, last.as_ref().map(|f| f.class));
-            let sent = upstream.send(&backend, self.attempt(&backend, &span));
+                .attempt(self.made, backend, last.as_ref().map(|f| f.class));
+            let sent = upstream.send(backend, self.attempt(backend, &span));
             let (outcome, response) = match sent.await {
                 Ok(r) => (Outcome::Response(r.status().as_u16()), Some(r)),
                 Err(outcome) => (outcome, None),
@@ -295,7 +296,7 @@ impl Loop<'_> {
                 _ => Pushback::default(),
             };
             self.learn(
-                &backend,
+                backend,
                 now,
                 outcome,
                 class,

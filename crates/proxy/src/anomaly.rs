@@ -47,10 +47,9 @@ pub(crate) fn describe() {
 pub(crate) fn evaluate(models: &Models, now: Instant, anomalies: &AtomicU64) {
     for pool in models.pools() {
         for b in &pool.backends {
-            let (change, share, baseline) = {
-                let mut d = b.four_xx.lock().unwrap_or_else(|e| e.into_inner());
-                (d.evaluate(now), d.share(now), d.baseline_share(now))
-            };
+            let (change, share, baseline) = b
+                .health
+                .four_xx(|d| (d.evaluate(now), d.share(now), d.baseline_share(now)));
             let (model, backend) = (pool.name.to_string(), b.name.to_string());
             gauge!(SHARE, "model" => model.clone(), "backend" => backend.clone()).set(share);
             gauge!(BASELINE, "model" => model.clone(), "backend" => backend.clone()).set(baseline);

@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use spillway_policy::concurrency::{Aimd, AimdConfig};
 use spillway_policy::outlier::{Health, Outlier, OutlierConfig};
-use spillway_policy::Class;
+use spillway_policy::{AnomalyConfig, Class, FourXxDetector};
 
 fn millis(epoch: Instant, at: Instant) -> u64 {
     at.saturating_duration_since(epoch).as_millis() as u64
@@ -23,11 +23,16 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+fn lock_mut<T>(m: &mut Mutex<T>) -> &mut T {
+    m.get_mut().unwrap_or_else(|e| e.into_inner())
+}
+
 /// One backend's health state.
 #[derive(Debug)]
 pub struct BackendHealth {
-    /// The outlier state and the adaptive limit, behind one lock: a finished attempt records
-    /// into both, and one lock taken is two locked instructions fewer than two.
+    /// The outlier state, the adaptive limit and the share of 4xx answers, behind one lock: a
+    /// finished attempt records into all three, and one lock taken costs two locked
+    /// instructions where three cost six.
     learned: Mutex<Learned>,
     /// Whether `learned` has an outlier state and an adaptive limit (settings, fixed at start).
     has_outlier: bool,
@@ -48,6 +53,8 @@ pub struct BackendHealth {
 struct Learned {
     outlier: Option<Outlier>,
     aimd: Option<Aimd>,
+    /// Its share of 4xx answers against its own baseline (`anomaly.rs`).
+    four_xx: FourXxDetector,
 }
 
 impl BackendHealth {
@@ -59,15 +66,33 @@ impl BackendHealth {
         let aimd = adaptive.map(Aimd::new);
         let limit = aimd.as_ref().map_or(max_concurrency, Aimd::limit);
         let outlier = outlier.map(Outlier::new);
+        let epoch = crate::clock::now();
+        let four_xx = FourXxDetector::try_new(AnomalyConfig::default(), epoch)
+            .expect("the default anomaly settings are valid");
         Self {
             has_outlier: outlier.is_some(),
             has_aimd: aimd.is_some(),
-            learned: Mutex::new(Learned { outlier, aimd }),
+            learned: Mutex::new(Learned {
+                outlier,
+                aimd,
+                four_xx,
+            }),
             calm: AtomicBool::new(true),
             limit: AtomicU32::new(limit),
             recover_at_ms: AtomicU64::new(u64::MAX),
-            epoch: crate::clock::now(),
+            epoch,
         }
+    }
+
+    /// Judges 4xx answers by `detector` (the `[anomaly]` settings) from now on.
+    pub fn with_four_xx(mut self, detector: FourXxDetector) -> Self {
+        lock_mut(&mut self.learned).four_xx = detector;
+        self
+    }
+
+    /// `f` of the backend's 4xx detector.
+    pub fn four_xx<T>(&self, f: impl FnOnce(&mut FourXxDetector) -> T) -> T {
+        f(&mut self.learned().four_xx)
     }
 
     fn learned(&self) -> MutexGuard<'_, Learned> {
@@ -152,22 +177,25 @@ impl BackendHealth {
     }
 
     /// Records an attempt's outcome; `in_flight` is the backend's outstanding requests when it
-    /// was sent. Only explicit capacity answers and timeouts cut the adaptive limit: how long a
-    /// response head took is not a signal (an engine sends it when a slot takes the request).
-    /// Returns when an ejection it caused ends.
+    /// was sent, `status` its answer's status when it answered. Only explicit capacity answers
+    /// and timeouts cut the adaptive limit: how long a response head took is not a signal (an
+    /// engine sends it when a slot takes the request). Returns when an ejection it caused ends.
     pub fn record(
         &self,
         now: Instant,
         class: Class,
-        in_flight: u32,
+        (in_flight, status): (u32, Option<u16>),
         may_eject: bool,
     ) -> Option<Instant> {
-        // A client error says nothing about the backend either way.
+        // A client error says nothing about the backend's health either way.
         let outlier = self.has_outlier && class != Class::ClientError;
-        if !self.has_aimd && !outlier {
+        if !self.has_aimd && !outlier && status.is_none() {
             return None;
         }
         let mut learned = self.learned();
+        if let Some(status) = status {
+            learned.four_xx.record(now, FourXxDetector::counts(status));
+        }
         if let Some(aimd) = &mut learned.aimd {
             if class.is_overload() {
                 aimd.on_overload(now);
@@ -227,20 +255,20 @@ mod tests {
         agree(&health, &shadow, t0);
         // Two failures the cap keeps from ejecting: degraded, read through the lock.
         for _ in 0..2 {
-            health.record(t0, Class::Transient, 1, false);
+            health.record(t0, Class::Transient, (1, None), false);
             shadow.record(t0, false, false);
         }
         agree(&health, &shadow, t0);
         assert!(health.state(t0).1, "degraded");
         // A success and the window past: calm again, and read so.
         let later = t0 + Duration::from_secs(11);
-        health.record(later, Class::Success, 1, true);
+        health.record(later, Class::Success, (1, None), true);
         shadow.record(later, true, true);
         agree(&health, &shadow, later);
         assert!(health.calm.load(Ordering::Relaxed));
         // Two failures that may eject: ejected, not admitted, then one probe.
         for _ in 0..2 {
-            health.record(later, Class::Transient, 1, true);
+            health.record(later, Class::Transient, (1, None), true);
             shadow.record(later, false, true);
         }
         agree(&health, &shadow, later);

@@ -31,9 +31,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::{header, HeaderName};
 use spillway_config::{RetryConfig, UpstreamConfig};
-use spillway_policy::{
-    classify, Class, Decision, FourXxDetector, Outcome, Pushback, RetryPolicy, Trigger,
-};
+use spillway_policy::{classify, Class, Decision, Outcome, Pushback, RetryPolicy, Trigger};
 use tracing::{debug, warn};
 
 use crate::answer::Answer;
@@ -427,14 +425,11 @@ impl Loop<'_> {
         response: Option<&Answer<B>>,
     ) {
         let pool = self.pool();
-        pool.record(backend, now, class, in_flight);
-        if let Outcome::Response(status) = outcome {
-            backend
-                .four_xx
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .record(now, FourXxDetector::counts(status));
-        }
+        let status = match outcome {
+            Outcome::Response(status) => Some(status),
+            _ => None,
+        };
+        pool.record(backend, now, class, (in_flight, status));
         if outcome != Outcome::ConnectFailed {
             // A connection never made put no load on a backend.
             pool.throttle_record(now, !class.is_backend_failure());

@@ -202,18 +202,17 @@ fn fresh_backend(
         .outlier
         .enabled
         .then(|| config.outlier.detector.clone());
+    let four_xx = spillway_policy::FourXxDetector::try_new(config.anomaly, crate::clock::now())
+        .map_err(|e| e.to_string())?;
     let health = BackendHealth::new(
         b.max_concurrency,
         outlier,
         aimd(&config.adaptive_concurrency, b),
-    );
+    )
+    .with_four_xx(four_xx);
     let base = recipe.base.clone();
     let mut backend = Backend::new(model, b, &base, crate::clock::now(), health, freed.clone())?;
     backend.engine = engines.for_backend(b, &base, backend.auth_header.as_ref())?;
-    backend.four_xx = std::sync::Mutex::new(
-        spillway_policy::FourXxDetector::try_new(config.anomaly, crate::clock::now())
-            .map_err(|e| e.to_string())?,
-    );
     backend.recipe = Some(recipe);
     Ok(Arc::new(backend))
 }

@@ -32,7 +32,6 @@ use spillway_policy::{
     pick, AffinityOutcome, Candidate, EngineView, Refusal, RetryBudget, Rules, Saturation,
     Strategy, Throttle,
 };
-use spillway_policy::{AnomalyConfig, FourXxDetector};
 use tokio::sync::Notify;
 
 use tracing::info;
@@ -65,8 +64,6 @@ pub struct Backend {
     pub bulkhead: Option<Arc<str>>,
     /// The version of the model's backends it belongs to (new while a rollout brings it).
     pub side: Side,
-    /// Its share of 4xx answers against its own baseline (`anomaly.rs`).
-    pub four_xx: Mutex<FourXxDetector>,
     /// At most one warning per interval that the backend refuses spillway's credential.
     pub auth_log: LogGate,
     /// Send the request's priority class as the body's `priority` field.
@@ -215,10 +212,6 @@ impl Backend {
             max_concurrency: cfg.max_concurrency,
             bulkhead: cfg.pool.as_deref().map(Arc::from),
             side: cfg.side,
-            four_xx: Mutex::new(
-                FourXxDetector::try_new(AnomalyConfig::default(), epoch)
-                    .expect("the default anomaly settings are valid"),
-            ),
             forward_priority: cfg.forward_priority,
             auth_log: LogGate::new(Duration::from_secs(10)),
             rename_to: (cfg.upstream_model != **model).then(|| cfg.upstream_model.clone()),

@@ -76,8 +76,6 @@ fn hex_digits(word: u32) -> u64 {
 
 /// One request, as every stage of its path sees it.
 pub(crate) struct Call {
-    /// `x-request-id`: the caller's, or one made for it.
-    pub id: Option<HeaderValue>,
     pub endpoint: Endpoint,
     /// The query string the caller sent, passed on to the backend.
     pub query: Option<Box<str>>,
@@ -118,6 +116,14 @@ pub(crate) struct Call {
     pub _rewrite_room: Option<BodyHold>,
     /// Its tenant's traffic counters (`GET /admin/top`).
     pub traffic: Arc<crate::traffic::TenantTraffic>,
+}
+
+impl Call {
+    /// `x-request-id` (the caller's, or one made for it), for log lines: read from the headers
+    /// that carry it upstream rather than held a second time.
+    pub fn id(&self) -> Option<&str> {
+        self.headers.get(&X_REQUEST_ID).and_then(crate::lines::text)
+    }
 }
 
 #[cfg(test)]

@@ -96,7 +96,7 @@ impl Loop<'_> {
                 return false;
             }
         }
-        debug!(request_id = ?call.id, from = %own.name, to = %name, trigger = trigger.as_str(), "falling back");
+        debug!(request_id = ?call.id(), from = %own.name, to = %name, trigger = trigger.as_str(), "falling back");
         own.metrics.fell_back(name, trigger);
         self.fallback = Some((pool.clone(), body));
         self.on_fallback = Some(i);

@@ -324,7 +324,7 @@ impl Loop<'_> {
                         own.retrying.load(Ordering::Relaxed) - u64::from(retrying.is_some());
                     if let Err(refusal) = own.withdraw_retry(now, others) {
                         debug!(
-                            request_id = ?call.id,
+                            request_id = ?call.id(),
                             class = class.as_str(),
                             refusal = refusal.as_str(),
                             "retry budget refused a retry"
@@ -336,7 +336,7 @@ impl Loop<'_> {
                     after
                 }
                 Decision::Stop(stop) => {
-                    debug!(request_id = ?call.id, class = class.as_str(), ?stop, attempts = self.made, "no retry");
+                    debug!(request_id = ?call.id(), class = class.as_str(), ?stop, attempts = self.made, "no retry");
                     self.trigger = fallback::trigger_of(&failure);
                     return match response {
                         Some(response) if failure.is_relayed() => {

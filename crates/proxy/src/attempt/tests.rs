@@ -193,7 +193,6 @@ pub(super) fn models_from(toml: &str) -> (Models, Retries) {
 pub(super) fn call(models: &Models, retries: &Retries) -> Call {
     let started = crate::clock::now();
     Call {
-        id: None,
         endpoint: Endpoint::ChatCompletions,
         query: None,
         started,

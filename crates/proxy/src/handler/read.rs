@@ -93,7 +93,6 @@ pub(super) async fn read(
         .map_or(tenant.limits.priority, |asked| {
             tenant.limits.priority.lowered_to(asked)
         });
-    let id = headers.value(&crate::call::X_REQUEST_ID);
     let client_retry = asked.retry;
     let sent_region = asked.region.is_some();
     let affinity_key = crate::affinity::key(&pool.balance, &headers, &body);
@@ -104,7 +103,6 @@ pub(super) async fn read(
     let ours = sent_region.then_some(looked.region);
     crate::upstream::hop::take_request_headers(&mut headers, ours)?;
     Ok(Call {
-        id,
         endpoint,
         query: parts.uri.query().map(Box::from),
         started,

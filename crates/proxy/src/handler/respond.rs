@@ -52,7 +52,7 @@ where
     } = response;
     let theirs = upstream::keep_upstream_request_id(&mut lines);
     debug!(
-        request_id = ?call.id,
+        request_id = ?call.id(),
         upstream_request_id = ?theirs,
         backend = %hold.backend().name,
         status = status.as_u16(),

@@ -200,13 +200,29 @@ impl Directory {
     /// caller that then calls `lookup` has the cache read again (two reads, beside the load it
     /// leads to).
     pub fn cached(&self, digest: &KeyDigest, now: tokio::time::Instant) -> Option<Lookup> {
+        self.cached_as(digest, now, |found, outcome| Lookup {
+            found: found.cloned(),
+            outcome,
+        })
+    }
+
+    /// [`Directory::cached`], the caller's answer made by `answer` of the cached key's answer
+    /// (`None` for a key known to be unknown) and its outcome, lent rather than handed over:
+    /// from this thread's front of fresh answers, no reference count is taken for it.
+    pub fn cached_as<R>(
+        &self,
+        digest: &KeyDigest,
+        now: tokio::time::Instant,
+        answer: impl Fn(Option<&Arc<KeyMatch>>, Outcome) -> R,
+    ) -> Option<R> {
         let Lookups::Protected = self.lookup else {
             return None;
         };
-        let answer = self.state.cached(digest, now).ok()?;
-        self.lookups
-            .record(answer.outcome, std::time::Duration::ZERO);
-        Some(answer)
+        let answer = self.state.cached_as(digest, now, |found, outcome| {
+            self.lookups.record(outcome, std::time::Duration::ZERO);
+            answer(found, outcome)
+        });
+        answer.ok()
     }
 
     /// Forgets one key at once, known or unknown (after a revoke, or after creating a key that

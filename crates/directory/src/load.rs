@@ -65,12 +65,26 @@ impl State {
         digest: &KeyDigest,
         now: Instant,
     ) -> Result<Lookup, Option<Arc<Entry>>> {
+        self.cached_as(digest, now, |found, outcome| Lookup {
+            found: found.cloned(),
+            outcome,
+        })
+    }
+
+    /// [`State::cached`], the answer made by `answer` of the cached one, lent: from this
+    /// thread's front it is read where it lies, with no reference count taken.
+    pub fn cached_as<R>(
+        self: &Arc<Self>,
+        digest: &KeyDigest,
+        now: Instant,
+        answer: impl Fn(Option<&Arc<KeyMatch>>, Outcome) -> R,
+    ) -> Result<R, Option<Arc<Entry>>> {
         let epoch = self.epoch.load(Ordering::SeqCst);
         let front = self.front_allowed();
         if front {
             let fresh = |entry: &Entry| {
                 let fresh = self.judge(entry, now, epoch) == Freshness::Fresh;
-                fresh.then(|| served(entry, Outcome::Fresh))
+                fresh.then(|| answer(Some(&entry.found), Outcome::Fresh))
             };
             if let Some(answer) = front::answer(self.front_owner, digest, fresh) {
                 return Ok(answer);
@@ -82,21 +96,18 @@ impl State {
                     if front {
                         front::put(self.front_owner, digest, &entry);
                     }
-                    Ok(served(&entry, Outcome::Fresh))
+                    Ok(answer(Some(&entry.found), Outcome::Fresh))
                 }
                 Freshness::Stale => {
                     self.start_refresh(digest, &entry, now);
-                    Ok(served(&entry, Outcome::Stale))
+                    Ok(answer(Some(&entry.found), Outcome::Stale))
                 }
                 Freshness::Revalidate => Err(Some(entry)),
                 Freshness::Expired => Err(None),
             };
         }
         if self.unknown.get(digest).is_some_and(|u| now < u.until) {
-            return Ok(Lookup {
-                found: None,
-                outcome: Outcome::Negative,
-            });
+            return Ok(answer(None, Outcome::Negative));
         }
         Err(None)
     }

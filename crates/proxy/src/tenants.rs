@@ -151,9 +151,8 @@ impl StoreDirectory {
 
     /// The request path's tenant of a directory answer: none for a key past its validity (the
     /// clock read only for a key that expires).
-    fn answer(&self, found: spillway_directory::Lookup) -> Option<Arc<Tenant>> {
+    fn answer(&self, found: Option<&Arc<KeyMatch>>) -> Option<Arc<Tenant>> {
         found
-            .found
             .filter(|m| m.key.is_valid_then(unix_now))
             .map(|m| self.tenant_of_answer(m))
     }
@@ -162,10 +161,10 @@ impl StoreDirectory {
     /// answer itself (its address): the directory hands out one shared answer per cached key
     /// until it changes, so the common case is one hash of a number, no lock and no spec
     /// compared.
-    fn tenant_of_answer(&self, found: Arc<KeyMatch>) -> Arc<Tenant> {
+    fn tenant_of_answer(&self, found: &Arc<KeyMatch>) -> Arc<Tenant> {
         RECENT.with_borrow_mut(|recent| {
-            let (_, tenant) = at_hand(recent, address(&found), || {
-                (Arc::downgrade(&found), self.tenant_of(&found))
+            let (_, tenant) = at_hand(recent, address(found), || {
+                (Arc::downgrade(found), self.tenant_of(found))
             });
             Arc::clone(tenant)
         })
@@ -258,15 +257,15 @@ impl TenantDirectory for StoreDirectory {
                     other => other.to_string(),
                 })
             })?;
-            Ok(self.answer(found))
+            Ok(self.answer(found.found.as_ref()))
         })
     }
 
     fn cached(&self, digest: &KeyDigest) -> Option<Looked> {
         let now = tokio::time::Instant::from_std(crate::clock::now());
+        // The cached answer is lent: its tenant is found without a reference count taken.
         self.cache
-            .cached(digest, now)
-            .map(|found| Ok(self.answer(found)))
+            .cached_as(digest, now, |found, _| Ok(self.answer(found)))
     }
 }
 
@@ -288,23 +287,20 @@ mod tests {
             .unwrap();
         let directory = StoreDirectory::new(store, cache);
         let first = answer("team", Some(10));
-        let tenant = directory.tenant_of_answer(first.clone());
+        let tenant = directory.tenant_of_answer(&first);
         assert_eq!(tenant.limits.requests_per_min, Some(10));
         // The same answer again: the same tenant, found among this thread's answers.
-        assert!(Arc::ptr_eq(
-            &tenant,
-            &directory.tenant_of_answer(first.clone())
-        ));
+        assert!(Arc::ptr_eq(&tenant, &directory.tenant_of_answer(&first)));
         // Another key's answer with the same tenant as it is: the same tenant.
         let other = answer("team", Some(10));
-        assert!(Arc::ptr_eq(&tenant, &directory.tenant_of_answer(other)));
+        assert!(Arc::ptr_eq(&tenant, &directory.tenant_of_answer(&other)));
         // The tenant changed: its next answer is a tenant of its own, with the new limits.
-        let changed = directory.tenant_of_answer(answer("team", Some(20)));
+        let changed = directory.tenant_of_answer(&answer("team", Some(20)));
         assert!(!Arc::ptr_eq(&tenant, &changed));
         assert_eq!(changed.limits.requests_per_min, Some(20));
         // On another thread the first answer is still the first tenant.
         let again = std::thread::scope(|s| {
-            s.spawn(|| directory.tenant_of_answer(first.clone()))
+            s.spawn(|| directory.tenant_of_answer(&first))
                 .join()
                 .unwrap()
         });

@@ -15,9 +15,14 @@ impl ThrottlePass {
     /// The call's first attempt was recorded, or the call ends without one.
     pub fn close(&self) {
         if self.open.swap(false, Ordering::AcqRel) {
-            if let Some(pending) = &self.pending {
-                pending.fetch_sub(1, Ordering::AcqRel);
-            }
+            self.release();
+        }
+    }
+
+    /// No longer counted as pending: called once, by whichever closes it first.
+    fn release(&self) {
+        if let Some(pending) = &self.pending {
+            pending.fetch_sub(1, Ordering::AcqRel);
         }
     }
 }
@@ -27,9 +32,7 @@ impl Drop for ThrottlePass {
         // Owned here: whether it is open is read and cleared without a locked swap (most
         // passes were closed by their first attempt already).
         if std::mem::take(self.open.get_mut()) {
-            if let Some(pending) = &self.pending {
-                pending.fetch_sub(1, Ordering::AcqRel);
-            }
+            self.release();
         }
     }
 }

@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use spillway_policy::concurrency::{Aimd, AimdConfig};
 use spillway_policy::outlier::{Health, Outlier, OutlierConfig};
-use spillway_policy::{AnomalyConfig, Class, FourXxDetector};
+use spillway_policy::{Class, FourXxDetector};
 
 fn millis(epoch: Instant, at: Instant) -> u64 {
     at.saturating_duration_since(epoch).as_millis() as u64
@@ -21,10 +21,6 @@ fn millis(epoch: Instant, at: Instant) -> u64 {
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn lock_mut<T>(m: &mut Mutex<T>) -> &mut T {
-    m.get_mut().unwrap_or_else(|e| e.into_inner())
 }
 
 /// One backend's health state.
@@ -58,17 +54,16 @@ struct Learned {
 }
 
 impl BackendHealth {
+    /// `four_xx` judges the backend's 4xx answers (by the `[anomaly]` settings).
     pub fn new(
         max_concurrency: u32,
         outlier: Option<OutlierConfig>,
         adaptive: Option<AimdConfig>,
+        four_xx: FourXxDetector,
     ) -> Self {
         let aimd = adaptive.map(Aimd::new);
         let limit = aimd.as_ref().map_or(max_concurrency, Aimd::limit);
         let outlier = outlier.map(Outlier::new);
-        let epoch = crate::clock::now();
-        let four_xx = FourXxDetector::try_new(AnomalyConfig::default(), epoch)
-            .expect("the default anomaly settings are valid");
         Self {
             has_outlier: outlier.is_some(),
             has_aimd: aimd.is_some(),
@@ -80,14 +75,8 @@ impl BackendHealth {
             calm: AtomicBool::new(true),
             limit: AtomicU32::new(limit),
             recover_at_ms: AtomicU64::new(u64::MAX),
-            epoch,
+            epoch: crate::clock::now(),
         }
-    }
-
-    /// Judges 4xx answers by `detector` (the `[anomaly]` settings) from now on.
-    pub fn with_four_xx(mut self, detector: FourXxDetector) -> Self {
-        lock_mut(&mut self.learned).four_xx = detector;
-        self
     }
 
     /// `f` of the backend's 4xx detector.
@@ -184,7 +173,8 @@ impl BackendHealth {
         &self,
         now: Instant,
         class: Class,
-        (in_flight, status): (u32, Option<u16>),
+        in_flight: u32,
+        status: Option<u16>,
         may_eject: bool,
     ) -> Option<Instant> {
         // A client error says nothing about the backend's health either way.
@@ -240,7 +230,12 @@ mod tests {
             consecutive_failures: 2,
             ..OutlierConfig::default()
         };
-        let health = BackendHealth::new(8, Some(config.clone()), None);
+        let four_xx = FourXxDetector::try_new(
+            spillway_policy::AnomalyConfig::default(),
+            crate::clock::now(),
+        )
+        .unwrap();
+        let health = BackendHealth::new(8, Some(config.clone()), None, four_xx);
         let mut shadow = Outlier::new(config);
         let t0 = crate::clock::now();
         let agree = |health: &BackendHealth, shadow: &Outlier, at: Instant| {
@@ -255,20 +250,20 @@ mod tests {
         agree(&health, &shadow, t0);
         // Two failures the cap keeps from ejecting: degraded, read through the lock.
         for _ in 0..2 {
-            health.record(t0, Class::Transient, (1, None), false);
+            health.record(t0, Class::Transient, 1, None, false);
             shadow.record(t0, false, false);
         }
         agree(&health, &shadow, t0);
         assert!(health.state(t0).1, "degraded");
         // A success and the window past: calm again, and read so.
         let later = t0 + Duration::from_secs(11);
-        health.record(later, Class::Success, (1, None), true);
+        health.record(later, Class::Success, 1, None, true);
         shadow.record(later, true, true);
         agree(&health, &shadow, later);
         assert!(health.calm.load(Ordering::Relaxed));
         // Two failures that may eject: ejected, not admitted, then one probe.
         for _ in 0..2 {
-            health.record(later, Class::Transient, (1, None), true);
+            health.record(later, Class::Transient, 1, None, true);
             shadow.record(later, false, true);
         }
         agree(&health, &shadow, later);

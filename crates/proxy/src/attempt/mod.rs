@@ -429,7 +429,7 @@ impl Loop<'_> {
             Outcome::Response(status) => Some(status),
             _ => None,
         };
-        pool.record(backend, now, class, (in_flight, status));
+        pool.record(backend, now, class, in_flight, status);
         if outcome != Outcome::ConnectFailed {
             // A connection never made put no load on a backend.
             pool.throttle_record(now, !class.is_backend_failure());

@@ -80,7 +80,7 @@ fn pick_with_probes_out(probes_out: usize) -> (Vec<Arc<str>>, bool) {
         for backend in probing {
             backend
                 .health
-                .record(crate::clock::now(), Class::ServerError, (0, None), true);
+                .record(crate::clock::now(), Class::ServerError, 0, None, true);
         }
         tokio::time::advance(Duration::from_secs(11)).await;
         for backend in probing {

@@ -208,8 +208,8 @@ fn fresh_backend(
         b.max_concurrency,
         outlier,
         aimd(&config.adaptive_concurrency, b),
-    )
-    .with_four_xx(four_xx);
+        four_xx,
+    );
     let base = recipe.base.clone();
     let mut backend = Backend::new(model, b, &base, crate::clock::now(), health, freed.clone())?;
     backend.engine = engines.for_backend(b, &base, backend.auth_header.as_ref())?;

@@ -23,18 +23,22 @@ impl ModelPool {
         spillway_policy::outlier::may_eject(self.backends.len(), out, self.max_ejected_share)
     }
 
-    /// Records an attempt's outcome on `backend` (`answered`: its backend's outstanding
-    /// requests when it was sent, and its answer's status if it answered) and logs and counts
+    /// Records an attempt's outcome on `backend` (`in_flight`: the backend's outstanding
+    /// requests when it was sent; `status`: its answer's, if it answered) and logs and counts
     /// an ejection.
     pub fn record(
         &self,
         backend: &Backend,
         now: Instant,
         class: Class,
-        answered: (u32, Option<u16>),
+        in_flight: u32,
+        status: Option<u16>,
     ) {
         let may_eject = class.is_backend_failure() && self.may_eject(now);
-        if let Some(until) = backend.health.record(now, class, answered, may_eject) {
+        if let Some(until) = backend
+            .health
+            .record(now, class, in_flight, status, may_eject)
+        {
             backend.ejected(until - now, class.as_str());
         }
     }

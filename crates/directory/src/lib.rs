@@ -107,6 +107,16 @@ pub struct Lookup {
     pub outcome: Outcome,
 }
 
+impl Lookup {
+    /// The lookup of a lent answer (`Directory::cached_as`), taken as its own.
+    pub(crate) fn of(found: Option<&Arc<KeyMatch>>, outcome: Outcome) -> Lookup {
+        Lookup {
+            found: found.cloned(),
+            outcome,
+        }
+    }
+}
+
 /// Figures for `/healthz/deps`, logs and the gauges.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct DirectoryStats {
@@ -200,10 +210,7 @@ impl Directory {
     /// caller that then calls `lookup` has the cache read again (two reads, beside the load it
     /// leads to).
     pub fn cached(&self, digest: &KeyDigest, now: tokio::time::Instant) -> Option<Lookup> {
-        self.cached_as(digest, now, |found, outcome| Lookup {
-            found: found.cloned(),
-            outcome,
-        })
+        self.cached_as(digest, now, Lookup::of)
     }
 
     /// [`Directory::cached`], the caller's answer made by `answer` of the cached key's answer

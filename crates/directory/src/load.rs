@@ -65,10 +65,7 @@ impl State {
         digest: &KeyDigest,
         now: Instant,
     ) -> Result<Lookup, Option<Arc<Entry>>> {
-        self.cached_as(digest, now, |found, outcome| Lookup {
-            found: found.cloned(),
-            outcome,
-        })
+        self.cached_as(digest, now, Lookup::of)
     }
 
     /// [`State::cached`], the answer made by `answer` of the cached one, lent: from this
@@ -441,10 +438,7 @@ impl State {
 }
 
 pub(crate) fn served(entry: &Entry, outcome: Outcome) -> Lookup {
-    Lookup {
-        found: Some(entry.found.clone()),
-        outcome,
-    }
+    Lookup::of(Some(&entry.found), outcome)
 }
 
 #[cfg(test)]

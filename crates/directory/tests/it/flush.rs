@@ -127,6 +127,38 @@ async fn after_a_flush_with_the_store_down_old_answers_stand_in() {
     assert_eq!(dir.stats().flushes, 1);
 }
 
+// The worst case of the one above: the flush comes at peak, with the store down and slow to
+// say so. Every lookup is still answered by the old answer, and the store is asked at most
+// once per key (a lookup that looked just before another's failed re-read landed takes the
+// answer that one left, rather than asking again), never more than eight at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flush_at_peak_with_the_store_down_costs_at_most_one_failed_query_per_key() {
+    let store = FakeStore::with_keys(100, "acme");
+    let dir = directory(&store, capped()).await;
+    for i in 0..100 {
+        dir.lookup(&digest(i)).await.unwrap();
+    }
+    store.set_latency(ms(20));
+    store.set_failing(true);
+    dir.invalidate_all();
+    let results = stampede(&dir).await;
+    for r in &results {
+        let outcome = r.clone().unwrap().expect("every key is known");
+        assert_eq!(outcome, Outcome::Stale);
+    }
+    let failed = store.lookups() - 100;
+    assert!(failed <= 100, "{failed} queries for 100 keys");
+    assert!(store.high_water() <= 8, "high water {}", store.high_water());
+    // The old answers stay in place with their re-reads backing off: a second round of
+    // lookups is answered by them too, and costs at most one more query a key (a re-read
+    // whose back-off ran out while a slow machine was still on the first round).
+    let before = store.lookups();
+    let again = stampede(&dir).await;
+    assert!(again.iter().all(|r| matches!(r, Ok(Some(Outcome::Stale)))));
+    let more = store.lookups() - before;
+    assert!(more <= 100, "{more} more queries for 100 keys");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flush_forgets_unknown_keys() {
     let store = FakeStore::new();

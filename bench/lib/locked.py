@@ -124,8 +124,8 @@ def main():
             fnof[(ob, addr)] = fn or ""
     print(f"{total / requests:.1f} locked instructions per request")
     by_origin = collections.Counter()
-    for (ob, _), n in by_site.items():
-        by_origin[origin(ob, fnof[(ob, _)])] += n
+    for site, n in by_site.items():
+        by_origin[origin(site[0], fnof[site])] += n
     print("  by origin: " + ", ".join(f"{name} {n / requests:.1f}"
                                       for name, n in by_origin.most_common()))
     for fn, n in by_fn.most_common(top):

@@ -21,6 +21,16 @@ fn capped() -> CacheConfig {
     }
 }
 
+/// A store of `n` keys and a directory that has looked each of them up once.
+async fn warmed(n: u64) -> (Arc<FakeStore>, Arc<Directory>) {
+    let store = FakeStore::with_keys(n, "acme");
+    let dir = directory(&store, capped()).await;
+    for i in 0..n {
+        dir.lookup(&digest(i)).await.unwrap();
+    }
+    (store, dir)
+}
+
 /// 1,000 concurrent lookups, ten of each of 100 keys, interleaved.
 async fn stampede(dir: &Arc<Directory>) -> Vec<Result<Option<Outcome>, DirectoryError>> {
     let lookups: Vec<_> = (0..1_000u64)
@@ -41,11 +51,7 @@ async fn stampede(dir: &Arc<Directory>) -> Vec<Result<Option<Outcome>, Directory
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flush_at_peak_costs_at_most_one_query_per_key_and_eight_at_once() {
-    let store = FakeStore::with_keys(100, "acme");
-    let dir = directory(&store, capped()).await;
-    for i in 0..100 {
-        dir.lookup(&digest(i)).await.unwrap();
-    }
+    let (store, dir) = warmed(100).await;
     assert_eq!(store.lookups(), 100);
     store.set_latency(ms(20));
     dir.invalidate_all();
@@ -107,11 +113,7 @@ async fn a_cold_stampede_reaches_the_store_at_most_once_per_key_and_eight_at_onc
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_flush_with_the_store_down_old_answers_stand_in() {
-    let store = FakeStore::with_keys(10, "acme");
-    let dir = directory(&store, capped()).await;
-    for i in 0..10 {
-        dir.lookup(&digest(i)).await.unwrap();
-    }
+    let (store, dir) = warmed(10).await;
     store.set_failing(true);
     dir.invalidate_all();
     for _ in 0..5 {
@@ -133,11 +135,7 @@ async fn after_a_flush_with_the_store_down_old_answers_stand_in() {
 // answer that one left, rather than asking again), never more than eight at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flush_at_peak_with_the_store_down_costs_at_most_one_failed_query_per_key() {
-    let store = FakeStore::with_keys(100, "acme");
-    let dir = directory(&store, capped()).await;
-    for i in 0..100 {
-        dir.lookup(&digest(i)).await.unwrap();
-    }
+    let (store, dir) = warmed(100).await;
     store.set_latency(ms(20));
     store.set_failing(true);
     dir.invalidate_all();

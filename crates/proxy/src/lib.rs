@@ -41,6 +41,7 @@ mod per_thread;
 pub mod pool;
 pub mod preflight;
 mod probe;
+mod registered;
 mod relay;
 pub mod reload;
 pub mod request;

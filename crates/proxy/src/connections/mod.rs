@@ -45,6 +45,7 @@ use tracing::debug;
 
 use crate::answer::Answer;
 use crate::lines::Lines;
+use crate::registered::Alarm;
 
 use activity::{Activity, Busy, Deadlines, Verdict};
 use io::Prefixed;
@@ -291,13 +292,27 @@ fn closed(listener: &'static str, reason: &'static str) {
 }
 
 /// Resolves with the verdict once the connection has outstayed a deadline.
+///
+/// Its one timer is polled only when it may have fired (an HTTP/1 connection's task polls this
+/// each time it is woken while it awaits a head: [`Alarm`] keeps that from registering the
+/// task's waker again every time), and moved in place to the next time to look.
 pub(super) async fn outstayed(activity: &Activity) -> Verdict {
-    loop {
-        match activity.verdict(crate::clock::now()) {
-            Verdict::Until(due) => tokio::time::sleep_until(due.into()).await,
-            verdict => return verdict,
+    let mut alarm: Option<Alarm> = None;
+    std::future::poll_fn(|cx| loop {
+        if let Some(alarm) = alarm.as_mut() {
+            if alarm.poll(cx).is_pending() {
+                return Poll::Pending;
+            }
         }
-    }
+        match activity.verdict(crate::clock::now()) {
+            Verdict::Until(due) => match alarm.as_mut() {
+                Some(alarm) => alarm.reset(due.into()),
+                None => alarm = Some(Alarm::at(due.into())),
+            },
+            verdict => return Poll::Ready(verdict),
+        }
+    })
+    .await
 }
 
 /// What answers a listener's requests: an axum `Router`, or a service that answers the busiest

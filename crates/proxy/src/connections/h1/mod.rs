@@ -31,6 +31,7 @@ use tokio::sync::watch;
 
 use super::activity::{Activity, Verdict};
 use super::Serve;
+use crate::registered::Quiet;
 use body::{RequestBody, Socket, MAX_BUFFER};
 use head::Head;
 pub(crate) use head::Refusal;
@@ -89,7 +90,12 @@ impl<S: Serve> Conn<S> {
         // answer and ends after it.
         let mut watchdog = pin!(super::outstayed(&self.activity));
         let mut shutdown = self.shutdown.clone();
-        let mut stopping = pin!(shutdown.wait_for(|stop| *stop));
+        // Polled while a head is awaited, each time the socket wakes the task: only when the
+        // signal has changed once its wait stands (`Quiet`).
+        let probe = self.shutdown.clone();
+        let mut stopping = pin!(Quiet::new(shutdown.wait_for(|stop| *stop), || {
+            probe.has_changed().unwrap_or(true)
+        }));
         let mut first = true;
         loop {
             let between = (watchdog.as_mut(), stopping.as_mut());

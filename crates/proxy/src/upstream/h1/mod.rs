@@ -29,6 +29,7 @@ pub(crate) mod names;
 use super::hop;
 use crate::answer::Answer;
 use crate::lines::Lines;
+use crate::registered::Alarm;
 use decode::{DecodeError, Framing};
 
 /// The most a connection buffers of what it reads (the memory budget counts it).
@@ -57,7 +58,7 @@ pub(crate) struct Conn {
     /// moved to a later deadline, a registered timer only has its expiry pushed back (one
     /// atomic exchange), where a timer of its own for each exchange is put into the runtime's
     /// timer wheel and taken out again, under the wheel's lock, every time.
-    timer: Option<Pin<Box<tokio::time::Sleep>>>,
+    timer: Option<Alarm>,
 }
 
 /// Why an exchange failed.
@@ -134,11 +135,11 @@ impl Conn {
         let mut timer = match self.timer.take() {
             Some(mut timer) => {
                 if timer.deadline() > deadline {
-                    timer.as_mut().reset(deadline);
+                    timer.reset(deadline);
                 }
                 timer
             }
-            None => Box::pin(tokio::time::sleep_until(deadline)),
+            None => Alarm::at(deadline),
         };
         let sent = {
             let mut send = std::pin::pin!(self.send(req));
@@ -146,12 +147,13 @@ impl Conn {
                 if let Poll::Ready(sent) = send.as_mut().poll(cx) {
                     return Poll::Ready(sent);
                 }
-                while timer.as_mut().poll(cx).is_ready() {
+                // Polled each time the exchange is woken, the timer registers this task once.
+                while timer.poll(cx).is_ready() {
                     if timer.deadline() >= deadline {
                         return Poll::Ready(Err(Error::TimedOut));
                     }
                     // An earlier exchange's deadline: this one's is still to come.
-                    timer.as_mut().reset(deadline);
+                    timer.reset(deadline);
                 }
                 Poll::Pending
             })

@@ -118,6 +118,16 @@ pub(crate) struct Call {
     pub traffic: Arc<crate::traffic::TenantTraffic>,
 }
 
+impl Drop for Call {
+    fn drop(&mut self) {
+        // A pass its first attempt did not close (none was made, or none was recorded) is
+        // taken off its model's count now.
+        if let Some(pass) = &mut self.throttle_pass {
+            pass.end(&self.pool.throttle_pending);
+        }
+    }
+}
+
 impl Call {
     /// `x-request-id` (the caller's, or one made for it), for log lines: read from the headers
     /// that carry it upstream rather than held a second time.

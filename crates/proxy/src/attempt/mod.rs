@@ -434,7 +434,8 @@ impl Loop<'_> {
             // A connection never made put no load on a backend.
             pool.throttle_record(now, !class.is_backend_failure());
             if let Some(pass) = &self.call.throttle_pass {
-                pass.close();
+                // The pass is the call's model's, whichever pool this attempt went to.
+                pass.close(&self.call.pool.throttle_pending);
             }
         }
         if class == Class::UpstreamAuth {

@@ -94,7 +94,7 @@ pub(crate) async fn handle(gw: &Gateway, endpoint: Endpoint, req: Request, lines
             refused(e, dialect)
         }
     };
-    with_id(answered(response, call.labels))
+    with_id(answered(response, std::mem::take(&mut call.labels)))
 }
 
 async fn admit_attempt_respond(

@@ -267,7 +267,7 @@ fn pool(
         backends,
         budget: Mutex::new(budget),
         throttle,
-        throttle_pending: Arc::default(),
+        throttle_pending: AtomicU64::default(),
         in_flight: AtomicU64::new(0),
         retrying: AtomicU64::new(0),
         max_ejected_share: config.outlier.max_ejected_share,

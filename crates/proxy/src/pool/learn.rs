@@ -2,7 +2,7 @@
 //! ejection logged and counted), adaptive throttling fed and consulted, and whether the pool is
 //! failing, for the shedding of callers' own retries.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use spillway_policy::outlier::Health;
@@ -76,10 +76,7 @@ impl ModelPool {
             return None;
         }
         self.throttle_pending.fetch_add(1, Ordering::AcqRel);
-        Some(ThrottlePass {
-            pending: Some(self.throttle_pending.clone()),
-            open: AtomicBool::new(true),
-        })
+        Some(ThrottlePass::counted())
     }
 
     /// Counts an attempt sent to a backend, and whether the backend accepted it (answered with

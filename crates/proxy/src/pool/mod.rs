@@ -382,7 +382,7 @@ pub struct ModelPool {
     /// naive).
     pub throttle: Option<Mutex<Throttle>>,
     /// Calls let through throttling whose first attempt is not recorded yet.
-    pub throttle_pending: Arc<AtomicU64>,
+    pub throttle_pending: AtomicU64,
     /// Client requests of this model in flight, and how many of them are on a retry.
     pub in_flight: AtomicU64,
     pub retrying: AtomicU64,

@@ -1,38 +1,41 @@
 //! A call's pass through its model's adaptive throttling (see `learn.rs`).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
 
-/// A call let through adaptive throttling. Until its first attempt is recorded it counts as sent,
-/// so that concurrent calls cannot all pass before the first of them is answered.
+/// A call let through adaptive throttling. Until its first attempt is recorded it counts as sent
+/// (in its pool's `throttle_pending`), so that concurrent calls cannot all pass before the first
+/// of them is answered.
+///
+/// It holds no reference to that count: the call that holds the pass holds its pool too, and
+/// hands the count in when its first attempt closes the pass ([`close`](ThrottlePass::close)) or
+/// when the call ends ([`end`](ThrottlePass::end), from `Call`'s drop).
 #[derive(Debug, Default)]
 pub struct ThrottlePass {
-    pub(super) pending: Option<Arc<AtomicU64>>,
-    pub(super) open: AtomicBool,
+    /// Counted in its pool's pending passes and not yet taken off.
+    open: AtomicBool,
 }
 
 impl ThrottlePass {
-    /// The call's first attempt was recorded, or the call ends without one.
-    pub fn close(&self) {
-        if self.open.swap(false, Ordering::AcqRel) {
-            self.release();
+    /// A pass counted in its pool's pending passes.
+    pub(super) fn counted() -> ThrottlePass {
+        ThrottlePass {
+            open: AtomicBool::new(true),
         }
     }
 
-    /// No longer counted as pending: called once, by whichever closes it first.
-    fn release(&self) {
-        if let Some(pending) = &self.pending {
+    /// The call's first attempt was recorded: taken off `pending`, its pool's count, if it was
+    /// still on it.
+    pub fn close(&self, pending: &AtomicU64) {
+        if self.open.swap(false, Ordering::AcqRel) {
             pending.fetch_sub(1, Ordering::AcqRel);
         }
     }
-}
 
-impl Drop for ThrottlePass {
-    fn drop(&mut self) {
-        // Owned here: whether it is open is read and cleared without a locked swap (most
-        // passes were closed by their first attempt already).
+    /// The call ends: as [`close`](ThrottlePass::close), from the call that owns it, without a
+    /// locked swap (most passes were closed by their first attempt already).
+    pub fn end(&mut self, pending: &AtomicU64) {
         if std::mem::take(self.open.get_mut()) {
-            self.release();
+            pending.fetch_sub(1, Ordering::AcqRel);
         }
     }
 }
@@ -41,28 +44,27 @@ impl Drop for ThrottlePass {
 mod tests {
     use super::*;
 
-    fn pass(pending: &Arc<AtomicU64>) -> ThrottlePass {
+    fn pass(pending: &AtomicU64) -> ThrottlePass {
         pending.fetch_add(1, Ordering::AcqRel);
-        ThrottlePass {
-            pending: Some(pending.clone()),
-            open: AtomicBool::new(true),
-        }
+        ThrottlePass::counted()
     }
 
     #[test]
-    fn a_pass_counts_as_pending_until_closed_or_dropped_and_only_once() {
-        let pending = Arc::new(AtomicU64::new(0));
-        let closed = pass(&pending);
-        let dropped = pass(&pending);
+    fn a_pass_counts_as_pending_until_closed_or_ended_and_only_once() {
+        let pending = AtomicU64::new(0);
+        let mut closed = pass(&pending);
+        let mut ended = pass(&pending);
         assert_eq!(pending.load(Ordering::Acquire), 2);
-        closed.close();
-        closed.close();
+        closed.close(&pending);
+        closed.close(&pending);
         assert_eq!(pending.load(Ordering::Acquire), 1);
-        drop(closed);
-        assert_eq!(pending.load(Ordering::Acquire), 1, "closed before its drop");
-        drop(dropped);
-        assert_eq!(pending.load(Ordering::Acquire), 0, "dropped unclosed");
-        drop(ThrottlePass::default());
+        closed.end(&pending);
+        assert_eq!(pending.load(Ordering::Acquire), 1, "closed before its end");
+        ended.end(&pending);
+        ended.end(&pending);
+        assert_eq!(pending.load(Ordering::Acquire), 0, "ended unclosed, once");
+        ThrottlePass::default().end(&pending);
+        ThrottlePass::default().close(&pending);
         assert_eq!(
             pending.load(Ordering::Acquire),
             0,

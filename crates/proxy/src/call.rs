@@ -14,7 +14,7 @@ use crate::admission::gate::Entered;
 use crate::auth::Tenant;
 use crate::endpoint::Endpoint;
 use crate::lines::Lines;
-use crate::metrics::RequestLabels;
+use crate::metrics::Labels;
 use crate::pool::{ModelPool, ThrottlePass};
 use crate::request::{BodyHold, RequestSummary};
 
@@ -102,8 +102,9 @@ pub(crate) struct Call {
     pub home: Option<usize>,
     /// The caller marked it as its own retry.
     pub client_retry: bool,
-    /// Its labels in `spillway_requests_total`, filled in as it goes.
-    pub labels: RequestLabels,
+    /// The last backend its attempts went to (its label in `spillway_requests_total`; the
+    /// tenant's and the model's are read from `tenant` and `pool`, [`Call::labels`]).
+    pub backend_label: Option<Arc<str>>,
     /// Its pass through the model's adaptive throttling, once admitted.
     pub throttle_pass: Option<ThrottlePass>,
     /// Its trace (`crate::trace`), handed to the response's relay once chosen.
@@ -129,6 +130,16 @@ impl Drop for Call {
 }
 
 impl Call {
+    /// Its labels in the request series, borrowed from its tenant, its pool and the backend
+    /// that answered.
+    pub fn labels(&self) -> Labels<'_> {
+        Labels::new(
+            Some(&self.tenant.name),
+            Some(&self.pool.name),
+            self.backend_label.as_ref(),
+        )
+    }
+
     /// `x-request-id` (the caller's, or one made for it), for log lines: read from the headers
     /// that carry it upstream rather than held a second time.
     pub fn id(&self) -> Option<&str> {

@@ -338,7 +338,9 @@ static NO_BACKEND: LazyLock<Arc<str>> = LazyLock::new(|| label_value("none"));
 /// The labels of one answered request, filled in as the request is routed: a label not known
 /// (yet) is `unknown`, a backend `none`. Unknown ones are no string of their own, so labels are
 /// made, moved out of a reader (`std::mem::take`) and dropped without a reference count touched;
-/// a request's labels take one per name it is given, not three.
+/// a request's labels take one per name it is given, not three. (A request the inference
+/// handler reads into a `Call` is labelled from its call instead, [`Labels`] borrowed from the
+/// tenant and the pool it holds: these are filled in only if it is refused before.)
 #[derive(Debug, Default)]
 pub struct RequestLabels {
     pub tenant: Option<Arc<str>>,
@@ -351,20 +353,63 @@ impl RequestLabels {
         Self::default()
     }
 
-    pub fn tenant(&self) -> &Arc<str> {
-        self.tenant.as_ref().unwrap_or(&UNKNOWN)
+    /// What they say, borrowed.
+    pub fn view(&self) -> Labels<'_> {
+        Labels::new(
+            self.tenant.as_ref(),
+            self.model.as_ref(),
+            self.backend.as_ref(),
+        )
     }
 
     pub fn model(&self) -> &Arc<str> {
-        self.model.as_ref().unwrap_or(&UNKNOWN)
-    }
-
-    pub fn backend(&self) -> &Arc<str> {
-        self.backend.as_ref().unwrap_or(&NO_BACKEND)
+        self.view().model
     }
 
     pub fn answered(self, status: u16) {
-        let labels = [self.tenant(), self.model(), self.backend()];
+        self.view().answered(status);
+    }
+
+    /// Upstream attempts made for this request (all of them, at its end).
+    pub fn attempted(&self, attempts: u32) {
+        self.view().attempted(attempts);
+    }
+
+    /// The caller marked this request as its own retry; `shed` when it was refused for it.
+    pub fn client_retry(&self, shed: bool) {
+        self.view().client_retry(shed);
+    }
+}
+
+/// A request's labels, borrowed from the strings that name its tenant, model and backend (a
+/// label not known is `unknown`, a backend `none`): counted in without a reference count taken.
+#[derive(Debug, Clone, Copy)]
+pub struct Labels<'a> {
+    tenant: &'a Arc<str>,
+    model: &'a Arc<str>,
+    backend: &'a Arc<str>,
+}
+
+impl<'a> Labels<'a> {
+    pub fn new(
+        tenant: Option<&'a Arc<str>>,
+        model: Option<&'a Arc<str>>,
+        backend: Option<&'a Arc<str>>,
+    ) -> Self {
+        Labels {
+            tenant: tenant.unwrap_or(&UNKNOWN),
+            model: model.unwrap_or(&UNKNOWN),
+            backend: backend.unwrap_or(&NO_BACKEND),
+        }
+    }
+
+    pub fn model(self) -> &'a Arc<str> {
+        self.model
+    }
+
+    /// The request was answered with `status`.
+    pub fn answered(self, status: u16) {
+        let labels = [self.tenant, self.model, self.backend];
         series::count(REQUESTS, labels, status, 1, |k| {
             counter!(REQUESTS, "tenant" => k.1.clone(), "model" => k.2.clone(),
                 "backend" => k.3.clone(), "status" => status.to_string())
@@ -372,8 +417,8 @@ impl RequestLabels {
     }
 
     /// Upstream attempts made for this request (all of them, at its end).
-    pub fn attempted(&self, attempts: u32) {
-        let labels = [self.tenant(), self.model(), &*NO_BACKEND];
+    pub fn attempted(self, attempts: u32) {
+        let labels = [self.tenant, self.model, &*NO_BACKEND];
         series::count(
             UPSTREAM_ATTEMPTS,
             labels,
@@ -384,13 +429,13 @@ impl RequestLabels {
     }
 
     /// The caller marked this request as its own retry; `shed` when it was refused for it.
-    pub fn client_retry(&self, shed: bool) {
+    pub fn client_retry(self, shed: bool) {
         let name = if shed {
             CLIENT_RETRIES_SHED
         } else {
             CLIENT_RETRIES
         };
-        let labels = [self.tenant(), self.model(), &*NO_BACKEND];
+        let labels = [self.tenant, self.model, &*NO_BACKEND];
         series::count(
             name,
             labels,

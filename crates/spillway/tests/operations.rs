@@ -39,6 +39,24 @@ async fn probes_and_metrics_are_on_their_listeners() {
         .send()
         .await
         .unwrap();
+    // Refused while read: labelled with what was known by then.
+    let no_model = c
+        .post(gw.url("/v1/chat/completions"))
+        .bearer_auth(KEY)
+        .json(&chat_body("no-such-model", false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(no_model.status(), 404);
+    let bad_class = c
+        .post(gw.url("/v1/chat/completions"))
+        .bearer_auth(KEY)
+        .header("x-spillway-priority", "urgent")
+        .json(&chat_body("m", false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad_class.status(), 400);
     // Metrics are not on the API listener.
     assert_eq!(
         c.get(gw.url("/metrics")).send().await.unwrap().status(),
@@ -49,6 +67,11 @@ async fn probes_and_metrics_are_on_their_listeners() {
     assert!(text.contains(ok), "{text}");
     let refused = r#"spillway_requests_total{tenant="unknown",model="unknown",backend="none",status="401"} 1"#;
     assert!(text.contains(refused), "{text}");
+    let no_model = r#"spillway_requests_total{tenant="tenant-a",model="unknown",backend="none",status="404"} 1"#;
+    assert!(text.contains(no_model), "{text}");
+    let bad_class =
+        r#"spillway_requests_total{tenant="tenant-a",model="m",backend="none",status="400"} 1"#;
+    assert!(text.contains(bad_class), "{text}");
     assert!(
         text.contains("spillway_request_duration_seconds_bucket{model=\"m\",backend=\"b\""),
         "{text}"

@@ -365,7 +365,7 @@ impl Admission {
         if call.client_retry {
             // A caller's retry while the pool is failing would only stack its retries on ours.
             let shed = self.shed_client_retries && pool.is_failing(now);
-            call.labels.client_retry(shed);
+            call.labels().client_retry(shed);
             traffic.client_retry();
             if shed {
                 traffic.shed(Refused::ClientRetryShed);

@@ -132,7 +132,7 @@ pub(crate) async fn run<U: Upstream>(
         result = attempts.run(upstream).await;
     }
     pool.metrics.attempts(attempts.made);
-    call.labels.attempted(attempts.made);
+    call.labels().attempted(attempts.made);
     call.traffic.attempted(&call.pool.name, attempts.made);
     Attempted {
         result,

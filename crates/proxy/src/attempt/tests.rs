@@ -20,7 +20,6 @@ use crate::auth::{Tenant, TenantLimits};
 use crate::call::Call;
 use crate::endpoint::Endpoint;
 use crate::lines::Lines;
-use crate::metrics::RequestLabels;
 use crate::pool::{Backend, InFlight, Models};
 use crate::relay::{BodyEnd, EndObserver, RelayBody};
 use crate::upstream::{Attempt, Upstream};
@@ -215,7 +214,7 @@ pub(super) fn call(models: &Models, retries: &Retries) -> Call {
         home: None,
         client_retry: false,
         model_named: true,
-        labels: RequestLabels::unrouted(),
+        backend_label: None,
         throttle_pass: None,
         trace: crate::trace::CallTrace::none(),
         entered: None,

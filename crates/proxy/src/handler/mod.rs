@@ -33,7 +33,7 @@ use crate::error::ApiError;
 use crate::gateway::Gateway;
 use crate::lines::Lines;
 use crate::live::Live;
-use crate::metrics::RequestLabels;
+use crate::metrics::{Labels, RequestLabels};
 use crate::trace::CallTrace;
 
 pub(crate) use read::authenticate;
@@ -80,8 +80,8 @@ pub(crate) async fn handle(gw: &Gateway, endpoint: Endpoint, req: Request, lines
     let mut call = match read.await {
         Ok(call) => call,
         Err(e) => {
-            not_relayed(&trace, &e, endpoint, &labels, started);
-            return with_id(answered(refused(e, dialect), labels));
+            not_relayed(&trace, &e, endpoint, labels.view(), started);
+            return with_id(answered(refused(e, dialect), labels.view()));
         }
     };
     call.trace = trace;
@@ -90,11 +90,11 @@ pub(crate) async fn handle(gw: &Gateway, endpoint: Endpoint, req: Request, lines
     let response = match admit_attempt_respond(gw, &live, &mut call).await {
         Ok(response) => response,
         Err(e) => {
-            not_relayed(&call.trace, &e, endpoint, &call.labels, started);
+            not_relayed(&call.trace, &e, endpoint, call.labels(), started);
             refused(e, dialect)
         }
     };
-    with_id(answered(response, std::mem::take(&mut call.labels)))
+    with_id(answered(response, call.labels()))
 }
 
 async fn admit_attempt_respond(
@@ -106,7 +106,7 @@ async fn admit_attempt_respond(
     call.trace.admitted(ticket.waited());
     let attempted = crate::attempt::run(call, &live.retries, &gw.upstream, &live.models).await;
     if let Some(backend) = attempted.backend {
-        call.labels.backend = Some(backend);
+        call.backend_label = Some(backend);
     }
     let chosen = attempted.result?;
     // The call's span now ends with the relayed body.
@@ -128,7 +128,7 @@ fn not_relayed(
     trace: &CallTrace,
     e: &ApiError,
     endpoint: Endpoint,
-    labels: &RequestLabels,
+    labels: Labels<'_>,
     started: std::time::Instant,
 ) {
     let (status, code) = (e.status().as_u16(), e.parts().2);
@@ -151,7 +151,7 @@ fn refused(e: ApiError, dialect: Dialect) -> Answer {
     e.answer(dialect)
 }
 
-fn answered(answer: Answer, labels: RequestLabels) -> Answer {
+fn answered(answer: Answer, labels: Labels<'_>) -> Answer {
     labels.answered(answer.status.as_u16());
     answer
 }

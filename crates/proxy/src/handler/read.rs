@@ -28,7 +28,9 @@ use crate::request::{read_body, summarize, BodyHold, BodyLimits};
 
 /// Reads `req`, which arrived at `started`, into a call; on a refusal, `labels` holds what was
 /// known by then. (The labels are the caller's rather than part of an error returned with them:
-/// a wrapper pairing them with the error would move the call once more on its way out.)
+/// a wrapper pairing them with the error would move the call once more on its way out. A call
+/// read is labelled from the tenant and pool it holds, `Call::labels`: `labels` is filled in
+/// only on a refusal, by [`Refused`].)
 pub(super) async fn read(
     gw: &Gateway,
     live: &Live,
@@ -38,7 +40,12 @@ pub(super) async fn read(
 ) -> Result<Call, ApiError> {
     let (parts, body) = req.into_parts();
     let tenant = authenticate(gw, &headers).await?;
-    labels.tenant = Some(tenant.name.clone());
+    let mut refused = Refused {
+        labels,
+        tenant: &tenant.name,
+        model: None,
+        read: false,
+    };
     let entered = live.admission.enter(&tenant)?;
     let limits = BodyLimits {
         cap: live.config.server.max_body_bytes,
@@ -52,13 +59,15 @@ pub(super) async fn read(
     if summary.model.is_empty() {
         body = defaulted(gw, &entered, &tenant, &mut summary, &body)?;
     }
-    let pool = live.models.get(&summary.model).cloned().ok_or_else(|| {
+    let found = live.models.get(&summary.model).ok_or_else(|| {
         ApiError::new(
             ErrorKind::ModelNotFound,
             format!("the model {:?} does not exist", shown(&summary.model)),
         )
     })?;
-    labels.model = Some(pool.name.clone());
+    // Named from the config's pool, which outlives this reading; the call holds its own.
+    refused.model = Some(&found.name);
+    let pool = found.clone();
     if !tenant.may_use(&summary.model) {
         return Err(ApiError::new(
             ErrorKind::ModelNotAllowed,
@@ -102,6 +111,7 @@ pub(super) async fn read(
         .and_then(|h| pool.backends.iter().position(|b| b.name == h.backend));
     let ours = sent_region.then_some(looked.region);
     crate::upstream::hop::take_request_headers(&mut headers, ours)?;
+    refused.read();
     Ok(Call {
         endpoint,
         query: parts.uri.query().map(Box::from),
@@ -111,7 +121,7 @@ pub(super) async fn read(
         home,
         client_retry,
         model_named,
-        labels: std::mem::take(labels),
+        backend_label: None,
         tenant,
         headers,
         body,
@@ -125,6 +135,32 @@ pub(super) async fn read(
         entered: Some(entered),
         _rewrite_room: rewrite_room,
     })
+}
+
+/// The labels of a request refused while it is read, named once its tenant is known: filled in
+/// when this is dropped (by a refusal's early return, or the request's future dropped) unless it
+/// was [`read`](Refused::read), so that a request read whole takes no reference to the names.
+struct Refused<'a> {
+    labels: &'a mut RequestLabels,
+    tenant: &'a Arc<str>,
+    model: Option<&'a Arc<str>>,
+    read: bool,
+}
+
+impl Refused<'_> {
+    /// The request was read whole: nothing is filled in.
+    fn read(mut self) {
+        self.read = true;
+    }
+}
+
+impl Drop for Refused<'_> {
+    fn drop(&mut self) {
+        if !self.read {
+            self.labels.tenant = Some(self.tenant.clone());
+            self.labels.model = self.model.cloned();
+        }
+    }
 }
 
 /// The caller's tenant, from the key it presents.

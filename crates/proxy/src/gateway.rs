@@ -49,7 +49,7 @@ pub struct Gateway {
     pub(crate) ready: AtomicBool,
     /// The API listener's client connections (`server.max_connections`).
     pub(crate) connections: Arc<Connections>,
-    pub(crate) body_budget: Arc<BodyBudget>,
+    pub(crate) body_budget: &'static BodyBudget,
     /// The backend each stored response lives on (the Responses API).
     pub(crate) homes: Arc<crate::homes::Homes>,
     /// The in-process mock backends.

@@ -52,7 +52,7 @@ pub(super) async fn read(
         deadline: started + live.config.server.body_read_timeout,
         timeout: live.config.server.body_read_timeout,
     };
-    let mut body = read_body(body, limits, &gw.body_budget, entered.body_held()).await?;
+    let mut body = read_body(body, limits, gw.body_budget, entered.body_held()).await?;
     let mut summary = summarize(&body, endpoint.continues_responses())?;
     let model_named = !summary.model.is_empty();
     let home = continued(gw, endpoint, &tenant, &mut summary)?;
@@ -241,7 +241,7 @@ fn defaulted(
         ..Default::default()
     };
     // The copy takes the body's place, and its own place in the budget.
-    crate::request::rewritten_held(body, &changes, &gw.body_budget, entered.body_held())
+    crate::request::rewritten_held(body, &changes, gw.body_budget, entered.body_held())
 }
 
 /// Room in the body budget for the copies of `body` the call's attempts may hold beside it at

@@ -114,12 +114,12 @@ async fn on_id(
             timeout: read_timeout,
         };
         let held = caller.places.body_held();
-        let read = read_body(body, limits, &gw.body_budget, held).await?;
+        let read = read_body(body, limits, gw.body_budget, held).await?;
         let tag = Changes {
             tenant_tag: Some(&tenant.name),
             ..Changes::default()
         };
-        rewritten_held(&read, &tag, &gw.body_budget, held)?
+        rewritten_held(&read, &tag, gw.body_budget, held)?
     } else {
         Bytes::new()
     };

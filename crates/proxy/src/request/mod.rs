@@ -35,12 +35,14 @@ pub struct BodyBudget {
 }
 
 impl BodyBudget {
-    pub fn new(max: u64, per_tenant: u64) -> Arc<BodyBudget> {
-        Arc::new(BodyBudget {
+    /// The budget of a gateway, made once for the life of the process (a gateway's lives as
+    /// long): every body's hold refers to it with no reference count to take and give back.
+    pub fn new(max: u64, per_tenant: u64) -> &'static BodyBudget {
+        Box::leak(Box::new(BodyBudget {
             held: AtomicU64::new(0),
             max,
             per_tenant: per_tenant.min(max),
-        })
+        }))
     }
 
     /// Bytes held now, and the cap.
@@ -55,11 +57,7 @@ impl BodyBudget {
 
     /// A place of `bytes` in the budget and in `tenant`'s share, refused as a body past
     /// either is (429, 503).
-    pub fn hold(
-        self: &Arc<Self>,
-        tenant: &Arc<AtomicU64>,
-        bytes: u64,
-    ) -> Result<BodyHold, ApiError> {
+    pub fn hold(&'static self, tenant: &Arc<AtomicU64>, bytes: u64) -> Result<BodyHold, ApiError> {
         let mut hold = BodyHold::empty(self, tenant);
         hold.grow(bytes)?;
         Ok(hold)
@@ -77,7 +75,7 @@ pub fn rewritten(body: &[u8], changes: &Changes<'_>) -> Result<Bytes, ApiError> 
 pub fn rewritten_held(
     body: &[u8],
     changes: &Changes<'_>,
-    budget: &Arc<BodyBudget>,
+    budget: &'static BodyBudget,
     tenant: &Arc<AtomicU64>,
 ) -> Result<Bytes, ApiError> {
     let plan = Plan::new(body, changes)?;
@@ -97,16 +95,16 @@ pub struct BodyLimits {
 /// One body's bytes in the budget and in its tenant's share, given back on drop.
 #[derive(Debug)]
 pub struct BodyHold {
-    budget: Arc<BodyBudget>,
+    budget: &'static BodyBudget,
     tenant: Arc<AtomicU64>,
     bytes: u64,
 }
 
 impl BodyHold {
     /// A hold of nothing yet in `budget` and `tenant`'s share.
-    fn empty(budget: &Arc<BodyBudget>, tenant: &Arc<AtomicU64>) -> BodyHold {
+    fn empty(budget: &'static BodyBudget, tenant: &Arc<AtomicU64>) -> BodyHold {
         BodyHold {
-            budget: budget.clone(),
+            budget,
             tenant: tenant.clone(),
             bytes: 0,
         }
@@ -173,7 +171,7 @@ mod tests {
         let e = read_body(
             axum::body::Body::from(vec![b' '; 11]),
             limits(10),
-            &budget,
+            budget,
             &tenant,
         )
         .await
@@ -182,7 +180,7 @@ mod tests {
         let ok = read_body(
             axum::body::Body::from(vec![b' '; 10]),
             limits(10),
-            &budget,
+            budget,
             &tenant,
         )
         .await
@@ -198,7 +196,7 @@ mod tests {
             read_body(
                 axum::body::Body::from(vec![b'x'; n]),
                 limits(100),
-                &budget,
+                budget,
                 &tenants[t],
             )
         };
@@ -223,7 +221,7 @@ mod tests {
             let body = read_body(
                 axum::body::Body::from(vec![b'x'; size]),
                 limits(1 << 20),
-                &budget,
+                budget,
                 &tenant,
             )
             .await
@@ -247,17 +245,14 @@ mod tests {
     async fn one_tenant_holds_at_most_its_share_and_others_still_get_theirs() {
         let budget = BodyBudget::new(100, 30);
         let (greedy, other): (Arc<AtomicU64>, Arc<AtomicU64>) = (Arc::default(), Arc::default());
-        let read = |n: usize, t: Arc<AtomicU64>| {
-            let budget = budget.clone();
-            async move {
-                read_body(
-                    axum::body::Body::from(vec![b'x'; n]),
-                    limits(100),
-                    &budget,
-                    &t,
-                )
-                .await
-            }
+        let read = |n: usize, t: Arc<AtomicU64>| async move {
+            read_body(
+                axum::body::Body::from(vec![b'x'; n]),
+                limits(100),
+                budget,
+                &t,
+            )
+            .await
         };
         let a = read(20, greedy.clone()).await.unwrap();
         let e = read(20, greedy.clone()).await.unwrap_err();

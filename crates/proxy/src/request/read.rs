@@ -22,7 +22,7 @@ use crate::error::{ApiError, ErrorKind};
 pub async fn read_body(
     body: axum::body::Body,
     limits: BodyLimits,
-    budget: &Arc<BodyBudget>,
+    budget: &'static BodyBudget,
     tenant: &Arc<AtomicU64>,
 ) -> Result<Bytes, ApiError> {
     let mut reading = BodyRead::begin(body, limits.cap, budget, tenant)?;
@@ -48,7 +48,7 @@ impl BodyRead {
     fn begin(
         body: axum::body::Body,
         cap: usize,
-        budget: &Arc<BodyBudget>,
+        budget: &'static BodyBudget,
         tenant: &Arc<AtomicU64>,
     ) -> Result<BodyRead, ApiError> {
         if body.size_hint().lower() > cap as u64 {
@@ -240,7 +240,7 @@ mod tests {
             }
         }
         let body = axum::body::Body::new(Declared);
-        let e = read_body(body, limits(10), &budget, &Arc::default())
+        let e = read_body(body, limits(10), budget, &Arc::default())
             .await
             .unwrap_err();
         assert_eq!(e.kind, ErrorKind::BodyTooLarge);
@@ -257,7 +257,7 @@ mod tests {
         let budget = BodyBudget::new(1000, 1000);
         let tenant: Arc<AtomicU64> = Arc::default();
         let chunked = axum::body::Body::from_stream(frames());
-        let bytes = read_body(chunked, limits(100), &budget, &tenant)
+        let bytes = read_body(chunked, limits(100), budget, &tenant)
             .await
             .unwrap();
         assert_eq!(&bytes[..], br#"{"model":"m","x":1}"#);
@@ -287,7 +287,7 @@ mod tests {
             }
         }
         let declared = axum::body::Body::new(Declared(frames(), 19));
-        let bytes = read_body(declared, limits(100), &budget, &tenant)
+        let bytes = read_body(declared, limits(100), budget, &tenant)
             .await
             .unwrap();
         assert_eq!(&bytes[..], br#"{"model":"m","x":1}"#);
@@ -303,7 +303,7 @@ mod tests {
         let budget = BodyBudget::new(1000, 1000);
         let tenant: Arc<AtomicU64> = Arc::default();
         let body = axum::body::Body::from(&br#"{"model":"m"}"#[..]);
-        let mut reading = BodyRead::begin(body, 100, &budget, &tenant).unwrap();
+        let mut reading = BodyRead::begin(body, 100, budget, &tenant).unwrap();
         assert!(reading.ended_now().unwrap());
         let bytes = reading.into_bytes().unwrap();
         assert_eq!(&bytes[..], br#"{"model":"m"}"#);
@@ -322,7 +322,7 @@ mod tests {
             b"01234567890",
         ))]);
         let body = axum::body::Body::from_stream(frame);
-        let mut reading = BodyRead::begin(body, 10, &budget, &tenant).unwrap();
+        let mut reading = BodyRead::begin(body, 10, budget, &tenant).unwrap();
         let e = reading.ended_now().unwrap_err();
         assert_eq!(e.kind, ErrorKind::BodyTooLarge);
         drop(reading);
@@ -338,7 +338,7 @@ mod tests {
         let budget = BodyBudget::new(1000, 1000);
         let tenant: Arc<AtomicU64> = Arc::default();
         let body = axum::body::Body::from_stream(frames);
-        let mut reading = BodyRead::begin(body, 100, &budget, &tenant).unwrap();
+        let mut reading = BodyRead::begin(body, 100, budget, &tenant).unwrap();
         tx.send(Bytes::from_static(b"{\"model\":")).await.unwrap();
         assert!(!reading.ended_now().unwrap(), "the body has not ended");
         assert_eq!(budget.usage().0, 9, "the frame that came is taken and held");
@@ -362,7 +362,7 @@ mod tests {
         let body = axum::body::Body::from_stream(futures_util::stream::pending::<
             Result<Bytes, std::io::Error>,
         >());
-        let e = read_body(body, limits, &budget, &Arc::default())
+        let e = read_body(body, limits, budget, &Arc::default())
             .await
             .unwrap_err();
         assert_eq!(e.kind, ErrorKind::BodyReadTimeout);

@@ -18,18 +18,23 @@ pub(super) struct Gate {
     pub(super) series: metrics::TenantSeries,
     /// What the tenant brought and what became of it, for `GET /admin/top`.
     pub(super) traffic: Arc<TenantTraffic>,
-    pub(super) in_flight: Arc<AtomicUsize>,
+    /// The tenant's requests in flight (counted only when it has a concurrency cap).
+    pub(super) in_flight: AtomicUsize,
+    /// The gateway's requests in flight: the one count every gate shares.
+    pub(super) global: Arc<AtomicUsize>,
     /// Bytes of request body its requests hold, under its share of the body budget.
     pub(super) body_held: Arc<std::sync::atomic::AtomicU64>,
     /// The limits the limiter enforces, and the limiter.
     pub(super) rate: Mutex<(TenantLimits, TenantLimiter)>,
 }
 
-/// A request counted in flight, globally and for its tenant, whose body is yet to be read.
+/// A request counted in flight, globally and, when its tenant has a concurrency cap, for its
+/// tenant: from its head until its ticket (which takes this over) is dropped. The counts are its
+/// gate's, reached through the gate it holds anyway: no reference to them of their own.
 pub(crate) struct Entered {
     pub(super) gate: Arc<Gate>,
-    pub(super) global: Slot,
-    pub(super) own: Option<Slot>,
+    /// Counted in its tenant's concurrency too.
+    pub(super) own: bool,
 }
 
 impl Entered {
@@ -44,22 +49,21 @@ impl Entered {
     }
 }
 
-/// One place in a counter with a cap, given back on drop.
-pub(super) struct Slot(Arc<AtomicUsize>);
-
-impl Slot {
-    pub(super) fn take(counter: &Arc<AtomicUsize>, max: usize) -> Option<Slot> {
-        let before = counter.fetch_add(1, Ordering::AcqRel);
-        if before >= max {
-            counter.fetch_sub(1, Ordering::AcqRel);
-            return None;
+impl Drop for Entered {
+    fn drop(&mut self) {
+        self.gate.global.fetch_sub(1, Ordering::AcqRel);
+        if self.own {
+            self.gate.in_flight.fetch_sub(1, Ordering::AcqRel);
         }
-        Some(Slot(counter.clone()))
     }
 }
 
-impl Drop for Slot {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+/// Takes a place in `counter` under `max`: false, nothing taken, when it is full.
+pub(super) fn take_place(counter: &AtomicUsize, max: usize) -> bool {
+    let before = counter.fetch_add(1, Ordering::AcqRel);
+    if before >= max {
+        counter.fetch_sub(1, Ordering::AcqRel);
+        return false;
     }
+    true
 }

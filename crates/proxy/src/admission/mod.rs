@@ -48,7 +48,7 @@ use crate::pool::ModelPool;
 use crate::request::RequestSummary;
 use crate::traffic::{Refused, TenantTraffic};
 
-use gate::{Entered, Gate, Slot};
+use gate::{take_place, Entered, Gate};
 pub(crate) use headers::insert_rate_headers;
 use headers::RATE_HEADERS;
 pub(crate) use metrics::QueueFigures;
@@ -309,12 +309,12 @@ impl Admission {
     pub(crate) fn enter(&self, tenant: &Tenant) -> Result<Entered, ApiError> {
         let gate = self.gate(tenant);
         gate.traffic.offered();
-        let refused = |why: Refused, e: ApiError| {
+        let refused = |gate: &Gate, why: Refused, e: ApiError| {
             gate.traffic.shed(why);
             metrics::admission(&tenant.name, tenant.limits.priority, why.as_str());
             Err(e)
         };
-        let Some(global) = Slot::take(&self.in_flight, self.max_in_flight) else {
+        if !take_place(&gate.global, self.max_in_flight) {
             let e = ApiError::new(
                 ErrorKind::GatewayOverloaded,
                 format!(
@@ -323,21 +323,22 @@ impl Admission {
                 ),
             )
             .retry_after(OVERLOADED_RETRY_AFTER);
-            return refused(Refused::GatewayOverloaded, e);
-        };
-        let mut own = None;
+            return refused(&gate, Refused::GatewayOverloaded, e);
+        }
+        // Counted from here: a refusal below gives the gateway's place back as it drops.
+        let mut entered = Entered { gate, own: false };
         if let Some(max) = self.limits_of(tenant).max_concurrency {
-            own = Slot::take(&gate.in_flight, max as usize);
-            if own.is_none() {
+            if !take_place(&entered.gate.in_flight, max as usize) {
                 let e = ApiError::new(
                     ErrorKind::ConcurrencyLimited,
                     format!("this tenant already has its maximum of {max} requests in flight"),
                 )
                 .retry_after(CONCURRENCY_RETRY_AFTER);
-                return refused(Refused::ConcurrencyLimited, e);
+                return refused(&entered.gate, Refused::ConcurrencyLimited, e);
             }
+            entered.own = true;
         }
-        Ok(Entered { gate, global, own })
+        Ok(entered)
     }
 
     /// Admits a call whose body is read, or says why not, as the error to answer with: its
@@ -423,14 +424,13 @@ impl Admission {
         entered: Entered,
         ask: Ask<'_>,
     ) -> Result<Ticket, ApiError> {
-        let Entered { gate, global, own } = entered;
-        let refused = |why: Refused, e: ApiError| {
+        let refused = |gate: &Gate, why: Refused, e: ApiError| {
             gate.traffic.shed(why);
             metrics::admission(&tenant.name, tenant.limits.priority, why.as_str());
             Err(e)
         };
         if !self.tenant_limits {
-            return Ok(Ticket::unlimited(gate, global));
+            return Ok(Ticket::unlimited(entered));
         }
         // A rate of 0 has no GCRA to enforce it; it means "admit nothing", never "no limit".
         // Nothing writes one any more, but a record from before may still hold one.
@@ -458,21 +458,25 @@ impl Admission {
                      its limits must be changed"
                 ),
             );
-            return refused(outcome, e);
+            return refused(&entered.gate, outcome, e);
         }
         let estimate = self.estimate(&ask);
-        match self.rates.decide(&gate, &tenant.limits, estimate).await {
+        match self
+            .rates
+            .decide(&entered.gate, &tenant.limits, estimate)
+            .await
+        {
             Ruling::Admitted {
                 tokens,
                 headers,
                 shared,
             } => {
-                gate.series
+                entered
+                    .gate
+                    .series
                     .admitted(&tenant.name, tenant.limits.priority, tokens);
                 Ok(Ticket::new(ticket::Places {
-                    gate,
-                    _global: global,
-                    _own: own,
+                    entered,
                     rates: shared.then(|| (self.rates.clone(), tenant.limits)),
                     reserved: tokens,
                     prompt: self.prompt_estimate(ask.body_len),
@@ -520,7 +524,7 @@ impl Admission {
                 if let Some(after) = retry_after {
                     e = e.retry_after(after);
                 }
-                refused(outcome, e)
+                refused(&entered.gate, outcome, e)
             }
         }
     }
@@ -564,7 +568,8 @@ impl Admission {
                     tenant: tenant.name.clone(),
                     series: metrics::TenantSeries::new(&tenant.name, tenant.limits.priority),
                     traffic: Arc::new(crate::traffic::TenantTraffic::new()),
-                    in_flight: Arc::new(AtomicUsize::new(0)),
+                    in_flight: AtomicUsize::new(0),
+                    global: self.in_flight.clone(),
                     body_held: Arc::default(),
                     rate: Mutex::new((
                         tenant.limits,

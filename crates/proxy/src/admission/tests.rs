@@ -113,6 +113,9 @@ async fn concurrency_is_held_until_the_admission_is_dropped() {
     assert_eq!(a.in_flight().0, 1, "a refusal holds no place");
     drop(held);
     assert_eq!(a.in_flight().0, 0);
+    // Entered at its head and dropped before admission (its body refused): both places back.
+    drop(a.enter(&t).unwrap());
+    assert_eq!(a.in_flight().0, 0);
     assert!(admit(&a, &t, ask(&s)).await.is_ok());
 }
 

@@ -11,7 +11,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use spillway_policy::{Priority, RateHeaders};
 
-use super::gate::{Gate, Slot};
+use super::gate::Entered;
 use super::queue::Seat;
 use super::rate::Rates;
 use crate::auth::TenantLimits;
@@ -32,10 +32,8 @@ pub(crate) struct Ticket {
 
 /// What admission hands a ticket.
 pub(super) struct Places {
-    pub gate: Arc<Gate>,
-    /// Held, not read: its place in the gateway's cap and in its tenant's concurrency.
-    pub _global: Slot,
-    pub _own: Option<Slot>,
+    /// Its places in the gateway's cap and in its tenant's concurrency, and its tenant's gate.
+    pub entered: Entered,
     /// Set when Redis decided: the reservation is settled there.
     pub rates: Option<(Arc<Rates>, TenantLimits)>,
     pub reserved: u64,
@@ -62,11 +60,9 @@ impl Ticket {
 
     /// A ticket that holds the call's place in the gateway's cap and nothing of its tenant's
     /// limits (a gateway without admission, for replays).
-    pub(super) fn unlimited(gate: Arc<Gate>, global: Slot) -> Self {
+    pub(super) fn unlimited(entered: Entered) -> Self {
         let mut ticket = Ticket::new(Places {
-            gate,
-            _global: global,
-            _own: None,
+            entered,
             rates: None,
             reserved: 0,
             prompt: 0,
@@ -81,7 +77,11 @@ impl Ticket {
     }
 
     pub(super) fn seated(&mut self, seat: Seat, tenant: &str, class: Priority, waited: Duration) {
-        self.places.gate.series.queue_wait(tenant, class, waited);
+        self.places
+            .entered
+            .gate
+            .series
+            .queue_wait(tenant, class, waited);
         self.seat = Some(seat);
         self.waited = waited;
     }
@@ -132,7 +132,12 @@ impl Ticket {
     pub(super) fn settle(&mut self, used: Option<u64>) {
         self.settled = true;
         if let Some(used) = used {
-            self.places.gate.series.tokens_reported.increment(used);
+            self.places
+                .entered
+                .gate
+                .series
+                .tokens_reported
+                .increment(used);
             if self.places.meters_tokens {
                 self.reconcile(used);
             }
@@ -142,10 +147,15 @@ impl Ticket {
     fn reconcile(&self, used: u64) {
         let p = &self.places;
         if let Some((rates, limits)) = &p.rates {
-            rates.settle_shared(&p.gate.tenant, limits, p.reserved, used);
+            rates.settle_shared(&p.entered.gate.tenant, limits, p.reserved, used);
             return;
         }
-        let mut rate = p.gate.rate.lock().unwrap_or_else(|e| e.into_inner());
+        let mut rate = p
+            .entered
+            .gate
+            .rate
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         rate.1.reconcile(crate::clock::now(), p.reserved, used);
     }
 }

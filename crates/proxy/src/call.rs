@@ -115,8 +115,6 @@ pub(crate) struct Call {
     /// are told another model name, a priority or a tenant tag, or for a fallback model
     /// (`handler/read.rs`); the body holds its own place.
     pub _rewrite_room: Option<BodyHold>,
-    /// Its tenant's traffic counters (`GET /admin/top`).
-    pub traffic: Arc<crate::traffic::TenantTraffic>,
 }
 
 impl Drop for Call {

@@ -234,8 +234,8 @@ impl Admission {
         call: &Call,
         admitted: &mut Ticket,
     ) -> Result<(), ApiError> {
-        let (pool, tenant, class, traffic) =
-            (&*call.pool, &*call.tenant, call.priority, &call.traffic);
+        let (pool, tenant, class) = (&*call.pool, &*call.tenant, call.priority);
+        let traffic = admitted.traffic();
         let line = match self.fair_lines {
             true => &tenant.name,
             false => &*ONE_LINE,
@@ -246,11 +246,11 @@ impl Admission {
         match entered {
             Ok((seat, waited)) => {
                 admitted.seated(seat, &tenant.name, class, waited);
-                traffic.admitted();
+                admitted.traffic().admitted();
                 Ok(())
             }
             Err(shed) => {
-                traffic.shed(shed.refused());
+                admitted.traffic().shed(shed.refused());
                 metrics::admission(&tenant.name, class, shed.refused().as_str());
                 let message = match shed {
                     Shed::Timeout => format!(
@@ -350,10 +350,8 @@ impl Admission {
             Some(entered) => entered,
             None => self.enter(&call.tenant)?,
         };
-        // The call's counters are those of the gate it entered (`handler/read.rs` took them
-        // from its places), borrowed rather than counted again.
-        let traffic = &call.traffic;
-        traffic.offered_to(&call.pool.name);
+        // The tenant's counters are those of the gate it entered, borrowed from its places.
+        entered.traffic().offered_to(&call.pool.name);
         let ask = Ask {
             summary: &call.summary,
             body_len: call.body.len(),
@@ -363,6 +361,7 @@ impl Admission {
         let mut ticket = self.limits(&call.tenant, entered, ask).await?;
         let pool = &*call.pool;
         let now = crate::clock::now();
+        let traffic = ticket.traffic();
         if call.client_retry {
             // A caller's retry while the pool is failing would only stack its retries on ours.
             let shed = self.shed_client_retries && pool.is_failing(now);
@@ -400,7 +399,7 @@ impl Admission {
         // request that may have to wait (and then on the heap, out of every request's future).
         if let Some(seat) = queue.try_enter(now, seats) {
             ticket.seated(seat, &call.tenant.name, call.priority, Duration::ZERO);
-            traffic.admitted();
+            ticket.traffic().admitted();
         } else {
             Box::pin(self.wait_for_seat((queue, seats), now, call, &mut ticket)).await?;
         }

@@ -91,6 +91,11 @@ impl Ticket {
         self.waited
     }
 
+    /// The tenant's traffic counters (its gate's).
+    pub(crate) fn traffic(&self) -> &Arc<crate::traffic::TenantTraffic> {
+        self.places.entered.traffic()
+    }
+
     /// The tenant's quotas after this admission.
     pub(crate) fn rate_headers(&self) -> &RateHeaders {
         &self.places.headers

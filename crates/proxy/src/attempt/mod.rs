@@ -92,6 +92,8 @@ pub(crate) struct Chosen<B> {
 /// How a call's attempts ended.
 pub(crate) struct Attempted<B> {
     pub result: Result<Chosen<B>, ApiError>,
+    /// Attempts made, on its model and its fallbacks.
+    pub made: u32,
     /// The last backend tried, if any.
     pub backend: Option<Arc<str>>,
     /// The model that answered, when a fallback did.
@@ -133,8 +135,8 @@ pub(crate) async fn run<U: Upstream>(
     }
     pool.metrics.attempts(attempts.made);
     call.labels().attempted(attempts.made);
-    call.traffic.attempted(&call.pool.name, attempts.made);
     Attempted {
+        made: attempts.made,
         result,
         backend: attempts
             .tried

@@ -219,7 +219,6 @@ pub(super) fn call(models: &Models, retries: &Retries) -> Call {
         trace: crate::trace::CallTrace::none(),
         entered: None,
         _rewrite_room: None,
-        traffic: Arc::new(crate::traffic::TenantTraffic::new()),
     }
 }
 

@@ -105,6 +105,7 @@ async fn admit_attempt_respond(
     let ticket = live.admission.admit(call).await?;
     call.trace.admitted(ticket.waited());
     let attempted = crate::attempt::run(call, &live.retries, &gw.upstream, &live.models).await;
+    ticket.traffic().attempted(&call.pool.name, attempted.made);
     if let Some(backend) = attempted.backend {
         call.backend_label = Some(backend);
     }

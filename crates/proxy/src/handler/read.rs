@@ -130,7 +130,6 @@ pub(super) async fn read(
         region,
         priority,
         throttle_pass: None,
-        traffic: entered.traffic().clone(),
         trace: crate::trace::CallTrace::none(),
         entered: Some(entered),
         _rewrite_room: rewrite_room,

@@ -83,8 +83,9 @@ impl Retries {
 pub(crate) struct Chosen<B> {
     pub response: Answer<Peeked<B>>,
     pub hold: InFlight,
-    /// The model whose backend gave it: the call's own, or a fallback.
-    pub model: Arc<str>,
+    /// The rollout of the model whose backend gave it (the call's own, or a fallback), if that
+    /// model has one.
+    pub rollout: Option<Arc<crate::rollout::RolloutCell>>,
     /// The attempt's span, ended with the body.
     pub trace: crate::trace::Attempt,
 }
@@ -349,7 +350,7 @@ impl Loop<'_> {
                             Ok(Chosen {
                                 response,
                                 hold,
-                                model: pool.name.clone(),
+                                rollout: pool.rollout.clone(),
                                 trace: span,
                             })
                         }

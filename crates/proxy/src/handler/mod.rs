@@ -112,7 +112,9 @@ async fn admit_attempt_respond(
     let chosen = attempted.result?;
     // The call's span now ends with the relayed body.
     let trace = std::mem::replace(&mut call.trace, CallTrace::none());
-    let mut response = respond::respond(gw, live, call, (ticket, trace), chosen);
+    // The model whose backend answered: the call's own, or a fallback.
+    let model = attempted.fallback.as_ref().unwrap_or(&call.pool.name);
+    let mut response = respond::respond(gw, live, call, (ticket, trace), (chosen, model));
     let unasked = (!call.model_named).then(|| call.pool.name.clone());
     if let Some(model) = attempted.fallback.or(unasked) {
         // The model that answered, when it was not the one asked for.

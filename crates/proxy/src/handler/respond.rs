@@ -33,7 +33,7 @@ pub(super) fn respond<B>(
     live: &Live,
     call: &Call,
     (ticket, trace): (Ticket, CallTrace),
-    chosen: Chosen<B>,
+    (chosen, model): (Chosen<B>, &Arc<str>),
 ) -> Answer
 where
     B: http_body::Body<Data = Bytes, Error: std::fmt::Display> + Send + Unpin + 'static,
@@ -41,7 +41,7 @@ where
     let Chosen {
         response,
         hold,
-        model,
+        rollout,
         trace: attempt,
     } = chosen;
     let Answer {
@@ -66,10 +66,7 @@ where
     }
     // A success is counted on its rollout's side once its body has ended (an error status was
     // counted by the attempt loop).
-    let rollout = live
-        .models
-        .get(&model)
-        .and_then(|p| p.rollout.clone())
+    let rollout = rollout
         .filter(|_| status.is_success())
         .map(|cell| Counted { cell });
     let sse = is_sse(&lines);
@@ -92,7 +89,7 @@ where
             scanner: IdScanner::new(prefix),
             homes: gw.homes.clone(),
             home: Home {
-                model,
+                model: model.clone(),
                 backend: hold.backend().name.clone(),
                 tenant: call.tenant.name.clone(),
             },

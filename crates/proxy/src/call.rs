@@ -75,7 +75,7 @@ fn hex_digits(word: u32) -> u64 {
 }
 
 /// One request, as every stage of its path sees it.
-pub(crate) struct Call {
+pub(crate) struct Call<'l> {
     pub endpoint: Endpoint,
     /// The query string the caller sent, passed on to the backend.
     pub query: Option<Box<str>>,
@@ -91,7 +91,8 @@ pub(crate) struct Call {
     /// The caller named the model (rather than leaving it to the stored response it continues
     /// or to its tenant's default).
     pub model_named: bool,
-    pub pool: Arc<ModelPool>,
+    /// Its model's pool, lent by the config the request runs on (`Live`, held to its end).
+    pub pool: &'l Arc<ModelPool>,
     /// The region whose backends are tried first.
     pub region: Option<Arc<str>>,
     /// The class it is scheduled in: its tenant's, or lower if it asked.
@@ -117,7 +118,7 @@ pub(crate) struct Call {
     pub _rewrite_room: Option<BodyHold>,
 }
 
-impl Drop for Call {
+impl Drop for Call<'_> {
     fn drop(&mut self) {
         // A pass its first attempt did not close (none was made, or none was recorded) is
         // taken off its model's count now.
@@ -127,7 +128,7 @@ impl Drop for Call {
     }
 }
 
-impl Call {
+impl Call<'_> {
     /// Its labels in the request series, borrowed from its tenant, its pool and the backend
     /// that answered.
     pub fn labels(&self) -> Labels<'_> {

@@ -231,10 +231,10 @@ impl Admission {
         &self,
         (queue, seats): (&Arc<PoolQueue>, usize),
         now: Instant,
-        call: &Call,
+        call: &Call<'_>,
         admitted: &mut Ticket,
     ) -> Result<(), ApiError> {
-        let (pool, tenant, class) = (&*call.pool, &*call.tenant, call.priority);
+        let (pool, tenant, class) = (call.pool, &*call.tenant, call.priority);
         let traffic = admitted.traffic();
         let line = match self.fair_lines {
             true => &tenant.name,
@@ -345,7 +345,7 @@ impl Admission {
     /// tenant's rate limits, then the shedding of a caller's own retry while the model's
     /// backends are failing, the model's adaptive throttling, and a seat in its queue. The
     /// ticket holds the call's places, reservation and seat until its response ends.
-    pub(crate) async fn admit(&self, call: &mut Call) -> Result<Ticket, ApiError> {
+    pub(crate) async fn admit(&self, call: &mut Call<'_>) -> Result<Ticket, ApiError> {
         let entered = match call.entered.take() {
             Some(entered) => entered,
             None => self.enter(&call.tenant)?,
@@ -359,7 +359,7 @@ impl Admission {
             tokens: call.endpoint != Endpoint::CountTokens,
         };
         let mut ticket = self.limits(&call.tenant, entered, ask).await?;
-        let pool = &*call.pool;
+        let pool = call.pool;
         let now = crate::clock::now();
         let traffic = ticket.traffic();
         if call.client_retry {

@@ -74,7 +74,7 @@ impl Loop<'_> {
             return false;
         };
         let (call, models) = (self.call, self.models);
-        let own = &*call.pool;
+        let own = call.pool;
         let now = crate::clock::now();
         if self.made >= self.retries.policy.max_attempts || now >= call.deadline {
             return false;

@@ -105,12 +105,12 @@ pub(crate) struct Attempted<B> {
 /// then, if its model cannot answer it, on the model's fallbacks (`fallback.rs`), all within the
 /// one budget and attempt cap of the call's own model.
 pub(crate) async fn run<U: Upstream>(
-    call: &Call,
+    call: &Call<'_>,
     retries: &Retries,
     upstream: &U,
     models: &Models,
 ) -> Attempted<U::Body> {
-    let pool = &*call.pool;
+    let pool = call.pool;
     let now = crate::clock::now();
     pool.budget
         .lock()
@@ -149,7 +149,7 @@ pub(crate) async fn run<U: Upstream>(
 
 /// The state of one call's attempts.
 struct Loop<'a> {
-    call: &'a Call,
+    call: &'a Call<'a>,
     retries: &'a Retries,
     /// Every model, for the fallbacks.
     models: &'a Models,
@@ -180,7 +180,7 @@ impl Loop<'_> {
     fn pool(&self) -> &Arc<ModelPool> {
         self.fallback
             .as_ref()
-            .map_or(&self.call.pool, |(pool, _)| pool)
+            .map_or(self.call.pool, |(pool, _)| pool)
     }
 
     /// The body as the current model's backends get it.
@@ -193,7 +193,7 @@ impl Loop<'_> {
     async fn run<U: Upstream>(&mut self, upstream: &U) -> Result<Chosen<U::Body>, ApiError> {
         let call = self.call;
         // Its retries are drawn from, and counted in, the call's own model.
-        let own = &*call.pool;
+        let own = call.pool;
         // A fallback's pool is held apart from `self`, which the attempts change; the call's
         // own is the call's.
         let current = self.fallback.as_ref().map(|(pool, _)| pool.clone());

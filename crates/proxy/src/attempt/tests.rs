@@ -189,7 +189,7 @@ pub(super) fn models_from(toml: &str) -> (Models, Retries) {
     (models, retries)
 }
 
-pub(super) fn call(models: &Models, retries: &Retries) -> Call {
+pub(super) fn call<'m>(models: &'m Models, retries: &Retries) -> Call<'m> {
     let started = crate::clock::now();
     Call {
         endpoint: Endpoint::ChatCompletions,
@@ -207,7 +207,7 @@ pub(super) fn call(models: &Models, retries: &Retries) -> Call {
         headers: Lines::default(),
         body: Bytes::from_static(br#"{"model":"m"}"#),
         summary: crate::request::summarize(br#"{"model":"m"}"#, false).unwrap(),
-        pool: models.get("m").unwrap().clone(),
+        pool: models.get("m").unwrap(),
         region: None,
         priority: Default::default(),
         affinity_key: None,

@@ -100,7 +100,7 @@ pub(crate) async fn handle(gw: &Gateway, endpoint: Endpoint, req: Request, lines
 async fn admit_attempt_respond(
     gw: &Gateway,
     live: &Live,
-    call: &mut Call,
+    call: &mut Call<'_>,
 ) -> Result<Answer, ApiError> {
     let ticket = live.admission.admit(call).await?;
     call.trace.admitted(ticket.waited());

@@ -31,13 +31,13 @@ use crate::request::{read_body, summarize, BodyHold, BodyLimits};
 /// a wrapper pairing them with the error would move the call once more on its way out. A call
 /// read is labelled from the tenant and pool it holds, `Call::labels`: `labels` is filled in
 /// only on a refusal, by [`Refused`].)
-pub(super) async fn read(
+pub(super) async fn read<'l>(
     gw: &Gateway,
-    live: &Live,
+    live: &'l Live,
     endpoint: Endpoint,
     (req, mut headers, started): (Request, Lines, Instant),
     labels: &mut RequestLabels,
-) -> Result<Call, ApiError> {
+) -> Result<Call<'l>, ApiError> {
     let (parts, body) = req.into_parts();
     let tenant = authenticate(gw, &headers).await?;
     let mut refused = Refused {
@@ -65,9 +65,8 @@ pub(super) async fn read(
             format!("the model {:?} does not exist", shown(&summary.model)),
         )
     })?;
-    // Named from the config's pool, which outlives this reading; the call holds its own.
     refused.model = Some(&found.name);
-    let pool = found.clone();
+    let pool = found;
     if !tenant.may_use(&summary.model) {
         return Err(ApiError::new(
             ErrorKind::ModelNotAllowed,
@@ -87,7 +86,7 @@ pub(super) async fn read(
             ),
         ));
     }
-    let rewrite_room = rewrite_room(gw, &entered, &pool, endpoint, &summary, &body)?;
+    let rewrite_room = rewrite_room(gw, &entered, pool, endpoint, &summary, &body)?;
     let looked = Looked {
         region: &live.config.server.region_header,
         class: &live.config.server.priority_header,

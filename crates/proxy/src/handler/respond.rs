@@ -31,7 +31,7 @@ use crate::usage::UsageScanner;
 pub(super) fn respond<B>(
     gw: &Gateway,
     live: &Live,
-    call: &Call,
+    call: &Call<'_>,
     (ticket, trace): (Ticket, CallTrace),
     (chosen, model): (Chosen<B>, &Arc<str>),
 ) -> Answer

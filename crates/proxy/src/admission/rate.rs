@@ -106,6 +106,18 @@ impl Rates {
 
     /// The ruling of the gateway's own limits.
     fn local_ruling(&self, gate: &Gate, limits: &TenantLimits, estimate: u64) -> Ruling {
+        if let (None, None) = full(limits) {
+            // No rate to hold it to: its limiter (which would admit it with no quota to tell)
+            // is not taken. It is set to new limits when the tenant has some again.
+            return Ruling::Admitted {
+                tokens: estimate,
+                headers: RateHeaders {
+                    requests: None,
+                    tokens: None,
+                },
+                shared: false,
+            };
+        }
         let now = crate::clock::now();
         let mut rate = gate.rate.lock().unwrap_or_else(|e| e.into_inner());
         if rate.0 != *limits {

@@ -202,7 +202,11 @@ async fn changed_limits_apply_to_the_next_request() {
     let _first = admit(&a, &strict, ask(&s)).await.unwrap();
     assert!(admit(&a, &strict, ask(&s)).await.is_err());
     let relaxed = tenant("a", TenantLimits::default());
-    assert!(admit(&a, &relaxed, ask(&s)).await.is_ok());
+    let unlimited = admit(&a, &relaxed, ask(&s)).await.unwrap();
+    let quotas = unlimited.rate_headers();
+    assert!(quotas.requests.is_none() && quotas.tokens.is_none());
+    // Limited again: what it sent under the limit before still counts against it.
+    assert!(admit(&a, &strict, ask(&s)).await.is_err());
 }
 
 mod queue {

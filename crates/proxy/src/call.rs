@@ -120,6 +120,7 @@ pub(crate) struct Call<'l> {
 
 impl Drop for Call<'_> {
     fn drop(&mut self) {
+        // The pass and the count it is on are its model's: `pool` (see `close_throttle_pass`).
         // A pass its first attempt did not close (none was made, or none was recorded) is
         // taken off its model's count now.
         if let Some(pass) = &mut self.throttle_pass {
@@ -129,6 +130,14 @@ impl Drop for Call<'_> {
 }
 
 impl Call<'_> {
+    /// Its first attempt was recorded (on its model or a fallback): its pass through its
+    /// model's adaptive throttling, if it holds one, is taken off the model's pending count.
+    pub fn close_throttle_pass(&self) {
+        if let Some(pass) = &self.throttle_pass {
+            pass.close(&self.pool.throttle_pending);
+        }
+    }
+
     /// Its labels in the request series, borrowed from its tenant, its pool and the backend
     /// that answered.
     pub fn labels(&self) -> Labels<'_> {

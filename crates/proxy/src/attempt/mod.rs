@@ -21,6 +21,8 @@ mod peek;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
+mod throttle_tests;
+#[cfg(test)]
 mod wide_tests;
 
 use std::borrow::Cow;
@@ -40,6 +42,7 @@ use crate::error::ApiError;
 use crate::lines::Lines;
 use crate::pool::{Acquired, Ask, Backend, InFlight, ModelPool, Models};
 use crate::request::rewritten;
+use crate::traffic::TenantTraffic;
 use crate::upstream::{self, Upstream};
 use answer::Failure;
 pub(crate) use peek::Peeked;
@@ -93,19 +96,18 @@ pub(crate) struct Chosen<B> {
 /// How a call's attempts ended.
 pub(crate) struct Attempted<B> {
     pub result: Result<Chosen<B>, ApiError>,
-    /// Attempts made, on its model and its fallbacks.
-    pub made: u32,
     /// The last backend tried, if any.
     pub backend: Option<Arc<str>>,
     /// The model that answered, when a fallback did.
     pub fallback: Option<Arc<str>>,
 }
 
-/// Runs the attempts of `call` until one is chosen or the call gives up, on its own model and
+/// Runs the attempts of `call` (its tenant's counters `traffic`, its admission ticket's) until one is chosen or the call gives up, on its own model and
 /// then, if its model cannot answer it, on the model's fallbacks (`fallback.rs`), all within the
 /// one budget and attempt cap of the call's own model.
 pub(crate) async fn run<U: Upstream>(
     call: &Call<'_>,
+    traffic: &TenantTraffic,
     retries: &Retries,
     upstream: &U,
     models: &Models,
@@ -136,8 +138,8 @@ pub(crate) async fn run<U: Upstream>(
     }
     pool.metrics.attempts(attempts.made);
     call.labels().attempted(attempts.made);
+    traffic.attempted(&call.pool.name, attempts.made);
     Attempted {
-        made: attempts.made,
         result,
         backend: attempts
             .tried
@@ -436,10 +438,7 @@ impl Loop<'_> {
         if outcome != Outcome::ConnectFailed {
             // A connection never made put no load on a backend.
             pool.throttle_record(now, !class.is_backend_failure());
-            if let Some(pass) = &self.call.throttle_pass {
-                // The pass is the call's model's, whichever pool this attempt went to.
-                pass.close(&self.call.pool.throttle_pending);
-            }
+            self.call.close_throttle_pass();
         }
         if class == Class::UpstreamAuth {
             // The gateway's own key for this backend is wrong: the operator must hear of it,

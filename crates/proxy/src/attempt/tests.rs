@@ -22,6 +22,7 @@ use crate::endpoint::Endpoint;
 use crate::lines::Lines;
 use crate::pool::{Backend, InFlight, Models};
 use crate::relay::{BodyEnd, EndObserver, RelayBody};
+use crate::traffic::TenantTraffic;
 use crate::upstream::{Attempt, Upstream};
 
 /// What the scripted upstream does with one attempt.
@@ -222,6 +223,11 @@ pub(super) fn call<'m>(models: &'m Models, retries: &Retries) -> Call<'m> {
     }
 }
 
+/// A tenant's counters, for a call of the tests.
+pub(super) fn traffic() -> TenantTraffic {
+    TenantTraffic::new()
+}
+
 /// Runs `f` on a current-thread runtime whose clock is paused: sleeps and timeouts pass at
 /// once, in order, as the loop's backoffs and the script's latencies ask.
 pub(super) fn paused<F: std::future::Future>(f: F) -> F::Output {
@@ -239,10 +245,16 @@ pub(super) async fn chosen<U: Upstream>(
     retries: &Retries,
     upstream: &U,
 ) -> super::Chosen<U::Body> {
-    run(&call(models, retries), retries, upstream, models)
-        .await
-        .result
-        .unwrap_or_else(|e| panic!("{}", e.message))
+    run(
+        &call(models, retries),
+        &traffic(),
+        retries,
+        upstream,
+        models,
+    )
+    .await
+    .result
+    .unwrap_or_else(|e| panic!("{}", e.message))
 }
 
 pub(super) fn step() -> impl Strategy<Value = Step> {
@@ -285,7 +297,7 @@ proptest! {
             for _ in 0..callers {
                 for _ in 0..=caller_retries {
                     requests += 1;
-                    let ok = run(&call(&models, &retries), &retries, &upstream, &models)
+                    let ok = run(&call(&models, &retries), &traffic(), &retries, &upstream, &models)
                         .await
                         .result
                         .is_ok_and(|c| c.response.status().is_success());
@@ -324,7 +336,7 @@ proptest! {
         let deadline = paused(async {
             let call = call(&models, &retries);
             let deadline = Instant::from_std(call.deadline);
-            let _ = run(&call, &retries, &upstream, &models).await;
+            let _ = run(&call, &traffic(), &retries, &upstream, &models).await;
             deadline
         });
         for s in upstream.sent() {
@@ -344,7 +356,7 @@ proptest! {
         let (models, retries) = pool("");
         let upstream = Scripted::new(steps.clone());
         paused(async {
-            let _ = run(&call(&models, &retries), &retries, &upstream, &models).await;
+            let _ = run(&call(&models, &retries), &traffic(), &retries, &upstream, &models).await;
         });
         let sent = upstream.sent();
         for (i, (s, step)) in sent.iter().zip(&steps).enumerate() {
@@ -366,9 +378,15 @@ fn a_client_error_is_never_retried() {
     // are about the backend, not the request, and tried elsewhere.
     for status in (400u16..500).filter(|s| ![401, 403, 429].contains(s)) {
         let upstream = Scripted::new([Step::Status(status, Duration::ZERO)]);
-        let chosen = paused(run(&call(&models, &retries), &retries, &upstream, &models))
-            .result
-            .unwrap_or_else(|e| panic!("{status}: {}", e.message));
+        let chosen = paused(run(
+            &call(&models, &retries),
+            &traffic(),
+            &retries,
+            &upstream,
+            &models,
+        ))
+        .result
+        .unwrap_or_else(|e| panic!("{status}: {}", e.message));
         assert_eq!(chosen.response.status(), status, "relayed as it came");
         assert_eq!(upstream.sent().len(), 1, "{status} was retried");
     }
@@ -489,14 +507,20 @@ fn the_observer_reads_each_frame_after_it_was_passed_on_and_before_the_end() {
         paused(async {
             let call = call(&models, &retries);
             let chosen = match upstream() {
-                Some(step) => run(&call, &retries, &Scripted::new([step]), &models)
+                Some(step) => run(&call, &traffic(), &retries, &Scripted::new([step]), &models)
                     .await
                     .result
                     .map(boxed),
-                None => run(&call, &retries, &BreaksMidStream::default(), &models)
-                    .await
-                    .result
-                    .map(boxed),
+                None => run(
+                    &call,
+                    &traffic(),
+                    &retries,
+                    &BreaksMidStream::default(),
+                    &models,
+                )
+                .await
+                .result
+                .map(boxed),
             };
             let (response, hold) = chosen.unwrap_or_else(|e| panic!("{}", e.message));
             let relay = RelayBody::new(
@@ -540,58 +564,4 @@ fn the_observer_reads_each_frame_after_it_was_passed_on_and_before_the_end() {
             "failed: the backend went away"
         ]
     );
-}
-
-/// A call's pass through adaptive throttling counts in its model's pending passes until its
-/// first attempt is recorded, or until the call ends without one; a fallback's attempt closes
-/// the pass of the model that gave it.
-#[test]
-fn a_throttling_pass_is_taken_off_its_models_count_once_by_its_first_attempt_or_its_end() {
-    let (models, retries) = pool_with("throttle_k = 2.0", r#"fallbacks = [{ model = "f" }]"#);
-    let m = models.get("m").unwrap().clone();
-    let pending = || {
-        m.throttle_pending
-            .load(std::sync::atomic::Ordering::Acquire)
-    };
-    let admitted = || {
-        let mut call = call(&models, &retries);
-        call.throttle_pass = Some(m.throttle_admits(crate::clock::now()).unwrap());
-        call
-    };
-
-    let unanswered = admitted();
-    assert_eq!(pending(), 1);
-    drop(unanswered);
-    assert_eq!(pending(), 0, "a call ended before any attempt");
-
-    let upstream = Scripted::new([Step::Status(500, Duration::ZERO)]);
-    let answered = admitted();
-    paused(async {
-        let _ = run(&answered, &retries, &upstream, &models).await;
-        assert_eq!(
-            pending(),
-            0,
-            "closed by the first attempt, the call still on"
-        );
-    });
-    drop(answered);
-    assert_eq!(pending(), 0, "and not taken off again at the end");
-
-    // No backend of `m` can be reached (which records nothing for throttling): the fallback's
-    // backend answers, and its attempt closes `m`'s pass.
-    let upstream =
-        Scripted::new((0..3).map(|_| Step::Fail(Outcome::ConnectFailed, Duration::ZERO)));
-    let fell_back = admitted();
-    paused(async {
-        let _ = run(&fell_back, &retries, &upstream, &models).await;
-        let sent = upstream.sent();
-        assert_eq!(
-            &*sent.last().unwrap().backend,
-            "x",
-            "answered by the fallback"
-        );
-        assert_eq!(pending(), 0, "closed by the fallback's attempt");
-    });
-    drop(fell_back);
-    assert_eq!(pending(), 0);
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use spillway_policy::Class;
 
 use super::run;
-use super::tests::{call, chosen, models_from, paused, Scripted};
+use super::tests::{call, chosen, models_from, paused, traffic, Scripted};
 use crate::pool::tests::backends;
 
 /// Model `m` with `n` backends `b0`, `b1`, ..., each taking one request at a time.
@@ -94,7 +94,14 @@ fn pick_with_probes_out(probes_out: usize) -> (Vec<Arc<str>>, bool) {
             .iter()
             .map(|b| b.try_acquire().expect("room"))
             .collect();
-        let attempted = run(&call(&models, &retries), &retries, &upstream, &models).await;
+        let attempted = run(
+            &call(&models, &retries),
+            &traffic(),
+            &retries,
+            &upstream,
+            &models,
+        )
+        .await;
         attempted.result.is_ok()
     });
     let sent = upstream.sent().iter().map(|s| s.backend.clone()).collect();

@@ -104,8 +104,14 @@ async fn admit_attempt_respond(
 ) -> Result<Answer, ApiError> {
     let ticket = live.admission.admit(call).await?;
     call.trace.admitted(ticket.waited());
-    let attempted = crate::attempt::run(call, &live.retries, &gw.upstream, &live.models).await;
-    ticket.traffic().attempted(&call.pool.name, attempted.made);
+    let attempted = crate::attempt::run(
+        call,
+        ticket.traffic(),
+        &live.retries,
+        &gw.upstream,
+        &live.models,
+    )
+    .await;
     if let Some(backend) = attempted.backend {
         call.backend_label = Some(backend);
     }

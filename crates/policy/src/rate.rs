@@ -285,8 +285,9 @@ pub enum Dimension {
     Tokens,
 }
 
-/// Both dimensions' headers; `None` where the tenant has no limit of that kind.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Both dimensions' headers; `None` where the tenant has no limit of that kind (the default:
+/// none of either).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct RateHeaders {
     pub requests: Option<Quota>,
     pub tokens: Option<Quota>,

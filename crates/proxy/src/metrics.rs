@@ -362,22 +362,8 @@ impl RequestLabels {
         )
     }
 
-    pub fn model(&self) -> &Arc<str> {
-        self.view().model
-    }
-
     pub fn answered(self, status: u16) {
         self.view().answered(status);
-    }
-
-    /// Upstream attempts made for this request (all of them, at its end).
-    pub fn attempted(&self, attempts: u32) {
-        self.view().attempted(attempts);
-    }
-
-    /// The caller marked this request as its own retry; `shed` when it was refused for it.
-    pub fn client_retry(&self, shed: bool) {
-        self.view().client_retry(shed);
     }
 }
 

@@ -111,10 +111,7 @@ impl Rates {
             // is not taken. It is set to new limits when the tenant has some again.
             return Ruling::Admitted {
                 tokens: estimate,
-                headers: RateHeaders {
-                    requests: None,
-                    tokens: None,
-                },
+                headers: RateHeaders::default(),
                 shared: false,
             };
         }

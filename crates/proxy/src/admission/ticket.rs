@@ -66,10 +66,7 @@ impl Ticket {
             rates: None,
             reserved: 0,
             prompt: 0,
-            headers: RateHeaders {
-                requests: None,
-                tokens: None,
-            },
+            headers: RateHeaders::default(),
             meters_tokens: false,
         });
         ticket.settled = true;

@@ -140,6 +140,17 @@ mod tests {
         }
     }
 
+    impl Count {
+        fn woken(&self) -> usize {
+            self.0.load(Ordering::SeqCst)
+        }
+    }
+
+    /// Waits `secs` of paused time.
+    async fn passes(secs: u64) {
+        tokio::time::sleep(Duration::from_secs(secs)).await;
+    }
+
     fn waker() -> (Arc<Count>, Waker) {
         let count = Arc::new(Count::default());
         (count.clone(), Waker::from(count))
@@ -207,39 +218,31 @@ mod tests {
     async fn an_alarm_polled_seldom_still_wakes_its_task_at_its_deadline() {
         let (count, w) = waker();
         let mut cx = Context::from_waker(&w);
-        let start = tokio::time::Instant::now();
-        let mut alarm = Alarm::at(start + Duration::from_secs(10));
+        let in_secs = |secs| tokio::time::Instant::now() + Duration::from_secs(secs);
+        let mut alarm = Alarm::at(in_secs(10));
         for _ in 0..5 {
             assert!(alarm.poll(&mut cx).is_pending());
         }
-        tokio::time::sleep(Duration::from_secs(9)).await;
-        assert_eq!(count.0.load(Ordering::SeqCst), 0);
+        passes(9).await;
+        assert_eq!(count.woken(), 0);
         assert!(alarm.poll(&mut cx).is_pending());
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        assert_eq!(count.0.load(Ordering::SeqCst), 1, "woken at the deadline");
+        passes(2).await;
+        assert_eq!(count.woken(), 1, "woken at the deadline");
         assert!(alarm.poll(&mut cx).is_ready());
 
-        alarm.reset(tokio::time::Instant::now() + Duration::from_secs(5));
+        alarm.reset(in_secs(5));
         assert!(alarm.poll(&mut cx).is_pending());
         assert!(alarm.poll(&mut cx).is_pending());
-        tokio::time::sleep(Duration::from_secs(6)).await;
-        assert_eq!(
-            count.0.load(Ordering::SeqCst),
-            2,
-            "woken again after the reset"
-        );
+        passes(6).await;
+        assert_eq!(count.woken(), 2, "woken again after the reset");
         assert!(alarm.poll(&mut cx).is_ready());
 
-        alarm.reset(tokio::time::Instant::now() + Duration::from_secs(60));
+        alarm.reset(in_secs(60));
         assert!(alarm.poll(&mut cx).is_pending());
-        alarm.reset(tokio::time::Instant::now() + Duration::from_secs(1));
+        alarm.reset(in_secs(1));
         assert!(alarm.poll(&mut cx).is_pending());
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        assert_eq!(
-            count.0.load(Ordering::SeqCst),
-            3,
-            "moved earlier, woken then"
-        );
+        passes(2).await;
+        assert_eq!(count.woken(), 3, "moved earlier, woken then");
         assert!(alarm.poll(&mut cx).is_ready());
     }
 
@@ -252,9 +255,9 @@ mod tests {
         let mut alarm = Alarm::at(tokio::time::Instant::now() + Duration::from_secs(1));
         assert!(alarm.poll(&mut Context::from_waker(&a)).is_pending());
         assert!(alarm.poll(&mut Context::from_waker(&b)).is_pending());
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        assert_eq!(first.0.load(Ordering::SeqCst), 0);
-        assert_eq!(second.0.load(Ordering::SeqCst), 1);
+        passes(2).await;
+        assert_eq!(first.woken(), 0);
+        assert_eq!(second.woken(), 1);
     }
 
     /// A quiet wait for a watch's change is polled once while nothing changes, and still ends
@@ -273,11 +276,7 @@ mod tests {
             assert!(stopping.as_mut().poll(&mut cx).is_pending());
         }
         tx.send(true).unwrap();
-        assert_eq!(
-            count.0.load(Ordering::SeqCst),
-            1,
-            "the change woke the task"
-        );
+        assert_eq!(count.woken(), 1, "the change woke the task");
         assert!(stopping.as_mut().poll(&mut cx).is_ready());
     }
 }

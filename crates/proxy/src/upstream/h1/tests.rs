@@ -380,6 +380,51 @@ async fn each_exchange_is_held_to_its_own_deadline_on_the_connections_one_timer(
     drop(backend.await.unwrap());
 }
 
+/// A kept connection is taken by another client connection's task for its next exchange, with
+/// the timer the last one registered: an exchange in a new task is woken by its own deadline,
+/// whether the timer is left at the last exchange's earlier one or moved in for it.
+#[tokio::test(start_paused = true)]
+async fn a_kept_connections_timer_wakes_the_task_that_uses_it_now() {
+    times_out_in_another_task(10, 20).await;
+    times_out_in_another_task(100, 5).await;
+}
+
+/// An exchange answered at once with a deadline `first` seconds out, then one in another task,
+/// never answered, with a deadline `next` seconds out from the same start.
+async fn times_out_in_another_task(first: u64, next: u64) {
+    use std::time::Duration;
+    use tokio::time::Instant;
+    let (mut conn, mut far) = pair();
+    let backend = tokio::spawn(async move {
+        let mut read = vec![0u8; 4096];
+        assert!(far.read(&mut read).await.unwrap() > 0);
+        far.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+            .await
+            .unwrap();
+        while far.read(&mut read).await.unwrap() > 0 {}
+    });
+    let start = Instant::now();
+    let req = Outgoing::of(&post("{}"));
+    let head = conn
+        .send_until(&req, start + Duration::from_secs(first))
+        .await;
+    assert_eq!(head.unwrap().response.status(), 200);
+    let deadline = start + Duration::from_secs(next);
+    let exchange = tokio::spawn(async move {
+        let head = conn.send_until(&req, deadline).await;
+        drop(conn);
+        head
+    });
+    // A task its deadline did not wake would wait out this minute instead.
+    let head = tokio::time::timeout(Duration::from_secs(60), exchange)
+        .await
+        .expect("woken by its own deadline")
+        .unwrap();
+    assert!(matches!(head, Err(Error::TimedOut)), "{:?}", head.err());
+    assert!(Instant::now() >= deadline);
+    backend.await.unwrap();
+}
+
 #[tokio::test]
 async fn a_write_that_fails_after_bytes_went_out_is_not_a_stale_connection() {
     let (near, mut far) = tokio::io::duplex(1024);

@@ -26,12 +26,7 @@ async fn probes_and_metrics_are_on_their_listeners() {
     )
     .await;
     for _ in 0..3 {
-        c.post(gw.url("/v1/chat/completions"))
-            .bearer_auth(KEY)
-            .json(&chat_body("m", false))
-            .send()
-            .await
-            .unwrap();
+        chat(&gw, &chat_body("m", false)).await;
     }
     c.post(gw.url("/v1/chat/completions"))
         .bearer_auth("sk-nope")
@@ -40,22 +35,10 @@ async fn probes_and_metrics_are_on_their_listeners() {
         .await
         .unwrap();
     // Refused while read: labelled with what was known by then.
-    let no_model = c
-        .post(gw.url("/v1/chat/completions"))
-        .bearer_auth(KEY)
-        .json(&chat_body("no-such-model", false))
-        .send()
-        .await
-        .unwrap();
+    let no_model = chat(&gw, &chat_body("no-such-model", false)).await;
     assert_eq!(no_model.status(), 404);
-    let bad_class = c
-        .post(gw.url("/v1/chat/completions"))
-        .bearer_auth(KEY)
-        .header("x-spillway-priority", "urgent")
-        .json(&chat_body("m", false))
-        .send()
-        .await
-        .unwrap();
+    let urgent = Some(("x-spillway-priority", "urgent"));
+    let bad_class = chat_with_header(&gw, &chat_body("m", false), urgent).await;
     assert_eq!(bad_class.status(), 400);
     // Metrics are not on the API listener.
     assert_eq!(

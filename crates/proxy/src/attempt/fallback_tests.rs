@@ -9,8 +9,8 @@ use spillway_policy::Outcome;
 
 use super::run;
 use super::tests::{
-    call, models_from, paused, pool_with, step, traffic, Scripted, Step, BUDGET_MIN_PER_SEC,
-    BUDGET_RATIO, BUDGET_WINDOW_SECS,
+    attempt_once, call, models_from, paused, pool_with, step, traffic, Scripted, Step,
+    BUDGET_MIN_PER_SEC, BUDGET_RATIO, BUDGET_WINDOW_SECS,
 };
 
 const ALL: &str = r#"fallbacks = [{ model = "f" }]"#;
@@ -30,13 +30,7 @@ fn capacity_on_every_backend_falls_back_and_the_answer_says_which_model() {
     let (models, retries) = pool_with("", ALL);
     let full = Step::Status(429, Duration::ZERO);
     let upstream = Scripted::new([full.clone(), full.clone(), full]);
-    let attempted = paused(run(
-        &call(&models, &retries),
-        &traffic(),
-        &retries,
-        &upstream,
-        &models,
-    ));
+    let attempted = paused(attempt_once(&models, &retries, &upstream));
     assert_eq!(attempted.fallback.as_deref(), Some("f"));
     assert_eq!(attempted.result.unwrap().response.status(), 200);
     assert_eq!(backends(&upstream).last().map(String::as_str), Some("x"));
@@ -48,13 +42,7 @@ fn backends_all_down_fall_back_as_unavailable() {
     let (models, retries) = pool_with("", r#"fallbacks = [{ model = "f", on = ["unavailable"] }]"#);
     let down = Step::Fail(Outcome::ConnectFailed, Duration::ZERO);
     let upstream = Scripted::new([down.clone(), down.clone(), down]);
-    let attempted = paused(run(
-        &call(&models, &retries),
-        &traffic(),
-        &retries,
-        &upstream,
-        &models,
-    ));
+    let attempted = paused(attempt_once(&models, &retries, &upstream));
     assert_eq!(
         attempted.fallback.as_deref(),
         Some("f"),
@@ -71,25 +59,13 @@ fn a_prompt_too_long_falls_back_and_any_other_400_is_relayed() {
         r#"fallbacks = [{ model = "f", on = ["context_window"] }]"#,
     );
     let upstream = Scripted::new([Step::Body(400, CONTEXT)]);
-    let attempted = paused(run(
-        &call(&models, &retries),
-        &traffic(),
-        &retries,
-        &upstream,
-        &models,
-    ));
+    let attempted = paused(attempt_once(&models, &retries, &upstream));
     assert_eq!(attempted.fallback.as_deref(), Some("f"));
     assert_eq!(attempted.result.unwrap().response.status(), 200);
 
     let other = r#"{"error":{"message":"temperature must be at most 2"}}"#;
     let upstream = Scripted::new([Step::Body(400, other)]);
-    let attempted = paused(run(
-        &call(&models, &retries),
-        &traffic(),
-        &retries,
-        &upstream,
-        &models,
-    ));
+    let attempted = paused(attempt_once(&models, &retries, &upstream));
     assert_eq!(attempted.fallback, None);
     let body = paused(async {
         use http_body_util::BodyExt;
@@ -123,13 +99,7 @@ fn a_400_longer_than_the_read_ahead_is_relayed_whole() {
         .into_boxed_str(),
     );
     let upstream = Scripted::new([Step::Body(400, long)]);
-    let attempted = paused(run(
-        &call(&models, &retries),
-        &traffic(),
-        &retries,
-        &upstream,
-        &models,
-    ));
+    let attempted = paused(attempt_once(&models, &retries, &upstream));
     assert_eq!(attempted.fallback, None);
     let body = paused(async {
         use http_body_util::BodyExt;
@@ -154,13 +124,7 @@ fn a_trigger_the_fallback_is_not_for_and_a_model_the_caller_may_not_use_end_the_
     );
     let full = Step::Status(429, Duration::ZERO);
     let upstream = Scripted::new([full.clone(), full.clone(), full]);
-    let attempted = paused(run(
-        &call(&models, &retries),
-        &traffic(),
-        &retries,
-        &upstream,
-        &models,
-    ));
+    let attempted = paused(attempt_once(&models, &retries, &upstream));
     assert_eq!(attempted.fallback, None);
     assert!(attempted.result.is_err());
     assert!(!backends(&upstream).contains(&"x".to_owned()));
@@ -190,13 +154,7 @@ fn a_fallback_counts_against_the_attempt_cap() {
     retries.policy.max_attempts = 3;
     let full = Step::Status(429, Duration::ZERO);
     let upstream = Scripted::new([full.clone(), full.clone(), full]);
-    let attempted = paused(run(
-        &call(&models, &retries),
-        &traffic(),
-        &retries,
-        &upstream,
-        &models,
-    ));
+    let attempted = paused(attempt_once(&models, &retries, &upstream));
     assert_eq!(attempted.fallback, None);
     assert_eq!(upstream.sent().len(), 3);
 }
@@ -233,14 +191,7 @@ engine = "none"
     let requests = 600u64;
     paused(async {
         for _ in 0..requests {
-            let _ = run(
-                &call(&models, &retries),
-                &traffic(),
-                &retries,
-                &upstream,
-                &models,
-            )
-            .await;
+            let _ = attempt_once(&models, &retries, &upstream).await;
         }
     });
     let sent = upstream.sent().len() as f64;
@@ -273,14 +224,7 @@ fn with_every_prompt_too_long_fallbacks_stay_within_the_budget() {
     let relayed_400s = paused(async {
         let mut relayed = 0;
         for _ in 0..requests {
-            let a = run(
-                &call(&models, &retries),
-                &traffic(),
-                &retries,
-                &upstream,
-                &models,
-            )
-            .await;
+            let a = attempt_once(&models, &retries, &upstream).await;
             if a.result.is_ok_and(|c| c.response.status() == 400) {
                 relayed += 1;
             }
@@ -324,7 +268,7 @@ proptest! {
                 for _ in 0..=caller_retries {
                     requests += 1;
                     let before = upstream.sent().len();
-                    let ok = run(&call(&models, &retries), &traffic(), &retries, &upstream, &models)
+                    let ok = attempt_once(&models, &retries, &upstream)
                         .await
                         .result
                         .is_ok_and(|c| c.response.status().is_success());

@@ -239,12 +239,12 @@ pub(super) fn paused<F: std::future::Future>(f: F) -> F::Output {
         .block_on(f)
 }
 
-/// One call through the loop to the answer it chose; the test fails if it chose none.
-pub(super) async fn chosen<U: Upstream>(
+/// One call of model `m` (made by [`call`], with its tenant's counters) through the loop.
+pub(super) async fn attempt_once<U: Upstream>(
     models: &Models,
     retries: &Retries,
     upstream: &U,
-) -> super::Chosen<U::Body> {
+) -> super::Attempted<U::Body> {
     run(
         &call(models, retries),
         &traffic(),
@@ -253,8 +253,18 @@ pub(super) async fn chosen<U: Upstream>(
         models,
     )
     .await
-    .result
-    .unwrap_or_else(|e| panic!("{}", e.message))
+}
+
+/// One call through the loop to the answer it chose; the test fails if it chose none.
+pub(super) async fn chosen<U: Upstream>(
+    models: &Models,
+    retries: &Retries,
+    upstream: &U,
+) -> super::Chosen<U::Body> {
+    attempt_once(models, retries, upstream)
+        .await
+        .result
+        .unwrap_or_else(|e| panic!("{}", e.message))
 }
 
 pub(super) fn step() -> impl Strategy<Value = Step> {
@@ -297,7 +307,7 @@ proptest! {
             for _ in 0..callers {
                 for _ in 0..=caller_retries {
                     requests += 1;
-                    let ok = run(&call(&models, &retries), &traffic(), &retries, &upstream, &models)
+                    let ok = attempt_once(&models, &retries, &upstream)
                         .await
                         .result
                         .is_ok_and(|c| c.response.status().is_success());
@@ -356,7 +366,7 @@ proptest! {
         let (models, retries) = pool("");
         let upstream = Scripted::new(steps.clone());
         paused(async {
-            let _ = run(&call(&models, &retries), &traffic(), &retries, &upstream, &models).await;
+            let _ = attempt_once(&models, &retries, &upstream).await;
         });
         let sent = upstream.sent();
         for (i, (s, step)) in sent.iter().zip(&steps).enumerate() {
@@ -378,15 +388,9 @@ fn a_client_error_is_never_retried() {
     // are about the backend, not the request, and tried elsewhere.
     for status in (400u16..500).filter(|s| ![401, 403, 429].contains(s)) {
         let upstream = Scripted::new([Step::Status(status, Duration::ZERO)]);
-        let chosen = paused(run(
-            &call(&models, &retries),
-            &traffic(),
-            &retries,
-            &upstream,
-            &models,
-        ))
-        .result
-        .unwrap_or_else(|e| panic!("{status}: {}", e.message));
+        let chosen = paused(attempt_once(&models, &retries, &upstream))
+            .result
+            .unwrap_or_else(|e| panic!("{status}: {}", e.message));
         assert_eq!(chosen.response.status(), status, "relayed as it came");
         assert_eq!(upstream.sent().len(), 1, "{status} was retried");
     }

@@ -8,8 +8,7 @@ use std::time::Duration;
 
 use spillway_policy::Class;
 
-use super::run;
-use super::tests::{call, chosen, models_from, paused, traffic, Scripted};
+use super::tests::{attempt_once, chosen, models_from, paused, Scripted};
 use crate::pool::tests::backends;
 
 /// Model `m` with `n` backends `b0`, `b1`, ..., each taking one request at a time.
@@ -94,14 +93,7 @@ fn pick_with_probes_out(probes_out: usize) -> (Vec<Arc<str>>, bool) {
             .iter()
             .map(|b| b.try_acquire().expect("room"))
             .collect();
-        let attempted = run(
-            &call(&models, &retries),
-            &traffic(),
-            &retries,
-            &upstream,
-            &models,
-        )
-        .await;
+        let attempted = attempt_once(&models, &retries, &upstream).await;
         attempted.result.is_ok()
     });
     let sent = upstream.sent().iter().map(|s| s.backend.clone()).collect();

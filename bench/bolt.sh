@@ -39,6 +39,7 @@ BOLT="${BOLT:-$(command -v llvm-bolt || echo /usr/lib/llvm-16/bin/llvm-bolt)}"
 MERGE="${MERGE:-$(command -v merge-fdata || echo "$(dirname "$(readlink -f "$BOLT")")/merge-fdata")}"
 [ -x "$MERGE" ] || { echo "merge-fdata not found beside llvm-bolt (set MERGE)" >&2; exit 1; }
 WORK="$BENCH_DIR/run/bolt"
+mkdir -p "$(dirname "$OUT")"
 mkdir -p "$WORK"
 RELEASE="$REPO_DIR/target/release/spillway"
 

@@ -67,6 +67,7 @@ echo "pgo: building from the profile" >&2
 relocs=()
 [ "${RELOCS:-0}" = 1 ] && relocs=(SPILLWAY_LINK_RELOCS=1)
 build target/pgo-use "-Cprofile-use=$WORK/merged.profdata" "${relocs[@]}"
+mkdir -p "$(dirname "$OUT")"
 cp "$REPO_DIR/target/pgo-use/$HOST/release/spillway" "$OUT"
 
 echo "pgo: checking that $OUT answers" >&2

@@ -105,7 +105,7 @@ pub(crate) struct Call<'l> {
     pub client_retry: bool,
     /// The last backend its attempts went to (its label in `spillway_requests_total`; the
     /// tenant's and the model's are read from `tenant` and `pool`, [`Call::labels`]).
-    pub backend_label: Option<Arc<str>>,
+    pub backend_label: Option<&'l Arc<str>>,
     /// Its pass through the model's adaptive throttling, once admitted.
     pub throttle_pass: Option<ThrottlePass>,
     /// Its trace (`crate::trace`), handed to the response's relay once chosen.
@@ -144,7 +144,7 @@ impl Call<'_> {
         Labels::new(
             Some(&self.tenant.name),
             Some(&self.pool.name),
-            self.backend_label.as_ref(),
+            self.backend_label,
         )
     }
 

@@ -42,7 +42,7 @@ pub(super) fn trigger_of(failure: &Failure) -> Option<Trigger> {
     }
 }
 
-impl Loop<'_> {
+impl Loop<'_, '_> {
     /// Whether a fallback for `trigger` is still to come for this call, one it may use.
     pub(super) fn fallback_waits(&self, trigger: Trigger) -> bool {
         self.next_fallback(trigger).is_some()
@@ -98,7 +98,7 @@ impl Loop<'_> {
         }
         debug!(request_id = ?call.id(), from = %own.name, to = %name, trigger = trigger.as_str(), "falling back");
         own.metrics.fell_back(name, trigger);
-        self.fallback = Some((pool.clone(), body));
+        self.fallback = Some((pool, body));
         self.on_fallback = Some(i);
         self.tried.clear();
         self.refused.clear();

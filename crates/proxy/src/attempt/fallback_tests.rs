@@ -31,7 +31,7 @@ fn capacity_on_every_backend_falls_back_and_the_answer_says_which_model() {
     let full = Step::Status(429, Duration::ZERO);
     let upstream = Scripted::new([full.clone(), full.clone(), full]);
     let attempted = paused(attempt_once(&models, &retries, &upstream));
-    assert_eq!(attempted.fallback.as_deref(), Some("f"));
+    assert_eq!(attempted.fallback.map(|m| &**m), Some("f"));
     assert_eq!(attempted.result.unwrap().response.status(), 200);
     assert_eq!(backends(&upstream).last().map(String::as_str), Some("x"));
     assert_eq!(upstream.sent().len(), 4);
@@ -44,7 +44,7 @@ fn backends_all_down_fall_back_as_unavailable() {
     let upstream = Scripted::new([down.clone(), down.clone(), down]);
     let attempted = paused(attempt_once(&models, &retries, &upstream));
     assert_eq!(
-        attempted.fallback.as_deref(),
+        attempted.fallback.map(|m| &**m),
         Some("f"),
         "{:?}",
         backends(&upstream)
@@ -60,7 +60,7 @@ fn a_prompt_too_long_falls_back_and_any_other_400_is_relayed() {
     );
     let upstream = Scripted::new([Step::Body(400, CONTEXT)]);
     let attempted = paused(attempt_once(&models, &retries, &upstream));
-    assert_eq!(attempted.fallback.as_deref(), Some("f"));
+    assert_eq!(attempted.fallback.map(|m| &**m), Some("f"));
     assert_eq!(attempted.result.unwrap().response.status(), 200);
 
     let other = r#"{"error":{"message":"temperature must be at most 2"}}"#;

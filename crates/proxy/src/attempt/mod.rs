@@ -93,25 +93,25 @@ pub(crate) struct Chosen<B> {
     pub trace: crate::trace::Attempt,
 }
 
-/// How a call's attempts ended.
-pub(crate) struct Attempted<B> {
+/// How a call's attempts ended. The names are lent by the models the call runs on (`'l`).
+pub(crate) struct Attempted<'l, B> {
     pub result: Result<Chosen<B>, ApiError>,
     /// The last backend tried, if any.
-    pub backend: Option<Arc<str>>,
+    pub backend: Option<&'l Arc<str>>,
     /// The model that answered, when a fallback did.
-    pub fallback: Option<Arc<str>>,
+    pub fallback: Option<&'l Arc<str>>,
 }
 
 /// Runs the attempts of `call` (its tenant's counters `traffic`, its admission ticket's) until one is chosen or the call gives up, on its own model and
 /// then, if its model cannot answer it, on the model's fallbacks (`fallback.rs`), all within the
 /// one budget and attempt cap of the call's own model.
-pub(crate) async fn run<U: Upstream>(
-    call: &Call<'_>,
+pub(crate) async fn run<'l, U: Upstream>(
+    call: &Call<'l>,
     traffic: &TenantTraffic,
     retries: &Retries,
     upstream: &U,
-    models: &Models,
-) -> Attempted<U::Body> {
+    models: &'l Models,
+) -> Attempted<'l, U::Body> {
     let pool = call.pool;
     let now = crate::clock::now();
     pool.budget
@@ -139,25 +139,24 @@ pub(crate) async fn run<U: Upstream>(
     pool.metrics.attempts(attempts.made);
     call.labels().attempted(attempts.made);
     traffic.attempted(&call.pool.name, attempts.made);
+    let pool = attempts.pool();
     Attempted {
         result,
-        backend: attempts
-            .tried
-            .last()
-            .map(|&i| attempts.pool().backends[i].name.clone()),
-        fallback: attempts.on_fallback.map(|_| attempts.pool().name.clone()),
+        backend: attempts.tried.last().map(|&i| &pool.backends[i].name),
+        fallback: attempts.on_fallback.map(|_| &pool.name),
     }
 }
 
-/// The state of one call's attempts.
-struct Loop<'a> {
-    call: &'a Call<'a>,
+/// The state of one call's attempts; the models it may fall back on are lent for `'l`, as the
+/// call's own is.
+struct Loop<'a, 'l> {
+    call: &'a Call<'l>,
     retries: &'a Retries,
     /// Every model, for the fallbacks.
-    models: &'a Models,
+    models: &'l Models,
     /// The fallback model it is on and the body as its backends get it (naming it); none
     /// while on the call's own model, whose pool and body are the call's.
-    fallback: Option<(Arc<ModelPool>, Bytes)>,
+    fallback: Option<(&'l Arc<ModelPool>, Bytes)>,
     /// The fallback it is on, by index in its own model's list.
     on_fallback: Option<usize>,
     /// Why the last run on a model ended without an answer from it, if a fallback may help.
@@ -176,13 +175,13 @@ struct Loop<'a> {
     wait_until: Instant,
 }
 
-impl Loop<'_> {
+impl<'l> Loop<'_, 'l> {
     /// The model whose backends are tried: the call's own, or the fallback it is on. Retries
     /// are drawn from the call's own model's budget whichever it is.
-    fn pool(&self) -> &Arc<ModelPool> {
+    fn pool(&self) -> &'l Arc<ModelPool> {
         self.fallback
             .as_ref()
-            .map_or(self.call.pool, |(pool, _)| pool)
+            .map_or(self.call.pool, |&(pool, _)| pool)
     }
 
     /// The body as the current model's backends get it.
@@ -196,10 +195,8 @@ impl Loop<'_> {
         let call = self.call;
         // Its retries are drawn from, and counted in, the call's own model.
         let own = call.pool;
-        // A fallback's pool is held apart from `self`, which the attempts change; the call's
-        // own is the call's.
-        let current = self.fallback.as_ref().map(|(pool, _)| pool.clone());
-        let pool = current.as_deref().unwrap_or(own);
+        // Lent by the models, apart from `self`, which the attempts change.
+        let pool = self.pool();
         self.trigger = None;
         let mut avoid_region: Option<String> = None;
         let mut last: Option<Failure> = None;

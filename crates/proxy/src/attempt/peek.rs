@@ -61,7 +61,7 @@ impl<B: Body<Data = Bytes> + Unpin> Body for Peeked<B> {
     }
 }
 
-impl Loop<'_> {
+impl Loop<'_, '_> {
     /// `response` as it will be relayed. A `400` is read ahead (its first [`MAX_ERROR_BODY`]
     /// bytes and the rest of the frame that reaches them, for at most [`MAX_PEEK_WAIT`]) when
     /// the call's model has a fallback for [`Trigger::ContextWindow`] still to come; if it says

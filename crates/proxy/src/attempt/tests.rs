@@ -240,11 +240,11 @@ pub(super) fn paused<F: std::future::Future>(f: F) -> F::Output {
 }
 
 /// One call of model `m` (made by [`call`], with its tenant's counters) through the loop.
-pub(super) async fn attempt_once<U: Upstream>(
-    models: &Models,
+pub(super) async fn attempt_once<'m, U: Upstream>(
+    models: &'m Models,
     retries: &Retries,
     upstream: &U,
-) -> super::Attempted<U::Body> {
+) -> super::Attempted<'m, U::Body> {
     run(
         &call(models, retries),
         &traffic(),

@@ -97,10 +97,10 @@ pub(crate) async fn handle(gw: &Gateway, endpoint: Endpoint, req: Request, lines
     with_id(answered(response, call.labels()))
 }
 
-async fn admit_attempt_respond(
+async fn admit_attempt_respond<'l>(
     gw: &Gateway,
-    live: &Live,
-    call: &mut Call<'_>,
+    live: &'l Live,
+    call: &mut Call<'l>,
 ) -> Result<Answer, ApiError> {
     let ticket = live.admission.admit(call).await?;
     call.trace.admitted(ticket.waited());
@@ -119,9 +119,10 @@ async fn admit_attempt_respond(
     // The call's span now ends with the relayed body.
     let trace = std::mem::replace(&mut call.trace, CallTrace::none());
     // The model whose backend answered: the call's own, or a fallback.
-    let model = attempted.fallback.as_ref().unwrap_or(&call.pool.name);
+    let own = &call.pool.name;
+    let model = attempted.fallback.unwrap_or(own);
     let mut response = respond::respond(gw, live, call, (ticket, trace), (chosen, model));
-    let unasked = (!call.model_named).then(|| call.pool.name.clone());
+    let unasked = (!call.model_named).then_some(own);
     if let Some(model) = attempted.fallback.or(unasked) {
         // The model that answered, when it was not the one asked for.
         if let Ok(value) = http::HeaderValue::from_str(&model) {

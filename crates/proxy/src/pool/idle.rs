@@ -195,6 +195,51 @@ mod tests {
         assert_eq!(idle.len(), 0);
     }
 
+    /// A plain TCP connection, asked as its own kind is (`Io::quiet_and_open`): kept while its
+    /// far end is quiet; not taken once that end sends something unasked or closes it.
+    #[tokio::test]
+    async fn a_tcp_connection_is_taken_while_quiet_and_not_once_closed_or_spoken_on() {
+        use tokio::io::AsyncWriteExt;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let tcp = || async {
+            let near = tokio::net::TcpStream::connect(addr).await.unwrap();
+            let (far, _) = listener.accept().await.unwrap();
+            (Conn::new(Box::new(near)), far)
+        };
+        let idle = Arc::new(IdleConns::default());
+        let (quiet, _far) = tcp().await;
+        idle.put(quiet, crate::clock::now(), KEEP);
+        assert!(
+            idle.take(crate::clock::now(), KEEP).is_some(),
+            "quiet and open"
+        );
+
+        for spoke in [false, true] {
+            let (conn, mut far) = tcp().await;
+            if spoke {
+                far.write_all(b"x").await.unwrap();
+            } else {
+                drop(far);
+            }
+            // Kept and asked again until the runtime has seen what came: then it is not taken.
+            let mut conn = Some(conn);
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+            while let Some(c) = conn.take() {
+                idle.put(c, crate::clock::now(), KEEP);
+                conn = idle.take(crate::clock::now(), KEEP);
+                if conn.is_some() {
+                    assert!(
+                        tokio::time::Instant::now() < deadline,
+                        "still taken (spoke: {spoke})"
+                    );
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }
+            assert_eq!(idle.len(), 0);
+        }
+    }
+
     #[tokio::test]
     async fn nothing_is_kept_when_the_cap_is_zero() {
         let idle = Arc::new(IdleConns::default());

@@ -46,8 +46,33 @@ const SMALLEST_READ: usize = 2 * 1024;
 const INLINE_BODY: usize = 16 * 1024;
 
 /// What a connection runs on: TCP, or TLS over it.
-pub(crate) trait Io: AsyncRead + AsyncWrite + Send + Unpin {}
-impl<T: AsyncRead + AsyncWrite + Send + Unpin> Io for T {}
+pub(crate) trait Io: AsyncRead + AsyncWrite + Send + Unpin {
+    /// Whether an idle connection can carry a request as far as its socket tells: its far end
+    /// has not closed it nor sent anything unasked. Asked without waiting: at most one `recv`,
+    /// answered at once, and a read of one byte at most.
+    fn quiet_and_open(&mut self) -> bool {
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        let mut byte = [0u8; 1];
+        let mut probe = ReadBuf::new(&mut byte);
+        Pin::new(self).poll_read(&mut cx, &mut probe).is_pending()
+    }
+}
+
+/// A plain TCP connection, the common case, is asked with `try_read`: while the runtime has
+/// seen nothing come on it, that is one atomic load, where a read polled with a waker takes the
+/// socket's waiter lock and swaps the waker its last reader left for one that wakes nothing.
+impl Io for tokio::net::TcpStream {
+    fn quiet_and_open(&mut self) -> bool {
+        matches!(self.try_read(&mut [0u8; 1]), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+    }
+}
+
+/// A TLS connection (its reads decrypt: they are asked as reads).
+impl<T: hyper::rt::Read + hyper::rt::Write + Send + Unpin> Io for hyper_util::rt::TokioIo<T> {}
+
+/// The tests' in-memory connections.
+#[cfg(test)]
+impl Io for tokio::io::DuplexStream {}
 
 /// An HTTP/1.1 connection to a backend, idle between requests.
 pub(crate) struct Conn {
@@ -338,15 +363,7 @@ impl Conn {
     /// Whether an idle connection can carry a request: the backend has not closed it, nor sent
     /// anything unasked. Asks the socket without waiting (at most one `recv`, answered at once).
     pub(crate) fn is_open(&mut self) -> bool {
-        if !self.buf.is_empty() {
-            return false;
-        }
-        let mut cx = Context::from_waker(std::task::Waker::noop());
-        let mut byte = [0u8; 1];
-        let mut probe = ReadBuf::new(&mut byte);
-        Pin::new(&mut self.io)
-            .poll_read(&mut cx, &mut probe)
-            .is_pending()
+        self.buf.is_empty() && self.io.quiet_and_open()
     }
 }
 

@@ -125,7 +125,7 @@ async fn admit_attempt_respond<'l>(
     let unasked = (!call.model_named).then_some(own);
     if let Some(model) = attempted.fallback.or(unasked) {
         // The model that answered, when it was not the one asked for.
-        if let Ok(value) = http::HeaderValue::from_str(&model) {
+        if let Ok(value) = http::HeaderValue::from_str(model) {
             response.lines.insert(X_SPILLWAY_MODEL, value);
         }
     }

@@ -9,6 +9,7 @@ use metrics::CounterFn;
 use crate::per_thread::{add, writer, PerThread};
 
 /// A counter series' total, as copies per writing thread.
+#[derive(Debug)]
 pub(crate) struct Tally {
     copies: PerThread<AtomicU64>,
 }
@@ -48,6 +49,51 @@ impl CounterFn for Tally {
     }
 }
 
+/// A count of what is under way (a model's calls in flight), kept as a [`Tally`] of its ups and
+/// downs per writing thread: entering and leaving take a plain load and store on the thread's
+/// own copy, where one shared atomic count took a locked instruction each. A leave adds `-1`
+/// as its wrapping `u64`, so the copies add up to the count whichever thread each step ran on.
+pub(crate) struct Level(Tally);
+
+impl Level {
+    pub(crate) fn new() -> Level {
+        Level(Tally::new())
+    }
+
+    /// Counts one more until the returned guard is dropped.
+    pub(crate) fn enter(&self) -> Present<'_> {
+        self.0.add_as(writer(), 1);
+        Present(self)
+    }
+
+    /// How many are under way. A step under way on another thread may be missed; a leave seen
+    /// without the entry it ends (copies read apart) is read as none under way, not as a wrapped
+    /// count.
+    pub(crate) fn now(&self) -> u64 {
+        let total = self.0.total();
+        if total > u64::MAX / 2 {
+            0
+        } else {
+            total
+        }
+    }
+}
+
+impl std::fmt::Debug for Level {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Level({})", self.now())
+    }
+}
+
+/// One entry into a [`Level`], counted until dropped.
+pub(crate) struct Present<'a>(&'a Level);
+
+impl Drop for Present<'_> {
+    fn drop(&mut self) {
+        self.0 .0.add_as(writer(), u64::MAX);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
@@ -66,6 +112,50 @@ mod tests {
         // Only the writers that added have copies.
         let made: Vec<usize> = (0..=OWNED).filter(|&w| tally.copies.has(w)).collect();
         assert_eq!(made, [0, 5, OWNED]);
+    }
+
+    #[test]
+    fn a_level_counts_what_is_present_whichever_thread_enters_and_leaves() {
+        let level = Arc::new(Level::new());
+        assert_eq!(level.now(), 0);
+        let a = level.enter();
+        let b = level.enter();
+        assert_eq!(level.now(), 2);
+        drop(a);
+        assert_eq!(level.now(), 1);
+        // Left on other threads than it entered on: each of many threads ends one entry made
+        // here and makes and ends its own, past the threads that own a copy.
+        let entered: Vec<Present<'static>> = {
+            let level: &'static Level = Box::leak(Box::new(Level::new()));
+            let entered = (0..2 * OWNED).map(|_| level.enter()).collect();
+            std::thread::scope(|s| {
+                for _ in 0..2 * OWNED {
+                    s.spawn(|| drop(level.enter()));
+                }
+            });
+            assert_eq!(level.now(), (2 * OWNED) as u64);
+            entered
+        };
+        let level_of = entered[0].0;
+        std::thread::scope(|s| {
+            for present in entered {
+                s.spawn(move || drop(present));
+            }
+        });
+        assert_eq!(level_of.now(), 0);
+        drop(b);
+        assert_eq!(level.now(), 0);
+    }
+
+    #[test]
+    fn a_leave_read_without_its_entry_is_read_as_none_under_way() {
+        let level = Level::new();
+        level.0.add_as(OWNED, u64::MAX);
+        assert_eq!(level.now(), 0);
+        level.0.add_as(0, 1);
+        assert_eq!(level.now(), 0);
+        level.0.add_as(1, 1);
+        assert_eq!(level.now(), 1);
     }
 
     #[test]

@@ -118,7 +118,7 @@ pub(crate) async fn run<'l, U: Upstream>(
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .deposit(now);
-    let _in_flight = Counted::new(&pool.in_flight);
+    let _in_flight = pool.in_flight.enter();
     let mut attempts = Loop {
         call,
         retries,

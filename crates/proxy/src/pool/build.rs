@@ -268,7 +268,7 @@ fn pool(
         budget: Mutex::new(budget),
         throttle,
         throttle_pending: AtomicU64::default(),
-        in_flight: AtomicU64::new(0),
+        in_flight: crate::counters::Level::new(),
         retrying: AtomicU64::new(0),
         max_ejected_share: config.outlier.max_ejected_share,
         panic_threshold: config.outlier.panic_threshold,

@@ -384,7 +384,7 @@ pub struct ModelPool {
     /// Calls let through throttling whose first attempt is not recorded yet.
     pub throttle_pending: AtomicU64,
     /// Client requests of this model in flight, and how many of them are on a retry.
-    pub in_flight: AtomicU64,
+    pub(crate) in_flight: crate::counters::Level,
     pub retrying: AtomicU64,
     pub max_ejected_share: f64,
     pub panic_threshold: f64,
@@ -414,7 +414,7 @@ impl ModelPool {
             .budget
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .try_withdraw(now, self.in_flight.load(Ordering::Relaxed), others);
+            .try_withdraw(now, self.in_flight.now(), others);
         if let Err(refusal) = granted {
             self.metrics.budget_exhausted(refusal);
         }

@@ -10,9 +10,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use http::{HeaderName, HeaderValue, Uri};
+use metrics::CounterFn;
 use spillway_config::{default_metrics_url, BackendConfig, Engine};
 
 use super::parse::Sample;
+use crate::counters::Tally;
 
 /// `kv_bits` when the engine exports no KV-cache usage (a NaN no reading can hold).
 const NO_KV: u64 = u64::MAX;
@@ -34,8 +36,11 @@ pub struct EngineLoad {
     /// When the reading was taken, in milliseconds since `epoch`.
     read_at_ms: AtomicU64,
     detected: AtomicU8,
-    /// Attempts spillway sent since the reading: load the engine could not report yet.
-    sent_since: AtomicU32,
+    /// Attempts spillway sent, per writing thread (counted with no locked instruction), and
+    /// their total when the reading was stored: the difference is load the engine could not
+    /// report yet.
+    sent: Tally,
+    sent_at_reading: AtomicU64,
 }
 
 /// One consistent view of an engine's load.
@@ -75,8 +80,18 @@ impl EngineLoad {
             kv_bits: AtomicU64::new(NO_KV),
             read_at_ms: AtomicU64::new(0),
             detected: AtomicU8::new(0),
-            sent_since: AtomicU32::new(0),
+            sent: Tally::new(),
+            sent_at_reading: AtomicU64::new(0),
         }
+    }
+
+    /// Attempts sent since the reading was stored (those sent while it was taken are not).
+    fn sent_since(&self) -> u32 {
+        let since = self
+            .sent
+            .total()
+            .saturating_sub(self.sent_at_reading.load(Ordering::Relaxed));
+        u32::try_from(since).unwrap_or(u32::MAX)
     }
 
     /// The metrics page this state is read from.
@@ -100,7 +115,7 @@ impl EngineLoad {
 
     /// Counts one attempt sent to this engine since its last reading.
     pub fn note_sent(&self) {
-        self.sent_since.fetch_add(1, Ordering::Relaxed);
+        self.sent.increment(1);
     }
 
     /// Stores a reading taken at `at` (by the one scrape task of this engine). Attempts sent
@@ -120,7 +135,8 @@ impl EngineLoad {
         self.read_at_ms.store(at_ms, Ordering::Relaxed);
         self.detected.store(code(engine), Ordering::Relaxed);
         self.seq.store(seq + 2, Ordering::Release);
-        self.sent_since.store(0, Ordering::Relaxed);
+        self.sent_at_reading
+            .store(self.sent.total(), Ordering::Relaxed);
     }
 
     /// The latest reading as of `now`; `None` before the first successful scrape.
@@ -149,7 +165,7 @@ impl EngineLoad {
                 running,
                 waiting,
                 kv_usage: (kv_bits != NO_KV).then(|| f64::from_bits(kv_bits)),
-                sent_since: self.sent_since.load(Ordering::Relaxed),
+                sent_since: self.sent_since(),
                 age,
                 stale: age > self.stale_after,
                 engine: Engine::CHOICES[usize::from(detected)],

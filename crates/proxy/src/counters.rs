@@ -62,8 +62,18 @@ impl Level {
 
     /// Counts one more until the returned guard is dropped.
     pub(crate) fn enter(&self) -> Present<'_> {
-        self.0.add_as(writer(), 1);
+        self.up();
         Present(self)
+    }
+
+    /// One more, for a holder that takes it off itself ([`down`](Level::down)) once.
+    pub(crate) fn up(&self) {
+        self.0.add_as(writer(), 1);
+    }
+
+    /// One fewer: the end of an [`up`](Level::up).
+    pub(crate) fn down(&self) {
+        self.0.add_as(writer(), u64::MAX);
     }
 
     /// How many are under way. A step under way on another thread may be missed; a leave seen
@@ -90,7 +100,7 @@ pub(crate) struct Present<'a>(&'a Level);
 
 impl Drop for Present<'_> {
     fn drop(&mut self) {
-        self.0 .0.add_as(writer(), u64::MAX);
+        self.0.down();
     }
 }
 

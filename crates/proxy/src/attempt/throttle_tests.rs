@@ -15,10 +15,7 @@ use super::tests::{call, paused, pool_with, traffic, Scripted, Step};
 fn a_throttling_pass_is_taken_off_its_models_count_once_by_its_first_attempt_or_its_end() {
     let (models, retries) = pool_with("throttle_k = 2.0", r#"fallbacks = [{ model = "f" }]"#);
     let m = models.get("m").unwrap().clone();
-    let pending = || {
-        m.throttle_pending
-            .load(std::sync::atomic::Ordering::Acquire)
-    };
+    let pending = || m.throttle_pending.now();
     let admitted = || {
         let mut call = call(&models, &retries);
         call.throttle_pass = Some(m.throttle_admits(crate::clock::now()).unwrap());

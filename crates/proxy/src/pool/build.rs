@@ -267,7 +267,7 @@ fn pool(
         backends,
         budget: Mutex::new(budget),
         throttle,
-        throttle_pending: AtomicU64::default(),
+        throttle_pending: crate::counters::Level::new(),
         in_flight: crate::counters::Level::new(),
         retrying: AtomicU64::new(0),
         max_ejected_share: config.outlier.max_ejected_share,

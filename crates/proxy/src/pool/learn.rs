@@ -2,7 +2,6 @@
 //! ejection logged and counted), adaptive throttling fed and consulted, and whether the pool is
 //! failing, for the shedding of callers' own retries.
 
-use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use spillway_policy::outlier::Health;
@@ -72,10 +71,10 @@ impl ModelPool {
             return Some(ThrottlePass::default());
         };
         let mut t = t.lock().unwrap_or_else(|e| e.into_inner());
-        if !t.admit(now, self.throttle_pending.load(Ordering::Acquire)) {
+        if !t.admit(now, self.throttle_pending.now()) {
             return None;
         }
-        self.throttle_pending.fetch_add(1, Ordering::AcqRel);
+        self.throttle_pending.up();
         Some(ThrottlePass::counted())
     }
 

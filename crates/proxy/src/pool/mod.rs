@@ -382,7 +382,7 @@ pub struct ModelPool {
     /// naive).
     pub throttle: Option<Mutex<Throttle>>,
     /// Calls let through throttling whose first attempt is not recorded yet.
-    pub throttle_pending: AtomicU64,
+    pub(crate) throttle_pending: crate::counters::Level,
     /// Client requests of this model in flight, and how many of them are on a retry.
     pub(crate) in_flight: crate::counters::Level,
     pub retrying: AtomicU64,

@@ -1,6 +1,8 @@
 //! A call's pass through its model's adaptive throttling (see `learn.rs`).
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use crate::counters::Level;
 
 /// A call let through adaptive throttling. Until its first attempt is recorded it counts as sent
 /// (in its pool's `throttle_pending`), so that concurrent calls cannot all pass before the first
@@ -24,18 +26,19 @@ impl ThrottlePass {
     }
 
     /// The call's first attempt was recorded: taken off `pending`, its pool's count, if it was
-    /// still on it.
-    pub fn close(&self, pending: &AtomicU64) {
-        if self.open.swap(false, Ordering::AcqRel) {
-            pending.fetch_sub(1, Ordering::AcqRel);
+    /// still on it. Only the call's own attempts close it, one after another on the call's task:
+    /// its flag is read and cleared with a load and a store, not a locked swap.
+    pub(crate) fn close(&self, pending: &Level) {
+        if self.open.load(Ordering::Relaxed) {
+            self.open.store(false, Ordering::Relaxed);
+            pending.down();
         }
     }
 
-    /// The call ends: as [`close`](ThrottlePass::close), from the call that owns it, without a
-    /// locked swap (most passes were closed by their first attempt already).
-    pub fn end(&mut self, pending: &AtomicU64) {
+    /// The call ends: as [`close`](ThrottlePass::close), from the call that owns it.
+    pub(crate) fn end(&mut self, pending: &Level) {
         if std::mem::take(self.open.get_mut()) {
-            pending.fetch_sub(1, Ordering::AcqRel);
+            pending.down();
         }
     }
 }
@@ -44,31 +47,27 @@ impl ThrottlePass {
 mod tests {
     use super::*;
 
-    fn pass(pending: &AtomicU64) -> ThrottlePass {
-        pending.fetch_add(1, Ordering::AcqRel);
+    fn pass(pending: &Level) -> ThrottlePass {
+        pending.up();
         ThrottlePass::counted()
     }
 
     #[test]
     fn a_pass_counts_as_pending_until_closed_or_ended_and_only_once() {
-        let pending = AtomicU64::new(0);
+        let pending = Level::new();
         let mut closed = pass(&pending);
         let mut ended = pass(&pending);
-        assert_eq!(pending.load(Ordering::Acquire), 2);
+        assert_eq!(pending.now(), 2);
         closed.close(&pending);
         closed.close(&pending);
-        assert_eq!(pending.load(Ordering::Acquire), 1);
+        assert_eq!(pending.now(), 1);
         closed.end(&pending);
-        assert_eq!(pending.load(Ordering::Acquire), 1, "closed before its end");
+        assert_eq!(pending.now(), 1, "closed before its end");
         ended.end(&pending);
         ended.end(&pending);
-        assert_eq!(pending.load(Ordering::Acquire), 0, "ended unclosed, once");
+        assert_eq!(pending.now(), 0, "ended unclosed, once");
         ThrottlePass::default().end(&pending);
         ThrottlePass::default().close(&pending);
-        assert_eq!(
-            pending.load(Ordering::Acquire),
-            0,
-            "a pass without throttling"
-        );
+        assert_eq!(pending.now(), 0, "a pass without throttling");
     }
 }

@@ -9,8 +9,8 @@ use crate::counters::Level;
 /// of them is answered.
 ///
 /// It holds no reference to that count: the call that holds the pass holds its pool too, and
-/// hands the count in when its first attempt closes the pass ([`close`](ThrottlePass::close)) or
-/// when the call ends ([`end`](ThrottlePass::end), from `Call`'s drop).
+/// hands the count in when its first attempt closes the pass (`close`) or
+/// when the call ends (`end`, from `Call`'s drop).
 #[derive(Debug, Default)]
 pub struct ThrottlePass {
     /// Counted in its pool's pending passes and not yet taken off.

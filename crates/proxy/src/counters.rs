@@ -126,33 +126,28 @@ mod tests {
 
     #[test]
     fn a_level_counts_what_is_present_whichever_thread_enters_and_leaves() {
-        let level = Arc::new(Level::new());
+        let level = Level::new();
         assert_eq!(level.now(), 0);
         let a = level.enter();
         let b = level.enter();
         assert_eq!(level.now(), 2);
         drop(a);
         assert_eq!(level.now(), 1);
-        // Left on other threads than it entered on: each of many threads ends one entry made
-        // here and makes and ends its own, past the threads that own a copy.
-        let entered: Vec<Present<'static>> = {
-            let level: &'static Level = Box::leak(Box::new(Level::new()));
-            let entered = (0..2 * OWNED).map(|_| level.enter()).collect();
-            std::thread::scope(|s| {
-                for _ in 0..2 * OWNED {
-                    s.spawn(|| drop(level.enter()));
-                }
-            });
-            assert_eq!(level.now(), (2 * OWNED) as u64);
-            entered
-        };
-        let level_of = entered[0].0;
+        // Entries made here and left on other threads, and threads past those that own a copy
+        // each entering and leaving on their own.
+        let here: Vec<Present<'_>> = (0..2 * OWNED).map(|_| level.enter()).collect();
         std::thread::scope(|s| {
-            for present in entered {
+            for _ in 0..2 * OWNED {
+                s.spawn(|| drop(level.enter()));
+            }
+        });
+        assert_eq!(level.now(), 1 + (2 * OWNED) as u64);
+        std::thread::scope(|s| {
+            for present in here {
                 s.spawn(move || drop(present));
             }
         });
-        assert_eq!(level_of.now(), 0);
+        assert_eq!(level.now(), 1);
         drop(b);
         assert_eq!(level.now(), 0);
     }

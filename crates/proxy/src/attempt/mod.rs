@@ -17,6 +17,8 @@ mod answer;
 mod fallback;
 #[cfg(test)]
 mod fallback_tests;
+#[cfg(test)]
+mod in_flight_tests;
 mod peek;
 #[cfg(test)]
 mod tests;

@@ -13,14 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use crate::upstream::h1::Conn;
-
-/// How many idle connections a backend keeps, and for how long.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Keep {
-    pub max: usize,
-    pub idle_timeout: Duration,
-}
+use crate::upstream::h1::{Conn, Keep};
 
 #[derive(Default)]
 pub(crate) struct IdleConns {

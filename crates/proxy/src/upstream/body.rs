@@ -9,42 +9,44 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 
-use super::h1::decode::{Decoder, Framing, Step};
-use super::h1::{Conn, Error};
-use crate::pool::idle::{IdleConns, Keep};
+use super::h1::decode::Step;
+use super::h1::{Conn, Error, Reading};
+use crate::pool::idle::IdleConns;
 
 /// An upstream response body. Its connection goes back to its backend's idle connections once
 /// the body has been read to its end and nothing was read past it, if its head allowed another
-/// request; a body dropped before that, or that failed, closes it.
+/// request; a body dropped before that, or that failed, closes it. What it reads by (its
+/// decoder, whether the connection is kept and how) is in the connection's box, so that an
+/// answer moved up the attempt loop and into the relay is small enough to be moved in
+/// registers.
 pub(crate) struct UpstreamBody {
     /// `None` once the body ended (the connection given back or closed) or failed.
     conn: Option<Conn>,
-    decoder: Decoder,
-    reusable: bool,
     idle: Arc<IdleConns>,
-    keep: Keep,
+    /// Read to its end.
+    ended: bool,
     /// A framing error found past the data already given, for the next poll.
-    broken: Option<Error>,
+    broken: Option<Box<Error>>,
 }
 
+// An answer with this body is moved some ten times a request, from the connection up the attempt
+// loop and into the relay: at 128 bytes or less a move is a few register loads and stores, where
+// a larger one is a call to `memcpy`.
+const _: () = assert!(std::mem::size_of::<crate::answer::Answer<UpstreamBody>>() <= 128);
+
 impl UpstreamBody {
-    /// The body framed by `framing` on `conn`, which goes back to `idle` at the body's end (at
-    /// once for a body that has none) when `reusable`.
-    pub(super) fn new(
-        conn: Conn,
-        (framing, reusable): (Framing, bool),
-        idle: &Arc<IdleConns>,
-        keep: Keep,
-    ) -> Self {
+    /// The body `reading` says of on `conn`, which goes back to `idle` at the body's end (at
+    /// once for a body that has none) when it is reusable.
+    pub(super) fn new(mut conn: Conn, reading: Reading, idle: &Arc<IdleConns>) -> Self {
+        let done = reading.decoder.is_done();
+        conn.begin(reading);
         let mut body = UpstreamBody {
             conn: Some(conn),
-            decoder: Decoder::new(framing),
-            reusable,
             idle: idle.clone(),
-            keep,
+            ended: false,
             broken: None,
         };
-        if body.decoder.is_done() {
+        if done {
             body.finish();
         }
         body
@@ -52,9 +54,12 @@ impl UpstreamBody {
 
     /// The body ended: its connection goes back if it may carry another request.
     fn finish(&mut self) {
+        self.ended = true;
         if let Some(mut conn) = self.conn.take() {
-            if self.reusable && conn.buffer().is_empty() {
-                self.idle.put(conn, crate::clock::now(), self.keep);
+            let (reading, buf) = conn.reading();
+            let keep = reading.keep;
+            if reading.reusable && buf.is_empty() {
+                self.idle.put(conn, crate::clock::now(), keep);
             }
         }
     }
@@ -75,23 +80,24 @@ impl Body for UpstreamBody {
     ) -> Poll<Option<Result<Frame<Bytes>, Error>>> {
         let this = &mut *self;
         if let Some(error) = this.broken.take() {
-            return this.fail(error);
+            return this.fail(*error);
         }
         loop {
             let Some(conn) = this.conn.as_mut() else {
                 return Poll::Ready(None);
             };
-            match this.decoder.step(conn.buffer()) {
+            let (reading, buf) = conn.reading();
+            match reading.decoder.step(buf) {
                 Err(e) => return this.fail(Error::Body(e)),
                 Ok(Step::Data(data)) => {
                     // The end, when the terminator came with the last bytes: known now, so the
                     // connection is back before the relay polls for the end.
-                    match this.decoder.settle(conn.buffer()) {
+                    match reading.decoder.settle(buf) {
                         Err(e) => {
                             this.conn = None;
-                            this.broken = Some(Error::Body(e));
+                            this.broken = Some(Box::new(Error::Body(e)));
                         }
-                        Ok(()) if this.decoder.is_done() => this.finish(),
+                        Ok(()) if reading.decoder.is_done() => this.finish(),
                         Ok(()) => {}
                     }
                     return Poll::Ready(Some(Ok(Frame::data(data))));
@@ -104,9 +110,13 @@ impl Body for UpstreamBody {
                     Poll::Pending => return Poll::Pending,
                     Poll::Ready(Ok(0)) => {
                         // Never reused: the backend closed it.
+                        let closed = conn.reading().0.decoder.closed();
                         this.conn = None;
-                        return match this.decoder.closed() {
-                            Ok(()) => Poll::Ready(None),
+                        return match closed {
+                            Ok(()) => {
+                                this.ended = true;
+                                Poll::Ready(None)
+                            }
                             Err(e) => Poll::Ready(Some(Err(Error::Body(e)))),
                         };
                     }
@@ -118,12 +128,16 @@ impl Body for UpstreamBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.decoder.is_done() && self.broken.is_none()
+        self.ended && self.broken.is_none()
     }
 
     fn size_hint(&self) -> SizeHint {
-        match self.decoder.remaining() {
-            Some(n) => SizeHint::with_exact(n),
+        match &self.conn {
+            _ if self.ended => SizeHint::with_exact(0),
+            Some(conn) => match conn.remaining() {
+                Some(n) => SizeHint::with_exact(n),
+                None => SizeHint::default(),
+            },
             None => SizeHint::default(),
         }
     }
@@ -224,11 +238,15 @@ mod tests {
         (conn, head): (Conn, super::super::h1::Head),
         idle: &Arc<IdleConns>,
     ) -> UpstreamBody {
-        let keep = Keep {
-            max: 4,
-            idle_timeout: Duration::from_secs(60),
+        let reading = Reading {
+            decoder: super::super::h1::decode::Decoder::new(head.framing),
+            reusable: head.reusable,
+            keep: super::super::h1::Keep {
+                max: 4,
+                idle_timeout: Duration::from_secs(60),
+            },
         };
-        UpstreamBody::new(conn, (head.framing, head.reusable), idle, keep)
+        UpstreamBody::new(conn, reading, idle)
     }
 
     #[tokio::test]
@@ -280,6 +298,59 @@ mod tests {
             assert_eq!(data, "ok");
             assert_eq!(idle.len(), 0, "{}", String::from_utf8_lossy(answer));
         }
+    }
+
+    /// A body's end and size as the relay reads them, now that its decoder is kept with the
+    /// connection: told while the connection is held, and once it is given back or closed.
+    #[tokio::test]
+    async fn a_body_tells_its_size_and_end_after_its_connection_is_gone() {
+        use http_body_util::BodyExt;
+        let idle = Arc::new(IdleConns::default());
+        let body = body_of(
+            answered(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\n").await,
+            &idle,
+        );
+        assert_eq!(body.size_hint().exact(), Some(5));
+        assert!(!body.is_end_stream());
+        drop(body);
+
+        let mut body = body_of(
+            answered(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\n12345").await,
+            &idle,
+        );
+        let frame = body.frame().await.unwrap().unwrap();
+        assert_eq!(frame.into_data().unwrap(), "12345");
+        assert_eq!(idle.len(), 1, "given back");
+        assert!(body.is_end_stream());
+        assert_eq!(body.size_hint().exact(), Some(0));
+
+        // Ended by the backend's close: at its end, and the connection not kept.
+        let idle = Arc::new(IdleConns::default());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let _ = socket.read(&mut [0u8; 1024]).await;
+            socket
+                .write_all(b"HTTP/1.1 200 OK\r\n\r\nuntil close")
+                .await
+                .unwrap();
+        });
+        let mut conn = Conn::new(Box::new(
+            tokio::net::TcpStream::connect(addr).await.unwrap(),
+        ));
+        let req = Request::post("/").body(Bytes::new()).unwrap();
+        let head = conn.send(&Outgoing::of(&req)).await.unwrap();
+        let mut body = body_of((conn, head), &idle);
+        assert_eq!(body.size_hint().exact(), None);
+        let mut data = Vec::new();
+        while let Some(frame) = body.frame().await {
+            data.extend_from_slice(&frame.unwrap().into_data().unwrap());
+        }
+        assert_eq!(data, b"until close");
+        assert!(body.is_end_stream());
+        assert_eq!(idle.len(), 0);
     }
 
     #[tokio::test]

@@ -32,8 +32,9 @@ use crate::answer::Answer;
 use crate::endpoint::Endpoint;
 use crate::lines::Lines;
 use crate::metrics::UpstreamFailure;
-use crate::pool::idle::{IdleConns, Keep};
+use crate::pool::idle::IdleConns;
 use crate::pool::Backend;
+use h1::Keep;
 
 mod body;
 pub(crate) mod h1;
@@ -193,7 +194,12 @@ impl HttpUpstream {
     /// The response of `head` with its connection, which goes back to `idle` when the body has
     /// been read.
     fn relayed(&self, head: h1::Head, conn: Conn, idle: &Arc<IdleConns>) -> Answer<UpstreamBody> {
-        let body = UpstreamBody::new(conn, (head.framing, head.reusable), idle, self.keep);
+        let reading = h1::Reading {
+            decoder: h1::decode::Decoder::new(head.framing),
+            reusable: head.reusable,
+            keep: self.keep,
+        };
+        let body = UpstreamBody::new(conn, reading, idle);
         head.response.map(|()| body)
     }
 }

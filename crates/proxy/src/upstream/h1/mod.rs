@@ -10,7 +10,6 @@
 //! `http`'s checked header names and values (which cannot hold a line break), with the body's
 //! length set here, never taken from the headers.
 
-use std::borrow::Cow;
 use std::future::Future;
 use std::io;
 use std::mem::MaybeUninit;
@@ -18,19 +17,21 @@ use std::ops::Range;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::{BufMut, BytesMut};
 use http::{header, HeaderName, Method, StatusCode, Version};
 use smallvec::SmallVec;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 
 pub(crate) mod decode;
 pub(crate) mod names;
+mod outgoing;
 
 use super::hop;
 use crate::answer::Answer;
 use crate::lines::Lines;
 use crate::registered::Alarm;
 use decode::{DecodeError, Framing};
+pub(crate) use outgoing::Outgoing;
 
 /// The most a connection buffers of what it reads (the memory budget counts it).
 pub(crate) const MAX_BUFFER: usize = spillway_config::memory::UPSTREAM_READ_BYTES as usize;
@@ -42,8 +43,6 @@ const READ_SIZE: usize = 8 * 1024;
 /// this much: a request or an answer of a few hundred bytes leaves most of the last read's
 /// allocation, and the next ones go there rather than into a new one each.
 const SMALLEST_READ: usize = 2 * 1024;
-/// A body up to this size is written in one piece with its head.
-const INLINE_BODY: usize = 16 * 1024;
 
 /// What a connection runs on: TCP, or TLS over it.
 pub(crate) trait Io: AsyncRead + AsyncWrite + Send + Unpin {
@@ -74,8 +73,12 @@ impl<T: hyper::rt::Read + hyper::rt::Write + Send + Unpin> Io for hyper_util::rt
 #[cfg(test)]
 impl Io for tokio::io::DuplexStream {}
 
-/// An HTTP/1.1 connection to a backend, idle between requests.
-pub(crate) struct Conn {
+/// An HTTP/1.1 connection to a backend, idle between requests. Its parts are boxed once, when
+/// it is made: a connection moves with every answer (up the attempt loop, into the relay and
+/// back to its backend's idle ones), and a pointer moves where they would be copied each time.
+pub(crate) struct Conn(Box<Parts>);
+
+struct Parts {
     io: Box<dyn Io>,
     /// Read and not yet taken: part of a response head or body.
     buf: BytesMut,
@@ -84,6 +87,23 @@ pub(crate) struct Conn {
     /// atomic exchange), where a timer of its own for each exchange is put into the runtime's
     /// timer wheel and taken out again, under the wheel's lock, every time.
     timer: Option<Alarm>,
+    /// The reading of the response body on it, as hyper's connection keeps its decoder.
+    reading: Reading,
+}
+
+/// A response body being read on its connection: how it ends, and whether and how the
+/// connection is kept after it.
+pub(crate) struct Reading {
+    pub decoder: decode::Decoder,
+    pub reusable: bool,
+    pub keep: Keep,
+}
+
+/// How many idle connections a backend keeps, and for how long.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Keep {
+    pub max: usize,
+    pub idle_timeout: std::time::Duration,
 }
 
 /// Why an exchange failed.
@@ -137,11 +157,19 @@ pub(crate) struct Head {
 
 impl Conn {
     pub(crate) fn new(io: Box<dyn Io>) -> Conn {
-        Conn {
+        Conn(Box::new(Parts {
             io,
             buf: BytesMut::new(),
             timer: None,
-        }
+            reading: Reading {
+                decoder: decode::Decoder::new(Framing::Length(0)),
+                reusable: false,
+                keep: Keep {
+                    max: 0,
+                    idle_timeout: std::time::Duration::ZERO,
+                },
+            },
+        }))
     }
 
     /// [`send`](Conn::send), given up with [`Error::TimedOut`] when no response head has come by
@@ -157,7 +185,7 @@ impl Conn {
         req: &Outgoing,
         deadline: tokio::time::Instant,
     ) -> Result<Head, Error> {
-        let mut timer = match self.timer.take() {
+        let mut timer = match self.0.timer.take() {
             Some(mut timer) => {
                 if timer.deadline() > deadline {
                     timer.reset(deadline);
@@ -184,7 +212,7 @@ impl Conn {
             })
             .await
         };
-        self.timer = Some(timer);
+        self.0.timer = Some(timer);
         sent
     }
 
@@ -205,7 +233,7 @@ impl Conn {
             head.reusable = false;
             return Ok(head);
         }
-        if let Err(e) = self.io.flush().await {
+        if let Err(e) = self.0.io.flush().await {
             return Err(Error::Io(e));
         }
         std::future::poll_fn(|cx| self.poll_head(cx, method, &mut seen)).await
@@ -232,7 +260,7 @@ impl Conn {
                 n if n < head.len() + rest.len() => &rest[n - head.len()..],
                 _ => return Poll::Ready(Ok(None)),
             };
-            match Pin::new(&mut self.io).poll_write(cx, piece) {
+            match Pin::new(&mut self.0.io).poll_write(cx, piece) {
                 Poll::Ready(Ok(0)) => {
                     return Poll::Ready(Err(failed(io::ErrorKind::WriteZero.into(), *written)))
                 }
@@ -271,10 +299,10 @@ impl Conn {
                 }
                 *seen = true;
             }
-            if self.buf.len() >= MAX_BUFFER {
+            if self.0.buf.len() >= MAX_BUFFER {
                 return Poll::Ready(Err(Error::HeadTooLarge));
             }
-            *seen |= !self.buf.is_empty();
+            *seen |= !self.0.buf.is_empty();
             match std::task::ready!(self.poll_read_more(cx)) {
                 Ok(0) if *seen => {
                     return Poll::Ready(Err(Error::Io(io::ErrorKind::UnexpectedEof.into())))
@@ -289,7 +317,7 @@ impl Conn {
 
     /// The response head at the start of the buffer, taken from it; `None` while it is partial.
     fn parse_head(&mut self, method: &Method) -> Result<Option<Head>, Error> {
-        if self.buf.is_empty() {
+        if self.0.buf.is_empty() {
             return Ok(None);
         }
         // Left uninitialised: httparse writes each line it reads.
@@ -297,7 +325,8 @@ impl Conn {
         let mut parsed = httparse::Response::new(&mut []);
         let config = httparse::ParserConfig::default();
         let len =
-            match config.parse_response_with_uninit_headers(&mut parsed, &self.buf, &mut storage) {
+            match config.parse_response_with_uninit_headers(&mut parsed, &self.0.buf, &mut storage)
+            {
                 Ok(httparse::Status::Complete(len)) => len,
                 Ok(httparse::Status::Partial) => return Ok(None),
                 Err(httparse::Error::TooManyHeaders) => {
@@ -320,7 +349,7 @@ impl Conn {
         // its `Connection` names) stay behind as the head is read rather than entering the
         // answer's lines to be taken out of them. Values are kept as places in the head, split
         // off the buffer once read: where each lies is noted while httparse borrows the buffer.
-        let base = self.buf.as_ptr() as usize;
+        let base = self.0.buf.as_ptr() as usize;
         let mut facts = Facts::default();
         let mut nominated = hop::Nominated::default();
         let mut kept: SmallVec<[(HeaderName, Range<usize>); 16]> = SmallVec::new();
@@ -335,7 +364,7 @@ impl Conn {
         // It borrows the buffer, which is split next.
         drop(nominated);
         let (framing, reusable) = framing(method, (status, version), facts, &mut kept)?;
-        let head = self.buf.split_to(len).freeze();
+        let head = self.0.buf.split_to(len).freeze();
         // Each value is one `http::HeaderValue` may hold: httparse refuses a head with any other
         // (a test holds it to that). Room for the `x-request-id` spillway sets on the answer it
         // relays, so setting it does not grow the list. Drained in place: iterating it by value
@@ -352,18 +381,29 @@ impl Conn {
     /// Reads what the connection has into the buffer, at most [`MAX_BUFFER`] in all; 0 at its
     /// end.
     pub(crate) fn poll_read_more(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
-        poll_read_capped(Pin::new(&mut self.io), cx, &mut self.buf, MAX_BUFFER)
+        poll_read_capped(Pin::new(&mut self.0.io), cx, &mut self.0.buf, MAX_BUFFER)
     }
 
-    /// The buffer of what was read and not taken, for the body's decoder.
-    pub(crate) fn buffer(&mut self) -> &mut BytesMut {
-        &mut self.buf
+    /// The response body to be read on it next, made `reading`.
+    pub(crate) fn begin(&mut self, reading: Reading) {
+        self.0.reading = reading;
+    }
+
+    /// Bytes left of the response body on it, when its framing says.
+    pub(crate) fn remaining(&self) -> Option<u64> {
+        self.0.reading.decoder.remaining()
+    }
+
+    /// The reading of the response body on it, and the buffer it reads from.
+    pub(crate) fn reading(&mut self) -> (&mut Reading, &mut BytesMut) {
+        let parts = &mut *self.0;
+        (&mut parts.reading, &mut parts.buf)
     }
 
     /// Whether an idle connection can carry a request: the backend has not closed it, nor sent
     /// anything unasked. Asks the socket without waiting (at most one `recv`, answered at once).
     pub(crate) fn is_open(&mut self) -> bool {
-        self.buf.is_empty() && self.io.quiet_and_open()
+        self.0.buf.is_empty() && self.0.io.quiet_and_open()
     }
 }
 
@@ -403,87 +443,6 @@ pub(crate) fn decimal(item: &[u8]) -> Option<u64> {
         let d = d.is_ascii_digit().then(|| u64::from(d - b'0'))?;
         n.checked_mul(10)?.checked_add(d)
     })
-}
-
-/// A request as a connection writes it, made once and written again as it is when a kept
-/// connection turns out closed: its head (request line, headers, the body's own
-/// `Content-Length`) with the body after it when the body is small, else the body apart.
-pub(crate) struct Outgoing {
-    method: Method,
-    head: Vec<u8>,
-    rest: Bytes,
-}
-
-/// The header lines of an [`Outgoing`] request as they are written.
-pub(crate) struct HeadLines(Vec<u8>);
-
-impl HeadLines {
-    /// Writes `name: value`, unless it is framing: the body's own is written, never a header's.
-    pub(crate) fn header(&mut self, name: &HeaderName, value: &[u8]) {
-        if name == header::CONTENT_LENGTH || name == header::TRANSFER_ENCODING {
-            return;
-        }
-        self.0.extend_from_slice(name.as_str().as_bytes());
-        self.0.extend_from_slice(b": ");
-        self.0.extend_from_slice(value);
-        self.0.extend_from_slice(b"\r\n");
-    }
-}
-
-impl Outgoing {
-    /// `method` on `target` (a path and query), with the header lines `headers` writes and
-    /// `body`. Header names and values are `http`'s checked ones, which cannot hold a line break.
-    /// A small body is copied into the head, so one lent is then not held (nor its reference
-    /// count touched).
-    pub(crate) fn new(
-        method: Method,
-        target: &str,
-        headers: impl FnOnce(&mut HeadLines),
-        body: Cow<'_, Bytes>,
-    ) -> Outgoing {
-        let inline = body.len() <= INLINE_BODY;
-        let mut lines = HeadLines(Vec::with_capacity(
-            512 + if inline { body.len() } else { 0 },
-        ));
-        let out = &mut lines.0;
-        out.extend_from_slice(method.as_str().as_bytes());
-        out.push(b' ');
-        out.extend_from_slice(if target.is_empty() { "/" } else { target }.as_bytes());
-        out.extend_from_slice(b" HTTP/1.1\r\n");
-        headers(&mut lines);
-        let mut head = lines.0;
-        let with_body = matches!(method, Method::POST | Method::PUT | Method::PATCH);
-        if with_body || !body.is_empty() {
-            head.extend_from_slice(b"content-length: ");
-            head.extend_from_slice(itoa::Buffer::new().format(body.len()).as_bytes());
-            head.extend_from_slice(b"\r\n");
-        }
-        head.extend_from_slice(b"\r\n");
-        let rest = if inline {
-            head.extend_from_slice(&body);
-            Bytes::new()
-        } else {
-            body.into_owned()
-        };
-        Outgoing { method, head, rest }
-    }
-
-    /// `req` as it is: its method, the path and query of its URI, its headers and body.
-    #[cfg(test)]
-    pub(crate) fn of(req: &http::Request<Bytes>) -> Outgoing {
-        let target = req.uri().path_and_query().map_or("/", |p| p.as_str());
-        let headers = |lines: &mut HeadLines| {
-            for (name, value) in req.headers() {
-                lines.header(name, value.as_bytes());
-            }
-        };
-        Outgoing::new(
-            req.method().clone(),
-            target,
-            headers,
-            Cow::Borrowed(req.body()),
-        )
-    }
 }
 
 /// What a response's framing depends on, read as its headers are (no look-up afterwards):

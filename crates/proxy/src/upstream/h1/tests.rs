@@ -1,4 +1,5 @@
 use super::*;
+use bytes::Bytes;
 use http::{HeaderValue, Request};
 use tokio::io::{AsyncReadExt, DuplexStream};
 
@@ -471,7 +472,11 @@ async fn the_read_buffer_stays_within_its_cap_across_an_interim_answer() {
     });
     let head = conn.send(&Outgoing::of(&post("{}"))).await.unwrap();
     assert_eq!(head.response.status(), 200);
-    assert!(conn.buf.capacity() <= MAX_BUFFER, "{}", conn.buf.capacity());
+    assert!(
+        conn.0.buf.capacity() <= MAX_BUFFER,
+        "{}",
+        conn.0.buf.capacity()
+    );
     drop(sent.await.unwrap());
 }
 

@@ -203,19 +203,23 @@ struct Api {
 impl crate::connections::Serve for Api {
     /// The handler's own future, not one awaiting it: the connection makes it in place, where a
     /// future around it would take a copy of it.
-    fn serve(
-        &self,
-        req: http::Request<axum::body::Body>,
+    fn serve<'a>(
+        &'a self,
+        head: &'a http::Request<()>,
+        body: axum::body::Body,
         lines: Lines,
-    ) -> impl Future<Output = crate::answer::Answer> + Send {
-        let direct = if req.method() == http::Method::POST {
-            Endpoint::of_inference_path(req.uri().path())
+    ) -> impl Future<Output = crate::answer::Answer> + Send + 'a {
+        let direct = if head.method() == http::Method::POST {
+            Endpoint::of_inference_path(head.uri().path())
         } else {
             None
         };
         match direct {
-            Some(endpoint) => Either::Left(handler::handle(&self.gw, endpoint, req, lines)),
-            None => Either::Right(self.router.serve(req, lines)),
+            Some(endpoint) => {
+                let query = head.uri().query();
+                Either::Left(handler::handle(&self.gw, endpoint, query, body, lines))
+            }
+            None => Either::Right(self.router.serve(head, body, lines)),
         }
     }
 }

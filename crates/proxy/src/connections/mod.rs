@@ -318,15 +318,35 @@ pub(super) async fn outstayed(activity: &Activity) -> Verdict {
 /// What answers a listener's requests: an axum `Router`, or a service that answers the busiest
 /// routes itself and leaves the rest to one.
 pub(crate) trait Serve: Clone + Send + Sync + 'static {
-    /// Answers `req`, whose header lines are `lines` (its own map is empty).
-    fn serve(&self, req: Request<Body>, lines: Lines) -> impl Future<Output = Answer> + Send;
+    /// Answers the request whose line is `head` (its own header map is empty: its header lines
+    /// are `lines`) with `body`. The head is lent, not given: it stays where the connection read
+    /// it, as a request on the inference path needs no more of it than its query.
+    fn serve<'a>(
+        &'a self,
+        head: &'a Request<()>,
+        body: Body,
+        lines: Lines,
+    ) -> impl Future<Output = Answer> + Send + 'a;
 }
 
 impl Serve for Router {
-    async fn serve(&self, mut req: Request<Body>, lines: Lines) -> Answer {
+    fn serve<'a>(
+        &'a self,
+        head: &'a Request<()>,
+        body: Body,
+        lines: Lines,
+    ) -> impl Future<Output = Answer> + Send + 'a {
+        let mut req = Request::new(body);
+        *req.method_mut() = head.method().clone();
+        *req.uri_mut() = head.uri().clone();
+        *req.version_mut() = head.version();
         *req.headers_mut() = lines.into_map();
-        let response = self.clone().oneshot(req).await;
-        Answer::from(response.unwrap_or_else(|e| match e {}))
+        *req.extensions_mut() = head.extensions().clone();
+        let router = self.clone();
+        async move {
+            let response = router.oneshot(req).await;
+            Answer::from(response.unwrap_or_else(|e| match e {}))
+        }
     }
 }
 
@@ -339,7 +359,9 @@ async fn respond<S: Serve>(
 ) -> Response<Tracked> {
     let (req, mut lines) = crate::lines::taken(req);
     let id = request_ids.then(|| crate::call::request_id(&mut lines));
-    let mut answer = router.serve(req.map(Body::new), lines).await;
+    let (parts, body) = req.into_parts();
+    let head = Request::from_parts(parts, ());
+    let mut answer = router.serve(&head, Body::new(body), lines).await;
     if let Some(id) = id {
         answer.lines.insert(crate::call::X_REQUEST_ID, id);
     }

@@ -21,6 +21,7 @@ pub(crate) mod stored;
 
 use std::sync::Arc;
 
+use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::response::Response;
 use axum::routing::{post, MethodRouter};
@@ -50,14 +51,22 @@ pub(crate) fn inference(endpoint: Endpoint) -> MethodRouter<Arc<Gateway>> {
     post(
         move |State(gw): State<Arc<Gateway>>, req: Request| async move {
             let (req, lines) = crate::lines::taken(req);
-            handle(&gw, endpoint, req, lines).await.into_response()
+            let (parts, body) = req.into_parts();
+            handle(&gw, endpoint, parts.uri.query(), body, lines)
+                .await
+                .into_response()
         },
     )
 }
 
-/// Serves one inference call: `req`, whose header lines come apart in `lines` (its own map is
-/// not read).
-pub(crate) async fn handle(gw: &Gateway, endpoint: Endpoint, req: Request, lines: Lines) -> Answer {
+/// Serves one inference call to `endpoint`: its URI's `query`, its `body` and its header lines.
+pub(crate) async fn handle(
+    gw: &Gateway,
+    endpoint: Endpoint,
+    query: Option<&str>,
+    body: Body,
+    lines: Lines,
+) -> Answer {
     let dialect = endpoint.dialect();
     let started = crate::clock::now();
     // The Messages API names its request id `request-id`: the same id as `x-request-id`.
@@ -76,7 +85,7 @@ pub(crate) async fn handle(gw: &Gateway, endpoint: Endpoint, req: Request, lines
     let mut labels = RequestLabels::unrouted();
     // The call is bound apart from the result it came in, which is gone before the next await:
     // a future holding both would be larger by a call, and be copied so.
-    let read = read::read(gw, &live, endpoint, (req, lines, started), &mut labels);
+    let read = read::read(gw, &live, endpoint, (query, body, lines, started), &mut labels);
     let mut call = match read.await {
         Ok(call) => call,
         Err(e) => {

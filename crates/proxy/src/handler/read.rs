@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use axum::extract::Request;
+use axum::body::Body;
 use http::HeaderName;
 use spillway_policy::Priority;
 use tracing::warn;
@@ -26,7 +26,8 @@ use crate::metrics::RequestLabels;
 use crate::pool::ModelPool;
 use crate::request::{read_body, summarize, BodyHold, BodyLimits};
 
-/// Reads `req`, which arrived at `started`, into a call; on a refusal, `labels` holds what was
+/// Reads a request (its URI's query, its body and its header lines), which arrived at `started`,
+/// into a call; on a refusal, `labels` holds what was
 /// known by then. (The labels are the caller's rather than part of an error returned with them:
 /// a wrapper pairing them with the error would move the call once more on its way out. A call
 /// read is labelled from the tenant and pool it holds, `Call::labels`: `labels` is filled in
@@ -35,10 +36,9 @@ pub(super) async fn read<'l>(
     gw: &Gateway,
     live: &'l Live,
     endpoint: Endpoint,
-    (req, mut headers, started): (Request, Lines, Instant),
+    (query, body, mut headers, started): (Option<&str>, Body, Lines, Instant),
     labels: &mut RequestLabels,
 ) -> Result<Call<'l>, ApiError> {
-    let (parts, body) = req.into_parts();
     let tenant = authenticate(gw, &headers).await?;
     let mut refused = Refused {
         labels,
@@ -113,7 +113,7 @@ pub(super) async fn read<'l>(
     refused.read();
     Ok(Call {
         endpoint,
-        query: parts.uri.query().map(Box::from),
+        query: query.map(Box::from),
         started,
         deadline: started + live.retries.deadline,
         affinity_key,

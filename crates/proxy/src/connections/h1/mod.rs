@@ -208,17 +208,17 @@ impl<S: Serve> Conn<S> {
         let read_whole = whole.is_some();
         let asked_head = request.method() == Method::HEAD;
         let version = request.version();
-        let req = request.map(|()| match whole {
+        let body = match whole {
             Some(whole) if whole.is_empty() => Body::empty(),
             Some(whole) => Body::from(whole),
             None => Body::new(RequestBody::new(self.socket.clone(), number, framing)),
-        });
+        };
         let id = self
             .request_ids
             .then(|| crate::call::request_id(&mut lines));
         // The response, unless the client closes the connection first. The handler's future
         // is made in place here, not passed on: it is large, and every move copies it.
-        let mut served = pin!(self.router.serve(req, lines));
+        let mut served = pin!(self.router.serve(&request, body, lines));
         let answered = poll_fn(|cx| {
             if let Poll::Ready(response) = served.as_mut().poll(cx) {
                 return Poll::Ready(Some(response));

@@ -85,7 +85,13 @@ pub(crate) async fn handle(
     let mut labels = RequestLabels::unrouted();
     // The call is bound apart from the result it came in, which is gone before the next await:
     // a future holding both would be larger by a call, and be copied so.
-    let read = read::read(gw, &live, endpoint, (query, body, lines, started), &mut labels);
+    let read = read::read(
+        gw,
+        &live,
+        endpoint,
+        (query, body, lines, started),
+        &mut labels,
+    );
     let mut call = match read.await {
         Ok(call) => call,
         Err(e) => {

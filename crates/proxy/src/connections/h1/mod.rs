@@ -68,12 +68,10 @@ pub(crate) struct Conn<S> {
     pub stall: std::time::Duration,
 }
 
-// Returned once per request and never stored: boxing the head would cost an allocation each.
-#[allow(clippy::large_enum_variant)]
 enum Next {
-    /// A head, with its request's number and its body when that came whole with it
-    /// ([`body::Reading::begin`]).
-    Head(Head, (u64, Option<Bytes>)),
+    /// A head, put in the connection's slot for it, with its request's number and its body when
+    /// that came whole with it ([`body::Reading::begin`]).
+    Head((u64, Option<Bytes>)),
     Closed,
     Refused(Refusal),
     Http2,
@@ -97,10 +95,13 @@ impl<S: Serve> Conn<S> {
             probe.has_changed().unwrap_or(true)
         }));
         let mut first = true;
+        // The head of the request being served. It is read into this place and stays there,
+        // lent to the service: a head is some 300 bytes, and each move would copy them.
+        let mut head = None;
         loop {
             let between = (watchdog.as_mut(), stopping.as_mut());
-            let (head, begun) = match self.next_head(first, between).await {
-                Next::Head(head, begun) => (head, begun),
+            let begun = match self.next_head(first, between, &mut head).await {
+                Next::Head(begun) => begun,
                 Next::Closed => return Ended::Closed,
                 Next::Outstayed(verdict) => return Ended::Outstayed(verdict),
                 Next::Refused(refusal) => {
@@ -118,7 +119,7 @@ impl<S: Serve> Conn<S> {
                 }
             };
             first = false;
-            if !self.exchange(head, begun).await {
+            if !self.exchange(&mut head, begun).await {
                 // A body the client may still be sending is read away for a moment before the
                 // close: closing with it unread would reset the connection, and the answer with
                 // it, before the client has read it.
@@ -134,12 +135,13 @@ impl<S: Serve> Conn<S> {
         }
     }
 
-    /// The next request's head, reading until it is whole; or why the connection ends first:
-    /// `watchdog`'s verdict, or the gateway shutting down (`stopping`).
+    /// The next request's head, reading until it is whole, put in `slot`; or why the connection
+    /// ends first: `watchdog`'s verdict, or the gateway shutting down (`stopping`).
     async fn next_head<W, T>(
         &self,
         first: bool,
         (mut watchdog, mut stopping): (Pin<&mut W>, Pin<&mut T>),
+        slot: &mut Option<Head>,
     ) -> Next
     where
         W: Future<Output = Verdict>,
@@ -162,7 +164,8 @@ impl<S: Serve> Conn<S> {
                             r.head_taken();
                             // Begun under this lock: its body may be in the buffer already.
                             let begun = r.begin(head.framing, head.expect_continue);
-                            return Poll::Ready(Next::Head(head, begun));
+                            *slot = Some(head);
+                            return Poll::Ready(Next::Head(begun));
                         }
                         Ok(None) if r.buf.len() >= MAX_BUFFER => {
                             return Poll::Ready(Next::Refused(Refusal::TooLarge))
@@ -195,16 +198,26 @@ impl<S: Serve> Conn<S> {
         .await
     }
 
-    /// Serves one request and writes its response; true when the connection goes on.
-    async fn exchange(&self, head: Head, (number, whole): (u64, Option<Bytes>)) -> bool {
-        let busy = self.activity.serving();
-        let Head {
+    /// Serves one request, whose head [`next_head`](Conn::next_head) put in `slot`, and writes
+    /// its response; true when the connection goes on. The head is dropped with the request.
+    async fn exchange(
+        &self,
+        slot: &mut Option<Head>,
+        (number, whole): (u64, Option<Bytes>),
+    ) -> bool {
+        let Some(Head {
             request,
-            mut lines,
+            lines,
             framing,
             keep_alive,
             expect_continue: _,
-        } = head;
+        }) = slot.as_mut()
+        else {
+            return false;
+        };
+        let (framing, keep_alive) = (*framing, *keep_alive);
+        let mut lines = std::mem::take(lines);
+        let busy = self.activity.serving();
         let read_whole = whole.is_some();
         let asked_head = request.method() == Method::HEAD;
         let version = request.version();
@@ -218,17 +231,19 @@ impl<S: Serve> Conn<S> {
             .then(|| crate::call::request_id(&mut lines));
         // The response, unless the client closes the connection first. The handler's future
         // is made in place here, not passed on: it is large, and every move copies it.
-        let mut served = pin!(self.router.serve(&request, body, lines));
-        let answered = poll_fn(|cx| {
-            if let Poll::Ready(response) = served.as_mut().poll(cx) {
-                return Poll::Ready(Some(response));
-            }
-            match self.socket.lock().poll_hangup(cx) {
-                Poll::Ready(()) => Poll::Ready(None),
-                Poll::Pending => Poll::Pending,
-            }
-        })
-        .await;
+        let answered = {
+            let mut served = pin!(self.router.serve(request, body, lines));
+            poll_fn(|cx| {
+                if let Poll::Ready(response) = served.as_mut().poll(cx) {
+                    return Poll::Ready(Some(response));
+                }
+                match self.socket.lock().poll_hangup(cx) {
+                    Poll::Ready(()) => Poll::Ready(None),
+                    Poll::Pending => Poll::Pending,
+                }
+            })
+            .await
+        };
         let Some(mut response) = answered else {
             return false;
         };
@@ -246,6 +261,7 @@ impl<S: Serve> Conn<S> {
             stall: self.stall,
         };
         let kept = write::response(&self.socket, response, asked).await;
+        *slot = None;
         drop(busy);
         kept && !self.shutting_down()
     }

@@ -34,7 +34,8 @@
 #   (keep-alive connections sending at once, each one request at a time: with more than one,
 #   the server under callgrind is the slow part and finds several requests ready a wake-up, as
 #   under the benchmark's load; the runtime's share a request falls with it).
-# Output: per binary, instructions per request and the top functions.
+# Output: per binary, instructions per request, the calls to memcpy and memmove among them (most
+#   are moves of values over 128 bytes: lib/copies.py) and the top functions.
 set -euo pipefail
 BENCH_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO_DIR="$(cd "$BENCH_DIR/.." && pwd)"
@@ -126,6 +127,8 @@ PY
   total="$(callgrind_annotate "$file.1" 2>/dev/null | sed -n 's/^ *\([0-9,]*\) .*PROGRAM TOTALS.*/\1/p' | tr -d ,)"
   [ -n "$total" ] || { echo "no callgrind totals for $bin" >&2; exit 1; }
   echo "$bin: $((total / REQUESTS)) instructions per request ($total over $REQUESTS requests)"
+  # Moves of large values and futures among them (lib/copies.py).
+  python3 "$BENCH_DIR/lib/copies.py" "$file.1" "$REQUESTS" "$([ "$TOP" = 0 ] && echo 0 || echo 10)"
   if [ "$LOCKED" = 1 ]; then
     python3 "$BENCH_DIR/lib/locked.py" "$file.1" "$REQUESTS" "$TOP"
   fi

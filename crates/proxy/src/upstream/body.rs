@@ -234,6 +234,25 @@ mod tests {
         (conn, head)
     }
 
+    /// A connection to a server that answers one request with `answer` and then closes the
+    /// connection, and that request's response head.
+    async fn answered_then_closed(answer: &'static [u8]) -> (Conn, super::super::h1::Head) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let _ = socket.read(&mut [0u8; 1024]).await;
+            socket.write_all(answer).await.unwrap();
+        });
+        let mut conn = Conn::new(Box::new(
+            tokio::net::TcpStream::connect(addr).await.unwrap(),
+        ));
+        let req = Request::post("/").body(Bytes::new()).unwrap();
+        let head = conn.send(&Outgoing::of(&req)).await.unwrap();
+        (conn, head)
+    }
+
     fn body_of(
         (conn, head): (Conn, super::super::h1::Head),
         idle: &Arc<IdleConns>,
@@ -326,22 +345,7 @@ mod tests {
 
         // Ended by the backend's close: at its end, and the connection not kept.
         let idle = Arc::new(IdleConns::default());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move {
-            use tokio::io::{AsyncReadExt, AsyncWriteExt};
-            let (mut socket, _) = listener.accept().await.unwrap();
-            let _ = socket.read(&mut [0u8; 1024]).await;
-            socket
-                .write_all(b"HTTP/1.1 200 OK\r\n\r\nuntil close")
-                .await
-                .unwrap();
-        });
-        let mut conn = Conn::new(Box::new(
-            tokio::net::TcpStream::connect(addr).await.unwrap(),
-        ));
-        let req = Request::post("/").body(Bytes::new()).unwrap();
-        let head = conn.send(&Outgoing::of(&req)).await.unwrap();
+        let (conn, head) = answered_then_closed(b"HTTP/1.1 200 OK\r\n\r\nuntil close").await;
         let mut body = body_of((conn, head), &idle);
         assert_eq!(body.size_hint().exact(), None);
         let mut data = Vec::new();
@@ -356,22 +360,10 @@ mod tests {
     #[tokio::test]
     async fn a_body_cut_short_by_the_backend_is_an_error_not_an_end() {
         use http_body_util::BodyExt;
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move {
-            use tokio::io::{AsyncReadExt, AsyncWriteExt};
-            let (mut socket, _) = listener.accept().await.unwrap();
-            let _ = socket.read(&mut [0u8; 1024]).await;
-            socket
-                .write_all(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\n12345\r\n")
-                .await
-                .unwrap();
-        });
-        let mut conn = Conn::new(Box::new(
-            tokio::net::TcpStream::connect(addr).await.unwrap(),
-        ));
-        let req = Request::post("/").body(Bytes::new()).unwrap();
-        let head = conn.send(&Outgoing::of(&req)).await.unwrap();
+        let (conn, head) = answered_then_closed(
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\n12345\r\n",
+        )
+        .await;
         let idle = Arc::new(IdleConns::default());
         let body = body_of((conn, head), &idle);
         let error = body.collect().await.expect_err("a truncated body fails");

@@ -9,8 +9,8 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 
-use super::h1::decode::Step;
-use super::h1::{Conn, Error, Reading};
+use super::h1::decode::{Framing, Step};
+use super::h1::{Conn, Error, Keep};
 use crate::pool::idle::IdleConns;
 
 /// An upstream response body. Its connection goes back to its backend's idle connections once
@@ -35,11 +35,16 @@ pub(crate) struct UpstreamBody {
 const _: () = assert!(std::mem::size_of::<crate::answer::Answer<UpstreamBody>>() <= 128);
 
 impl UpstreamBody {
-    /// The body `reading` says of on `conn`, which goes back to `idle` at the body's end (at
-    /// once for a body that has none) when it is reusable.
-    pub(super) fn new(mut conn: Conn, reading: Reading, idle: &Arc<IdleConns>) -> Self {
-        let done = reading.decoder.is_done();
-        conn.begin(reading);
+    /// The body framed by `framing` on `conn`, which goes back to `idle` (kept by `keep`) at the
+    /// body's end (at once for a body that has none) when `reusable`.
+    pub(super) fn new(
+        mut conn: Conn,
+        (framing, reusable): (Framing, bool),
+        idle: &Arc<IdleConns>,
+        keep: Keep,
+    ) -> Self {
+        conn.begin(framing, reusable, keep);
+        let done = conn.reading().0.decoder.is_done();
         let mut body = UpstreamBody {
             conn: Some(conn),
             idle: idle.clone(),
@@ -132,14 +137,12 @@ impl Body for UpstreamBody {
     }
 
     fn size_hint(&self) -> SizeHint {
-        match &self.conn {
-            _ if self.ended => SizeHint::with_exact(0),
-            Some(conn) => match conn.remaining() {
-                Some(n) => SizeHint::with_exact(n),
-                None => SizeHint::default(),
-            },
-            None => SizeHint::default(),
-        }
+        let remaining = match &self.conn {
+            _ if self.ended => Some(0),
+            Some(conn) => conn.remaining(),
+            None => None,
+        };
+        remaining.map_or_else(SizeHint::default, SizeHint::with_exact)
     }
 }
 
@@ -257,15 +260,11 @@ mod tests {
         (conn, head): (Conn, super::super::h1::Head),
         idle: &Arc<IdleConns>,
     ) -> UpstreamBody {
-        let reading = Reading {
-            decoder: super::super::h1::decode::Decoder::new(head.framing),
-            reusable: head.reusable,
-            keep: super::super::h1::Keep {
-                max: 4,
-                idle_timeout: Duration::from_secs(60),
-            },
+        let keep = Keep {
+            max: 4,
+            idle_timeout: Duration::from_secs(60),
         };
-        UpstreamBody::new(conn, reading, idle)
+        UpstreamBody::new(conn, (head.framing, head.reusable), idle, keep)
     }
 
     #[tokio::test]

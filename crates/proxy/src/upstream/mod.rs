@@ -194,12 +194,7 @@ impl HttpUpstream {
     /// The response of `head` with its connection, which goes back to `idle` when the body has
     /// been read.
     fn relayed(&self, head: h1::Head, conn: Conn, idle: &Arc<IdleConns>) -> Answer<UpstreamBody> {
-        let reading = h1::Reading {
-            decoder: h1::decode::Decoder::new(head.framing),
-            reusable: head.reusable,
-            keep: self.keep,
-        };
-        let body = UpstreamBody::new(conn, reading, idle);
+        let body = UpstreamBody::new(conn, (head.framing, head.reusable), idle, self.keep);
         head.response.map(|()| body)
     }
 }

@@ -213,6 +213,8 @@ impl<S: Serve> Conn<S> {
             expect_continue: _,
         }) = slot.as_mut()
         else {
+            // `next_head` put one there before this is called; were none there, the connection
+            // would end rather than answer nothing.
             return false;
         };
         let (framing, keep_alive) = (*framing, *keep_alive);

@@ -99,11 +99,29 @@ pub(crate) struct Reading {
     pub keep: Keep,
 }
 
+impl Reading {
+    fn new(framing: Framing, reusable: bool, keep: Keep) -> Reading {
+        Reading {
+            decoder: decode::Decoder::new(framing),
+            reusable,
+            keep,
+        }
+    }
+}
+
 /// How many idle connections a backend keeps, and for how long.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Keep {
     pub max: usize,
     pub idle_timeout: std::time::Duration,
+}
+
+impl Keep {
+    /// None kept.
+    const NOTHING: Keep = Keep {
+        max: 0,
+        idle_timeout: std::time::Duration::ZERO,
+    };
 }
 
 /// Why an exchange failed.
@@ -161,14 +179,8 @@ impl Conn {
             io,
             buf: BytesMut::new(),
             timer: None,
-            reading: Reading {
-                decoder: decode::Decoder::new(Framing::Length(0)),
-                reusable: false,
-                keep: Keep {
-                    max: 0,
-                    idle_timeout: std::time::Duration::ZERO,
-                },
-            },
+            // No body yet: one already at its end, after which nothing is kept.
+            reading: Reading::new(Framing::Length(0), false, Keep::NOTHING),
         }))
     }
 
@@ -384,9 +396,10 @@ impl Conn {
         poll_read_capped(Pin::new(&mut self.0.io), cx, &mut self.0.buf, MAX_BUFFER)
     }
 
-    /// The response body to be read on it next, made `reading`.
-    pub(crate) fn begin(&mut self, reading: Reading) {
-        self.0.reading = reading;
+    /// The response body to be read on it next: framed by `framing`; the connection kept by
+    /// `keep` after it when `reusable`.
+    pub(crate) fn begin(&mut self, framing: Framing, reusable: bool, keep: Keep) {
+        self.0.reading = Reading::new(framing, reusable, keep);
     }
 
     /// Bytes left of the response body on it, when its framing says.
